@@ -1,0 +1,1 @@
+"""One module per `vlp` subcommand; see vlp/cli.py for the registry."""

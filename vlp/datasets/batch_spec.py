@@ -1,0 +1,56 @@
+"""The batch contract between the data pipeline (``vlp.datasets``) and the models (``vlp.models``).
+
+A batch is a ``dict[str, torch.Tensor]`` produced by the pipeline's collate and consumed by
+``model(batch, task=...)``. One batch serves one pretraining task (UNITER's conditional
+masking: the train loop draws the task, the pipeline masks for it). Text and regions arrive
+padded *separately*; the model packs them (UNITER: text then regions, no interior padding).
+
+Keys marked (task) appear only in batches of the tasks that need them. Sizes:
+B = examples (text–image pairs), T = text length incl. [CLS]/[SEP], N = regions,
+D = region feature width, C = detector classes (index 0 = background), L = location width.
+"""
+
+# ---- text (every family) -------------------------------------------------------------
+INPUT_IDS = "input_ids"            # long [B, T]  [CLS] w1 … wk [SEP] then [PAD]=0
+TEXT_MASK = "text_mask"            # long [B, T]  1 = real token (CLS/SEP included)
+MLM_LABELS = "mlm_labels"          # long [B, T]  (mlm) original id at masked positions, -100 elsewhere
+
+# ---- regions (uniter / vlbert / imagebert families) ------------------------------------
+REGION_FEATS = "region_feats"      # float [B, N, D] model input: masked rows already zeroed
+REGION_LOC = "region_loc"          # float [B, N, L] UNITER 7-d [x1,y1,x2,y2,w,h,w*h] normalised;
+                                   #   ImageBERT 5-d [x1/W,y1/H,x2/W,y2/H,area ratio];
+                                   #   VL-BERT 4-d normalised box [x1,y1,x2,y2] (model adds sine)
+REGION_MASK = "region_mask"        # long [B, N]  1 = real region
+REGION_MASKED = "region_masked"    # bool [B, N]  (region tasks) positions whose loss is computed
+REGION_ZEROED = "region_zeroed"    # bool [B, N]  (region tasks) rows replaced at the input
+                                   #   (zeroed; families with a learned mask embedding add it
+                                   #   here). MOC keeps 10% of masked rows: masked but not zeroed.
+REGION_FEAT_TARGETS = "region_feat_targets"  # float [B, N, D] (mrfr) raw features before masking
+REGION_SOFT_LABELS = "region_soft_labels"    # float [B, N, C] (mrc-kl) detector distribution
+REGION_CLASS_LABELS = "region_class_labels"  # long [B, N] (mrc, moc, mrc-vlbert) argmax over
+                                             #   classes 1..C-1 (background excluded); -100
+                                             #   where not masked
+IMAGE_FEAT = "image_feat"          # float [B, D] (vlbert) whole-image feature, recomputed from
+                                   #   the regions that are NOT masked (no leak)
+
+# ---- image–text matching -------------------------------------------------------------
+ITM_LABELS = "itm_labels"          # long [B] (itm) 1 = matched pair, 0 = swapped negative
+POSITIVE = "positive"              # bool [B] 1 = the pair is a true pair; masked-modeling
+                                   #   losses are computed on positive pairs only
+
+# ---- pixels (soho family) ------------------------------------------------------------
+PIXELS = "pixels"                  # float [I, 3, H, W] normalised images, padded; I ≤ B images
+PIXEL_MASK = "pixel_mask"          # long [I, H, W] 1 = real pixel
+IMAGE_INDEX = "image_index"        # long [B] which row of PIXELS each example's text pairs with
+                                   #   (an image is forwarded once even when paired with several
+                                   #   texts: SOHO's 2 positive + 2 negative texts per image)
+MVM_APPLY = "mvm_apply"            # bool [I] (mvm) images on which the model masks one
+                                   #   dictionary index (chosen after the visual dictionary)
+
+# ---- bookkeeping (every batch) -------------------------------------------------------
+NUM_EXAMPLES = "num_examples"      # long [] examples in the batch
+INPUT_UNITS = "input_units"        # long [] B × (T + N) incl. padding: UNITER's batch unit
+
+TEXT_KEYS = (INPUT_IDS, TEXT_MASK)
+REGION_KEYS = (REGION_FEATS, REGION_LOC, REGION_MASK)
+PIXEL_KEYS = (PIXELS, PIXEL_MASK, IMAGE_INDEX)
