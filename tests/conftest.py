@@ -1,0 +1,27 @@
+"""Shared fixtures: one local Ray instance per test session (starting Ray costs seconds)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# DeepSpeed JIT-builds a shared-memory comm op on first use; keep the build cache in one place
+os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                      os.path.expanduser("~/.cache/torch_extensions/vlp"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray with a logically larger CPU count (2-core machines deadlock Ray Data's
+    list-files task next to Train workers otherwise; see RAY_GUIDE.md)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield ray
+    ray.shutdown()
