@@ -1,0 +1,80 @@
+"""Downstream metrics against hand-computed cases."""
+
+import numpy as np
+import pytest
+
+from vlp.platform.evaluation.metrics import (accuracy, box_iou, meta_sum, normalize_vqa_answer,
+                                             refexp_accuracy, retrieval_recall, vcr_scores,
+                                             vqa_accuracy, vqa_score, vqa_target_score)
+
+
+def test_vqa_normalisation():
+    assert normalize_vqa_answer("Two ") == "2"
+    assert normalize_vqa_answer("the red Cube!") == "red cube"
+    assert normalize_vqa_answer("1.5") == "1.5"
+    assert normalize_vqa_answer("yes.") == "yes"
+
+
+@pytest.mark.parametrize("agree,expected", [
+    # k annotators of 10 say the prediction. Leave-one-out: the k subsets that drop an agreeing
+    # annotator see k-1 matches, the 10-k others see k; acc = mean(min(1, matches/3)).
+    (0, 0.0),
+    (1, (1 * 0 + 9 * (1 / 3)) / 10),          # 0.3
+    (2, (2 * (1 / 3) + 8 * (2 / 3)) / 10),    # 0.6
+    (3, (3 * (2 / 3) + 7 * 1.0) / 10),        # 0.9
+    (4, 1.0),
+    (10, 1.0),
+])
+def test_vqa_accuracy_official_subset_averaging(agree, expected):
+    answers = ["red"] * agree + ["blue"] * (10 - agree)
+    assert vqa_accuracy("red", answers) == pytest.approx(expected)
+    # the training-target table equals the official accuracy for 10 annotators
+    assert vqa_target_score(agree) == pytest.approx(round(expected, 1))
+
+
+def test_vqa_score_mean_percent():
+    answers = [["2"] * 10, ["yes"] * 3 + ["no"] * 7]
+    assert vqa_score(["two", "yes"], answers) == pytest.approx(100 * (1.0 + 0.9) / 2)
+    with pytest.raises(ValueError):
+        vqa_score(["a"], answers)
+
+
+def test_retrieval_recall_both_directions():
+    # 3 images, 6 texts (2 captions each). scores[text, image]
+    t2i = [0, 0, 1, 1, 2, 2]
+    s = np.array([
+        [0.9, 0.1, 0.0],   # t0 → i0 rank 0
+        [0.2, 0.8, 0.1],   # t1 → i0 rank 1
+        [0.1, 0.2, 0.3],   # t2 → i1 rank 1
+        [0.0, 0.5, 0.4],   # t3 → i1 rank 0
+        [0.7, 0.6, 0.5],   # t4 → i2 rank 2
+        [0.3, 0.9, 0.2],   # t5 → i2 rank 2
+    ])
+    r = retrieval_recall(s, t2i, ks=(1, 2))
+    # IR ranks: [0,1,1,0,2,2] → R@1 = 2/6, R@2 = 4/6
+    assert r["ir_r1"] == pytest.approx(100 * 2 / 6)
+    assert r["ir_r2"] == pytest.approx(100 * 4 / 6)
+    # TR: image0 column [0.9,.2,.1,0,.7,.3] → t0 rank 0 → hit@1
+    # image1 column [.1,.8,.2,.5,.6,.9] → t3 (0.5) rank 3, t2 (0.2) rank 4 → best 3: miss@2
+    # image2 column [0,.1,.3,.4,.5,.2] → t4 (0.5) rank 0 → hit@1
+    assert r["tr_r1"] == pytest.approx(100 * 2 / 3)
+    assert r["tr_r2"] == pytest.approx(100 * 2 / 3)
+    assert r["ir_mean"] == pytest.approx((r["ir_r1"] + r["ir_r2"]) / 2)
+
+
+def test_iou_and_refexp():
+    assert box_iou([0, 0, 2, 2], [1, 1, 3, 3]) == pytest.approx(1 / 7)
+    assert box_iou([0, 0, 1, 1], [2, 2, 3, 3]) == 0.0
+    assert box_iou([0, 0, 2, 2], [0, 0, 2, 2]) == 1.0
+    pred = [[0, 0, 10, 10], [0, 0, 10, 10]]
+    tgt = [[0, 0, 10, 9], [5, 5, 15, 15]]          # IoU 0.9 and 25/175
+    assert refexp_accuracy(pred, tgt) == pytest.approx(50.0)
+
+
+def test_accuracy_vcr_and_meta_sum():
+    assert accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == 50.0
+    v = vcr_scores([0, 1, 2, 3], [0, 1, 0, 3], [1, 1, 1, 0], [1, 0, 1, 0])
+    assert v == {"q2a": 75.0, "qa2r": 75.0, "q2ar": 50.0}
+    assert meta_sum({"vqa": 70, "ir": 80, "tr": 90, "nlvr2": 75, "refcoco+": 65, "ve": 1}) == 380
+    with pytest.raises(KeyError, match="refcoco"):
+        meta_sum({"vqa": 70, "ir": 80, "tr": 90, "nlvr2": 75})

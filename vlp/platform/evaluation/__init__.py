@@ -1,0 +1,1 @@
+"""Downstream evaluation: metrics as the official evaluators compute them, and Meta-Sum."""
