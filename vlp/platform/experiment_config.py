@@ -1,0 +1,247 @@
+"""The pretraining experiment config: one YAML file describes a run.
+
+Load with ``load_experiment_config(path, overrides=["optimizer.lr=1e-4"], task_names=...)``.
+Task names are checked against the model's task registry (passed in by the caller; the
+paper tasks by default). The ``data`` section is handed to the data pipeline, which maps it
+to its own ``DataConfig``.
+
+Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
+decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
+except precision (fp32: the embedded default runs on CPU) and steps (set them per run).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from vlp.platform.config_loader import ConfigError, bounded, load_config
+
+# Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
+# WRA. The model registry supplies the authoritative list once it exists.
+PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
+                                "mvm", "wra")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class RunSection:
+    name: str = "pretrain"          # Ray Train run name (a folder name): resume = same name
+    output_dir: str = "runs"        # runs root; relative paths resolve against the driver's cwd
+    seed: int = bounded(0, ge=0)
+    max_failures: int = bounded(1, ge=-1)   # worker failures retried from the last checkpoint
+
+    def validate(self):
+        if not _NAME.match(self.name):
+            yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
+        if not self.output_dir:
+            yield "output_dir", "expected a folder path, got ''"
+
+
+@dataclass
+class ModelSection:
+    family: str = "uniter-tiny"     # a name in the model-family registry
+    init: Literal["random", "text", "checkpoint"] = "random"
+    init_path: str = ""             # required with init: checkpoint
+
+    def validate(self):
+        if not self.family:
+            yield "family", "expected a model family name, got ''"
+        if self.init == "checkpoint" and not self.init_path:
+            yield "init_path", "required when model.init is 'checkpoint'"
+        if self.init != "checkpoint" and self.init_path:
+            yield "init_path", f"only used with model.init: checkpoint (init is {self.init!r})"
+
+
+@dataclass
+class SourceSection:
+    path: str
+    weight: float = bounded(1.0, ge=0)   # sampling weight among a stage's sources
+
+
+@dataclass
+class DataSection:
+    sources: dict[str, SourceSection] = field(default_factory=dict)
+    masking: Literal["conditional", "joint"] = "conditional"
+    batch_input_units: int = bounded(4096, gt=0)   # per worker per micro-batch: B × (T + N)
+    max_text_len: int = bounded(60, gt=2)
+    itm_neg_prob: float = bounded(0.5, ge=0, le=1)
+    mask_prob: float = bounded(0.15, gt=0, lt=1)
+
+    def validate(self):
+        if not self.sources:
+            yield "sources", "expected at least one source {name: {path, weight}}"
+        elif all(s.weight == 0 for s in self.sources.values()):
+            yield "sources", "all source weights are 0: at least one must be positive"
+        for name, s in self.sources.items():
+            if not s.path:
+                yield f"sources.{name}.path", "expected a path, got ''"
+
+
+@dataclass
+class StageSection:
+    name: str
+    steps: int = bounded(gt=0)
+    sources: list[str] = field(default_factory=list)     # [] = every data source
+    tasks: dict[str, float] = field(default_factory=dict)  # {} = the top-level task mix
+
+
+@dataclass
+class OptimizerSection:
+    lr: float = bounded(5e-5, gt=0)
+    betas: tuple[float, float] = bounded((0.9, 0.98), ge=0, lt=1)
+    eps: float = bounded(1e-6, gt=0)
+    weight_decay: float = bounded(0.01, ge=0)      # not applied to biases and norm weights
+    warmup_steps: int = bounded(10_000, ge=0)      # per stage
+    schedule: Literal["linear", "constant"] = "linear"   # after warm-up
+    grad_clip: float = bounded(5.0, ge=0)          # global grad-norm clip; 0 = off
+    # auto: torch AdamW on CPU (no JIT build), DeepSpeed FusedAdam on GPU
+    impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
+
+
+@dataclass
+class TrainSection:
+    steps: int = bounded(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
+    grad_accum: int = bounded(1, gt=0)    # micro-batches per optimizer step (one task each)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    zero_stage: Literal[0, 1, 2] = 2
+    log_every: int = bounded(10, gt=0)    # steps between ray.train.report / MLflow flushes
+    on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
+    max_nonfinite_skips: int = bounded(10, gt=0)       # consecutive skips before raising
+    stop_after: int = bounded(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
+    extensions_dir: str = ""              # TORCH_EXTENSIONS_DIR for DeepSpeed's JIT ops
+
+
+@dataclass
+class ScalingSection:
+    num_workers: int = bounded(2, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = bounded(1.0, gt=0)
+
+
+@dataclass
+class CheckpointSection:
+    interval: int = bounded(1000, gt=0)   # steps; the last step is always checkpointed
+    keep: int = bounded(2, ge=1)
+
+
+@dataclass
+class MlflowSection:
+    enabled: bool = True
+    tracking_uri: str = ""                # "" = sqlite:///<output_dir>/mlflow.db (embedded)
+    experiment: str = "vlp-pretrain"
+    check_timeout_s: float = bounded(3.0, gt=0)
+
+
+def _uniter_mix() -> dict[str, float]:
+    return {"itm": 2.0, "mlm": 2.0, "mrfr": 1.0, "mrc-kl": 1.0}
+
+
+@dataclass
+class ExperimentConfig:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    tasks: dict[str, float] = field(default_factory=_uniter_mix)   # mix ratios
+    stages: list[StageSection] = field(default_factory=list)     # [] = one stage "pretrain"
+    train: TrainSection = field(default_factory=TrainSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    mlflow: MlflowSection = field(default_factory=MlflowSection)
+
+    def validate(self):
+        """Cross-section rules (task names are checked in ``check_task_names``)."""
+        yield from _check_mix(self.tasks, "tasks")
+        if self.train.precision == "fp16" and not self.scaling.use_gpu:
+            yield "train.precision", ("fp16 is not supported on CPU (DeepSpeed refuses it): "
+                                      "use bf16 or fp32, or set scaling.use_gpu=true")
+        if not self.stages and self.train.steps == 0:
+            yield "train.steps", "expected an integer > 0 (or a list of stages with steps)"
+        if self.stages:
+            total = sum(s.steps for s in self.stages if isinstance(s.steps, int))
+            if self.train.steps not in (0, total):
+                yield "train.steps", (f"is {self.train.steps} but the stages sum to {total} "
+                                      f"steps: set it to 0 or {total}")
+        seen = set()
+        for i, st in enumerate(self.stages):
+            key = f"stages.{i}"
+            if st.name in seen:
+                yield f"{key}.name", f"duplicate stage name {st.name!r}"
+            seen.add(st.name)
+            for j, src in enumerate(st.sources):
+                if src not in self.data.sources:
+                    yield f"{key}.sources.{j}", (f"unknown data source {src!r} (known: "
+                                                 f"{', '.join(self.data.sources)})")
+            if st.tasks:
+                yield from _check_mix(st.tasks, f"{key}.tasks")
+        for st in self.stage_plan():
+            if self.optimizer.schedule == "linear" and self.optimizer.warmup_steps >= st.steps:
+                yield "optimizer.warmup_steps", (
+                    f"is {self.optimizer.warmup_steps} but stage {st.name!r} has only "
+                    f"{st.steps} steps: the learning rate would never decay; expected fewer")
+
+    # ---- derived ------------------------------------------------------------------------
+
+    def stage_plan(self) -> list[StageSection]:
+        """The stages with defaults filled in (sources, task mix)."""
+        stages = self.stages or [StageSection(name="pretrain", steps=self.train.steps)]
+        return [StageSection(name=s.name, steps=s.steps,
+                             sources=list(s.sources) or list(self.data.sources),
+                             tasks=dict(s.tasks) or dict(self.tasks)) for s in stages]
+
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stage_plan())
+
+    def all_tasks(self) -> list[str]:
+        """Every task with a non-zero ratio in any stage, in first-seen order (the model's
+        heads)."""
+        out: list[str] = []
+        for st in self.stage_plan():
+            out += [t for t, r in st.tasks.items() if r > 0 and t not in out]
+        return out
+
+
+def _check_mix(mix: dict[str, float], key: str):
+    if not mix:
+        yield key, "expected at least one task with a positive ratio"
+        return
+    for name, ratio in mix.items():
+        if not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+            yield f"{key}.{name}", f"expected a mix ratio ≥ 0, got {ratio!r}"
+    if all(isinstance(r, (int, float)) and r == 0 for r in mix.values()):
+        yield key, "all mix ratios are 0: at least one task must have a positive ratio"
+
+
+def check_task_names(cfg: ExperimentConfig, task_names: Iterable[str]) -> list[tuple[str, str]]:
+    """Problems for task names the model registry does not know."""
+    import difflib
+
+    known = list(task_names)
+    problems = []
+    mixes = [("tasks", cfg.tasks)] + [(f"stages.{i}.tasks", s.tasks)
+                                       for i, s in enumerate(cfg.stages)]
+    for key, mix in mixes:
+        for name in mix:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append((f"{key}.{name}", f"unknown task {name!r}; known tasks: "
+                                                  f"{', '.join(known)}{hint}"))
+    return problems
+
+
+def load_experiment_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                           data: dict | None = None,
+                           task_names: Iterable[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate. Raises ``ConfigError`` naming every bad key."""
+    cfg = load_config(ExperimentConfig, path, overrides, data=data)
+    problems = check_task_names(cfg, PAPER_TASKS if task_names is None else task_names)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
