@@ -1,0 +1,23 @@
+"""The model zoo: families by name, task heads and losses, initialisers and converters.
+
+    from vlp.models import create_model
+    model, preprocess, report = create_model("uniter-tiny", tasks=["mlm", "itm"])
+    out = model(batch, task="mlm")          # {"loss", "mlm_loss", "mlm_acc"}
+    enc = model.encode(batch)               # sequence / pooled / text & region positions
+
+Never imports Ray, MLflow or ``vlp.platform``.
+"""
+
+from .backbone import EncoderOutput, VLBackbone
+from .checkpoints import (CheckpointError, LoadReport, export_uniter, load_uniter, save_uniter)
+from .config import FamilyConfig, TransformerConfig
+from .factory import ModelBundle, PreprocessSpec, create_model, list_families
+from .families import FAMILIES, get_family
+from .model import VLPModel
+from .predict import predict
+from .tasks import TASKS, get_task
+
+__all__ = ["create_model", "list_families", "ModelBundle", "PreprocessSpec", "VLPModel",
+           "EncoderOutput", "VLBackbone", "FamilyConfig", "TransformerConfig", "FAMILIES",
+           "get_family", "TASKS", "get_task", "predict", "CheckpointError", "LoadReport",
+           "export_uniter", "load_uniter", "save_uniter"]

@@ -1,0 +1,101 @@
+"""The shared backbone: family embeddings → packed row → BERT encoder (post-LN) → outputs.
+
+The encoder is ``transformers``' ``BertEncoder`` built from a ``BertConfig`` (no hub access);
+attention goes through ``config._attn_implementation`` — "sdpa" by default, i.e.
+``torch.nn.functional.scaled_dot_product_attention`` with the boolean padding mask that
+``create_bidirectional_mask`` builds for that implementation. The pooler (dense + tanh on
+position 0) belongs to the backbone's weights but only heads that need it call it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+from torch import nn
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
+
+from .config import FamilyConfig
+from .embeddings import EMBEDDERS
+from .embeddings.text import TextEmbeddings
+from .packing import pack
+
+
+@dataclass
+class EncoderOutput:
+    """What heads (pretraining and downstream) read from the backbone.
+
+    ``sequence_output`` is the packed row; ``text_output()`` / ``region_output()`` give it back
+    in the batch's own text / region layout ([B, T, H] / [B, N, H]), and ``text_positions`` /
+    ``region_positions`` say where each token sits in the packed row."""
+
+    sequence_output: torch.Tensor    # [B, L, H]
+    attention_mask: torch.Tensor     # long [B, L]
+    text_positions: torch.Tensor     # long [B, T]
+    text_mask: torch.Tensor          # bool [B, T]
+    region_positions: torch.Tensor   # long [B, N] (regions, or SOHO grid cells)
+    region_mask: torch.Tensor        # bool [B, N]
+    pooled_output: torch.Tensor | None = None  # [B, H] pooler(dense+tanh)([CLS]) when asked
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def cls_output(self) -> torch.Tensor:
+        return self.sequence_output[:, 0]
+
+    def _gather(self, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.sequence_output.shape[-1]
+        index = positions.unsqueeze(-1).expand(*positions.shape, hidden)
+        return self.sequence_output.gather(1, index)
+
+    def text_output(self) -> torch.Tensor:
+        return self._gather(self.text_positions)
+
+    def region_output(self) -> torch.Tensor:
+        return self._gather(self.region_positions)
+
+    def select_text(self, select: torch.Tensor) -> torch.Tensor:
+        """[M, H] outputs of the text tokens where ``select`` (bool [B, T]) holds."""
+        rows, cols = select.nonzero(as_tuple=True)
+        return self.sequence_output[rows, self.text_positions[rows, cols]]
+
+    def select_regions(self, select: torch.Tensor) -> torch.Tensor:
+        """[M, H] outputs of the regions where ``select`` (bool [B, N]) holds."""
+        rows, cols = select.nonzero(as_tuple=True)
+        return self.sequence_output[rows, self.region_positions[rows, cols]]
+
+
+class VLBackbone(nn.Module):
+    def __init__(self, family: FamilyConfig, feat_dim: int):
+        super().__init__()
+        cfg = family.transformer
+        self.family = family
+        self.bert_config = cfg.to_bert_config()
+        self.text_embeddings = TextEmbeddings(cfg)
+        self.visual = EMBEDDERS[family.visual.kind](cfg, family.visual, feat_dim)
+        self.encoder = BertEncoder(self.bert_config)
+        self.pooler = BertPooler(self.bert_config)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.bert_config.hidden_size
+
+    def forward(self, batch: Mapping[str, torch.Tensor], pool: bool = False,
+                visual_masking: bool = False) -> EncoderOutput:
+        inputs = self.visual(batch, self.text_embeddings, visual_masking=visual_masking)
+        rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask)
+        mask = create_bidirectional_mask(config=self.bert_config, inputs_embeds=rows.embeddings,
+                                         attention_mask=rows.attention_mask)
+        sequence = self.encoder(rows.embeddings, attention_mask=mask).last_hidden_state
+        n = inputs.num_regions
+        return EncoderOutput(
+            sequence_output=sequence,
+            attention_mask=rows.attention_mask,
+            text_positions=rows.text_positions,
+            text_mask=inputs.text_mask,
+            region_positions=rows.visual_positions[:, :n],
+            region_mask=inputs.visual_mask[:, :n],
+            pooled_output=self.pooler(sequence) if pool else None,
+            extras=inputs.extras,
+        )

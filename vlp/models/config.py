@@ -1,0 +1,176 @@
+"""Typed configs of a model family: the Transformer, the visual input, and the family itself.
+
+A family is data (:data:`vlp.models.families.FAMILIES`): a name, a :class:`TransformerConfig`,
+one visual-input config (which embedder kind builds the visual tokens and with what sizes)
+and the pretraining tasks that apply to it. Sizes that depend on the data set rather than on
+the architecture (region feature width D, detector class count C, vocabulary size) are
+arguments of :func:`vlp.models.create_model`, not part of the family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from transformers import BertConfig
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A post-LN BERT encoder (the backbone of every family)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int = 30522
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12  # UNITER / BERT: every LayerNorm uses eps 1e-12
+    initializer_range: float = 0.02
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"transformer.hidden_size={self.hidden_size} is not a multiple of "
+                             f"transformer.num_heads={self.num_heads}")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"transformer.attn_implementation={self.attn_implementation!r}: "
+                             f"expected one of {ATTN_IMPLEMENTATIONS}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"transformer.{name}={getattr(self, name)} is not in [0, 1)")
+
+    def to_bert_config(self) -> BertConfig:
+        # Built from scratch, never from_pretrained: nothing is fetched from a hub.
+        return BertConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            hidden_act="gelu",  # exact (erf) GELU, as BERT and UNITER
+            hidden_dropout_prob=self.hidden_dropout,
+            attention_probs_dropout_prob=self.attention_dropout,
+            max_position_embeddings=self.max_position_embeddings,
+            type_vocab_size=self.type_vocab_size,
+            initializer_range=self.initializer_range,
+            layer_norm_eps=self.layer_norm_eps,
+            attn_implementation=self.attn_implementation,
+        )
+
+
+@dataclass(frozen=True)
+class UniterVisualConfig:
+    """UNITER regions: LN(Linear feat) + LN(Linear 7-d location) + token type 1, then LN."""
+
+    kind: str = field(default="uniter", init=False)
+    location_width: int = 7
+    input_kind: str = field(default="regions", init=False)
+    location_kind: str = field(default="uniter7", init=False)
+
+
+@dataclass(frozen=True)
+class ImageBertVisualConfig:
+    """ImageBERT regions: LN(Linear feat + Linear 5-d location + segment + dummy position)."""
+
+    kind: str = field(default="imagebert", init=False)
+    location_width: int = 5
+    input_kind: str = field(default="regions", init=False)
+    location_kind: str = field(default="imagebert5", init=False)
+
+
+@dataclass(frozen=True)
+class VLBertVisualConfig:
+    """VL-BERT: a visual feature embedding on every token from [sine geometry; RoI feature]."""
+
+    kind: str = field(default="vlbert", init=False)
+    geometry_dim: int = 2048  # 4 box coordinates × (sin, cos) × geometry_dim / 8 wavelengths
+    location_width: int = 4
+    input_kind: str = field(default="regions", init=False)
+    location_kind: str = field(default="box4", init=False)
+
+    def __post_init__(self) -> None:
+        if self.geometry_dim % 8:
+            raise ValueError(f"visual.geometry_dim={self.geometry_dim} is not a multiple of 8")
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """A torchvision-layout ResNet (so ImageNet weights in that layout load by name)."""
+
+    block: str  # "basic" (ResNet-18/34) or "bottleneck" (ResNet-50/101/152)
+    layers: tuple[int, int, int, int]
+    base_width: int = 64
+
+    def __post_init__(self) -> None:
+        if self.block not in ("basic", "bottleneck"):
+            raise ValueError(f"visual.resnet.block={self.block!r}: expected basic or bottleneck")
+
+    @property
+    def out_channels(self) -> int:
+        return self.base_width * 8 * (4 if self.block == "bottleneck" else 1)
+
+
+RESNET18 = ResNetConfig("basic", (2, 2, 2, 2))
+RESNET101 = ResNetConfig("bottleneck", (3, 4, 23, 3))
+RESNET_TINY = ResNetConfig("basic", (1, 1, 1, 1), base_width=8)
+
+
+@dataclass(frozen=True)
+class SohoVisualConfig:
+    """SOHO pixels: ResNet → 2×2 max-pool → 1×1 conv → visual dictionary → + 2-D sine position."""
+
+    kind: str = field(default="soho", init=False)
+    resnet: ResNetConfig = RESNET18
+    dictionary_size: int = 2048
+    dictionary_momentum: float = 0.4  # γ in d ← γ d + (1 − γ) mean(assigned); reference value
+    image_min_side: int = 600  # shorter side resized to this, longer side capped (paper)
+    image_max_side: int = 1000
+    pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet statistics
+    pixel_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    location_width: None = field(default=None, init=False)
+    input_kind: str = field(default="pixels", init=False)
+    location_kind: None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dictionary_momentum < 1.0:
+            raise ValueError(f"visual.dictionary_momentum={self.dictionary_momentum} "
+                             "is not in [0, 1)")
+        if self.dictionary_size < 2:
+            raise ValueError(f"visual.dictionary_size={self.dictionary_size} must be ≥ 2")
+
+
+VisualConfig = UniterVisualConfig | ImageBertVisualConfig | VLBertVisualConfig | SohoVisualConfig
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """One registered model family."""
+
+    name: str
+    transformer: TransformerConfig
+    visual: VisualConfig
+    tasks: tuple[str, ...]  # pretraining tasks that apply to this family
+
+    def replace(self, overrides: Mapping[str, Any]) -> "FamilyConfig":
+        """Copy with dotted-key overrides, e.g. ``{"transformer.hidden_dropout": 0.0}``.
+
+        An unknown key is an error naming it (a typo must not silently keep the default)."""
+        transformer, visual = self.transformer, self.visual
+        for key, value in overrides.items():
+            section, _, name = key.partition(".")
+            target = {"transformer": transformer, "visual": visual}.get(section)
+            if target is None or not name or name not in {
+                    f.name for f in dataclasses.fields(target) if f.init}:
+                raise KeyError(f"unknown model config key {key!r} for family {self.name!r}")
+            if section == "transformer":
+                transformer = dataclasses.replace(transformer, **{name: value})
+            else:
+                visual = dataclasses.replace(visual, **{name: value})
+        return dataclasses.replace(self, transformer=transformer, visual=visual)

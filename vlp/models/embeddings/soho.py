@@ -1,0 +1,99 @@
+"""SOHO embeddings: pixels → ResNet → 2×2 max-pool → 1×1 conv → visual dictionary → tokens.
+
+visual token = LN( VD(v) + 2-D sine position + token_type(1) ), dropout. (The paper's text
+puts the 1×1 conv before the pool; our reference notes put it after — the same function class
+with 4× fewer conv positions.) Each image is encoded once and its tokens are gathered for
+every text paired with it (``image_index``). For MVM the embedder picks, on each image with
+``mvm_apply``, one dictionary index present in the image uniformly at random, replaces every
+cell mapped to it by a learned [MASK] embedding and records the index as those cells' label.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.datasets import batch_spec as bs
+
+from ..batch_access import require
+from ..config import SohoVisualConfig, TransformerConfig
+from ..vision.position_2d import sine_position_2d
+from ..vision.resnet import ResNet
+from ..vision.visual_dictionary import VisualDictionary
+from .base import EmbeddedInputs
+from .text import TextEmbeddings
+
+MVM_LABELS = "mvm_labels"  # extras key: long [B, n] dictionary index at masked cells, else -100
+
+
+class SohoEmbedder(nn.Module):
+    def __init__(self, cfg: TransformerConfig, visual: SohoVisualConfig, feat_dim: int):
+        super().__init__()
+        h = cfg.hidden_size
+        self.resnet = ResNet(visual.resnet)
+        self.pool = nn.MaxPool2d(2, stride=2, ceil_mode=True)  # keep the last odd row/column
+        self.proj = nn.Conv2d(self.resnet.out_channels, h, 1)
+        self.dictionary = VisualDictionary(visual.dictionary_size, h, visual.dictionary_momentum)
+        self.mask_token = nn.Parameter(torch.zeros(h))  # MVM's [MASK] embedding
+        self.LayerNorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def init_extra_(self, std: float) -> None:
+        nn.init.normal_(self.mask_token, std=std)
+        nn.init.kaiming_normal_(self.proj.weight, mode="fan_out", nonlinearity="relu")
+        nn.init.zeros_(self.proj.bias)
+
+    def encode_images(self, pixels: torch.Tensor, pixel_mask: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """[I, 3, H, W] → grid features [I, n, H] (before the dictionary), valid [I, n], (h, w)."""
+        grid = self.proj(self.pool(self.resnet(pixels)))
+        i, _, h, w = grid.shape
+        if pixel_mask is None:
+            valid = torch.ones(i, h, w, dtype=torch.bool, device=grid.device)
+        else:  # a cell is real where its (nearest) pixel is, as in DETR
+            valid = F.interpolate(pixel_mask[:, None].float(), size=(h, w)).bool()[:, 0]
+        return grid.flatten(2).transpose(1, 2), valid.flatten(1), (h, w)
+
+    def mask_one_index(self, indices: torch.Tensor, valid: torch.Tensor,
+                       apply: torch.Tensor) -> torch.Tensor:
+        """bool [I, n]: on each image with ``apply``, every real cell mapped to one index
+        drawn uniformly among the indices present in that image (SOHO: masking a single cell
+        would let the model copy the label from its same-index neighbours)."""
+        k = self.dictionary.size
+        present = torch.zeros(indices.shape[0], k + 1, dtype=torch.bool, device=indices.device)
+        present.scatter_(1, torch.where(valid, indices, k), True)
+        present = present[:, :k]
+        score = torch.rand(present.shape, device=indices.device).masked_fill(~present, -1.0)
+        chosen = score.argmax(1)
+        apply = apply.bool() & present.any(1)
+        return (indices == chosen[:, None]) & valid & apply[:, None]
+
+    def forward(self, batch: Mapping[str, torch.Tensor], text: TextEmbeddings,
+                visual_masking: bool = False) -> EmbeddedInputs:
+        who = "SOHO embeddings"
+        pixels = require(batch, bs.PIXELS, who)
+        image_index = require(batch, bs.IMAGE_INDEX, who).long()
+        grid, valid, (h, w) = self.encode_images(pixels, batch.get(bs.PIXEL_MASK))
+        quantised, indices = self.dictionary(grid, valid)
+        extras: dict[str, torch.Tensor] = {}
+        if visual_masking:
+            masked = self.mask_one_index(indices, valid, require(batch, bs.MVM_APPLY, who))
+            quantised = torch.where(masked.unsqueeze(-1), self.mask_token.to(quantised.dtype),
+                                    quantised)
+            labels = torch.where(masked, indices, torch.full_like(indices, -100))
+            extras[MVM_LABELS] = labels[image_index]
+        position = sine_position_2d(valid.view(-1, h, w), quantised.shape[-1])
+        tokens = self.LayerNorm(quantised + position.flatten(1, 2).to(quantised.dtype)
+                                + text.token_type(1))
+        tokens = self.dropout(tokens)[image_index]
+        return EmbeddedInputs(
+            text=text(require(batch, bs.INPUT_IDS, who), token_type=0),
+            text_mask=require(batch, bs.TEXT_MASK, who).bool(),
+            visual=tokens,
+            visual_mask=valid[image_index],
+            num_regions=tokens.shape[1],
+            extras=extras,
+        )

@@ -1,0 +1,68 @@
+"""VLPModel: the backbone plus the heads of the tasks it was built for.
+
+``model(batch, task="mlm")`` runs one pretraining task on a batch of the contract in
+``vlp.datasets.batch_spec`` and returns ``{"loss", "{task}_loss", …metrics}``; ``loss`` is the
+sum of the ``*_loss`` entries. ``model.encode(batch)`` is what downstream heads build on:
+packed sequence output, pooled [CLS], and where the text and regions sit in the packed row.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .backbone import EncoderOutput, VLBackbone
+from .config import FamilyConfig
+from .tasks import HeadContext, Task, get_task
+
+
+class VLPModel(nn.Module):
+    def __init__(self, family: FamilyConfig, tasks: Iterable[str], feat_dim: int,
+                 num_classes: int):
+        super().__init__()
+        tasks = tuple(dict.fromkeys(tasks))  # ordered, without repeats
+        for name in tasks:
+            get_task(name)  # unknown names fail here, naming the task
+            if name not in family.tasks:
+                raise ValueError(f"task {name!r} does not apply to family {family.name!r} "
+                                 f"(its tasks: {', '.join(family.tasks)})")
+        self.family = family
+        self.feat_dim, self.num_classes = feat_dim, num_classes
+        self.task_names = tasks
+        self.backbone = VLBackbone(family, feat_dim)
+        ctx = HeadContext(hidden_size=family.transformer.hidden_size,
+                          vocab_size=family.transformer.vocab_size, feat_dim=feat_dim,
+                          num_classes=num_classes,
+                          layer_norm_eps=family.transformer.layer_norm_eps,
+                          backbone=self.backbone)
+        self.heads = nn.ModuleDict()
+        for name in tasks:
+            task = get_task(name)
+            if task.head_name not in self.heads:  # tasks naming one head share it
+                self.heads[task.head_name] = task.build_head(ctx)
+
+    def task(self, name: str) -> Task:
+        if name not in self.task_names:
+            raise KeyError(f"this {self.family.name} model was built for tasks "
+                           f"{list(self.task_names)}, not {name!r}")
+        return get_task(name)
+
+    def forward(self, batch: Mapping[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:
+        spec = self.task(task)
+        enc = self.backbone(batch, pool=spec.needs_pooled,
+                            visual_masking=spec.masks_visual_tokens)
+        out = spec.compute(self.heads[spec.head_name], enc, batch)
+        out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
+        return out
+
+    def encode(self, batch: Mapping[str, torch.Tensor], pool: bool = True) -> EncoderOutput:
+        """Backbone outputs for downstream heads (no masking; pooled [CLS] included)."""
+        return self.backbone(batch, pool=pool)
+
+    def num_parameters(self, exclude_word_embeddings: bool = False) -> int:
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_word_embeddings:  # how the papers count (UNITER-base: 86M)
+            total -= self.backbone.text_embeddings.word_embeddings.weight.numel()
+        return total

@@ -1,0 +1,1 @@
+"""Pixel-side building blocks for SOHO, in plain torch (no torchvision on these machines)."""
