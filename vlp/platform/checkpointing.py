@@ -1,0 +1,131 @@
+"""Checkpoints for exact resume: the DeepSpeed checkpoint plus the trainer state.
+
+Layout of one checkpoint folder (Ray merges what every rank writes into it)::
+
+    vlp_trainer.json               rank 0: step, stage, tag, world size (read before the
+                                   engine is built: it says which stage's engine to build)
+    latest, <tag>/...              DeepSpeed: module + optimizer partitions + LR scheduler,
+                                   and the shared trainer state as ``client_state``
+    vlp_rank_<r>.pt                each rank: its batch-source state and RNG states
+
+Per-rank files are loaded with ``weights_only=True`` (safe by default).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+META_FILE = "vlp_trainer.json"
+CLIENT_STATE_KEY = "vlp_trainer"
+
+
+def rank_file(rank: int) -> str:
+    return f"vlp_rank_{rank:03d}.pt"
+
+
+def step_tag(step: int) -> str:
+    return f"step{step:08d}"
+
+
+@dataclass
+class TrainerState:
+    """What, besides weights and optimizer, makes a resumed run continue exactly."""
+
+    step: int = 0                   # optimizer steps done, over all stages
+    stage: int = 0                  # index of the stage the engine belongs to
+    examples_seen: int = 0          # global, all ranks
+    input_units_seen: int = 0
+    skipped_batches: int = 0        # dropped for a non-finite loss
+    sampler: dict[str, Any] = field(default_factory=dict)
+    mlflow_run_id: str | None = None
+    world_size: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainerState:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+# ---- RNG ------------------------------------------------------------------------------------
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """python, numpy and torch RNG states as weights_only-loadable values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
+                       float(cached)),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- save / load ----------------------------------------------------------------------------
+
+def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
+         batch_source_state: dict[str, Any]) -> str:
+    """Every rank calls this (DeepSpeed saves collectively). Returns the tag."""
+    folder = Path(folder)
+    tag = step_tag(state.step)
+    engine.save_checkpoint(str(folder), tag=tag,
+                           client_state={CLIENT_STATE_KEY: state.to_dict()})
+    torch.save({"batch_source": batch_source_state, "rng": rng_state()},
+               folder / rank_file(rank))
+    if rank == 0:
+        meta = {"step": state.step, "stage": state.stage, "tag": tag,
+                "world_size": state.world_size, "examples_seen": state.examples_seen}
+        (folder / META_FILE).write_text(json.dumps(meta, indent=1))
+    return tag
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / META_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{folder} is not a vlp pretraining checkpoint (no {META_FILE})")
+    return json.loads(path.read_text())
+
+
+def load(engine: Any, folder: str | Path, rank: int, world_size: int
+         ) -> tuple[TrainerState, dict[str, Any]]:
+    """Restore the engine; return the trainer state and this rank's batch-source state. RNG
+    states are returned under ``"rng"`` for the caller to apply last (building things
+    consumes randomness)."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    if meta["world_size"] != world_size:
+        raise RuntimeError(
+            f"checkpoint {folder} was written by {meta['world_size']} workers; exact resume "
+            f"needs the same number (scaling.num_workers={meta['world_size']}), got {world_size}")
+    load_path, client_state = engine.load_checkpoint(
+        str(folder), tag=meta["tag"], load_module_strict=True, load_optimizer_states=True,
+        load_lr_scheduler_states=True)
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {folder} (tag {meta['tag']})")
+    state = TrainerState.from_dict(client_state[CLIENT_STATE_KEY])
+    per_rank = torch.load(folder / rank_file(rank), weights_only=True)
+    return state, per_rank

@@ -1,0 +1,143 @@
+"""The pretraining driver: checks what can be checked before compute, then runs the loop on
+Ray Train workers.
+
+    cfg = load_experiment_config("jobs/configs/x.yaml", overrides=["train.steps=100"])
+    result = run_pretraining(cfg, components)          # components: protocols.Components
+    result.checkpoint_path, result.final_step, result.history, result.mlflow_run_id
+
+Re-running with the same ``run.name`` and ``run.output_dir`` resumes from the last checkpoint
+(Ray Train's own resume) and re-attaches to the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlp.platform.config_loader import to_dict
+from vlp.platform.engine import deepspeed_config, extensions_dir
+from vlp.platform.experiment_config import ExperimentConfig
+from vlp.platform.protocols import Components
+from vlp.platform.tracking import (check_reachable, embedded_artifact_location,
+                                   embedded_tracking_uri, run_key)
+from vlp.platform.train_loop import train_loop_per_worker
+
+
+@dataclass
+class PretrainResult:
+    run_dir: str                          # Ray Train run folder: checkpoints live here
+    checkpoint_path: str | None           # the latest checkpoint (the final one if completed)
+    final_step: int
+    completed: bool                       # False when stopped by train.stop_after
+    history: list[dict[str, Any]]         # per-step records of the last attempt (rank 0)
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)   # Ray's metrics of that checkpoint
+    return_value: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
+    """A copy with absolute paths (Ray workers and job drivers run in other folders) and the
+    tracking URI filled in."""
+    root = Path(cfg.run.output_dir).expanduser().resolve()
+    run = dataclasses.replace(cfg.run, output_dir=str(root))
+    mlflow = dataclasses.replace(cfg.mlflow, tracking_uri=cfg.mlflow.tracking_uri
+                                 or embedded_tracking_uri(root))
+    train = dataclasses.replace(cfg.train, extensions_dir=extensions_dir(cfg.train.extensions_dir))
+    return dataclasses.replace(cfg, run=run, mlflow=mlflow, train=train)
+
+
+def tracking_spec(cfg: ExperimentConfig, parent_run_id: str | None = None) -> dict[str, Any]:
+    """How rank 0 finds its MLflow run. The key is derived from the run folder, so a
+    restarted worker or a re-run driver attaches to the same run."""
+    uses_embedded = cfg.mlflow.tracking_uri == embedded_tracking_uri(cfg.run.output_dir)
+    return {
+        "enabled": cfg.mlflow.enabled,
+        "tracking_uri": cfg.mlflow.tracking_uri,
+        "experiment": cfg.mlflow.experiment,
+        "run_name": cfg.run.name,
+        "key": run_key(cfg.run.output_dir, cfg.run.name),
+        "parent_run_id": parent_run_id,
+        "artifact_location": embedded_artifact_location(cfg.run.output_dir) if uses_embedded
+        else None,
+        "deepspeed_config": deepspeed_config(cfg, cfg.scaling.num_workers),
+    }
+
+
+def preflight(cfg: ExperimentConfig) -> None:
+    """Checks that need no cluster: tracking reachable (short timeout), output folder
+    writable. Raises with the cause named."""
+    root = Path(cfg.run.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    if cfg.mlflow.enabled:
+        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+
+
+def run_pretraining(cfg: ExperimentConfig, components: Components, *,
+                    parent_run_id: str | None = None,
+                    callbacks: list[Any] | None = None) -> PretrainResult:
+    """Run (or resume) the pretraining job described by ``cfg``. ``parent_run_id`` nests the
+    MLflow run (sweeps); ``callbacks`` are ``ray.train.UserCallback``s (e.g. Tune's
+    ``TuneReportCallback``)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    cfg = resolve(cfg)
+    preflight(cfg)
+    spec = tracking_spec(cfg, parent_run_id)
+    run_dir = str(Path(cfg.run.output_dir) / cfg.run.name)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": to_dict(cfg), "components": components, "tracking": spec,
+                           "run_dir": run_dir},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
+            resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
+                                  **({"GPU": 1} if cfg.scaling.use_gpu else {})}),
+        run_config=ray.train.RunConfig(
+            name=cfg.run.name, storage_path=cfg.run.output_dir,
+            failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            callbacks=callbacks or None),
+        datasets=components.datasets(cfg) or None,
+    )
+    try:
+        result = trainer.fit()
+    except BaseException:
+        _mark_failed(spec)
+        raise
+    value = result.return_value or {}
+    return PretrainResult(
+        run_dir=run_dir,
+        checkpoint_path=result.checkpoint.path if result.checkpoint else None,
+        final_step=int(value.get("final_step", 0)),
+        completed=bool(value.get("completed", False)),
+        history=list(value.get("history", [])),
+        mlflow_run_id=value.get("mlflow_run_id"),
+        tracking_uri=cfg.mlflow.tracking_uri if cfg.mlflow.enabled else None,
+        metrics=dict(result.metrics or {}),
+        return_value=value,
+    )
+
+
+def _mark_failed(spec: dict[str, Any]) -> None:
+    """fit() gave up (retries exhausted, or interrupted): close the job's MLflow run as
+    FAILED so the UI does not show it running forever."""
+    if not spec["enabled"]:
+        return
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(spec["tracking_uri"])
+        exp = client.get_experiment_by_name(spec["experiment"])
+        if exp is None:
+            return
+        runs = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.`vlp.run_key` = '{spec['key']}'",
+                                  max_results=1)
+        if runs and runs[0].info.status == "RUNNING":
+            client.set_terminated(runs[0].info.run_id, status="FAILED")
+    except Exception:
+        pass  # the training error is the one to show
