@@ -1,0 +1,141 @@
+"""Gather a batch of examples from image blocks into padded numpy arrays (no masking yet).
+
+Examples are given by reference: the text is caption ``text_cap`` of image row ``text_row`` of
+block ``text_block``; the visual side is image row ``image_row`` of ``image_block`` (the two
+differ for ITM negatives). Text gets [CLS] … [SEP] and [PAD] to the batch's longest; regions
+are padded to the batch's most regions; pixels to the largest image (SOHO forwards each
+distinct image once: ``image_index`` points each example at its image).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from vlp.datasets import batch_spec as K
+from vlp.datasets.arrow_views import ranges
+from vlp.datasets.data_config import PixelConfig
+from vlp.datasets.image_block import ImageBlock
+from vlp.datasets.masking.regions import SOFT_LABELS
+from vlp.datasets.pixels import pad_images, visual_tokens
+from vlp.datasets.text_tokenizer import TextTokenizer
+
+IMAGE_KEYS = "_image_keys"   # internal: int64 [B] image identity of each example's visual side
+TEXT_KEYS = "_text_keys"     # internal: int64 [B] image the example's caption belongs to
+
+
+@dataclass(frozen=True)
+class ExampleRefs:
+    text_block: np.ndarray
+    text_row: np.ndarray
+    text_cap: np.ndarray
+    image_block: np.ndarray
+    image_row: np.ndarray
+    positive: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.text_row)
+
+    def take(self, idx: np.ndarray) -> "ExampleRefs":
+        return ExampleRefs(*(getattr(self, f)[idx] for f in _FIELDS))
+
+    def with_(self, **kw) -> "ExampleRefs":
+        return replace(self, **kw)
+
+    @staticmethod
+    def concat(parts: list["ExampleRefs"]) -> "ExampleRefs":
+        return ExampleRefs(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+
+_FIELDS = ("text_block", "text_row", "text_cap", "image_block", "image_row", "positive")
+
+
+def text_arrays(blocks: list[ImageBlock], refs: ExampleRefs, tok: TextTokenizer
+                ) -> dict[str, np.ndarray]:
+    B = len(refs)
+    starts = np.zeros(B, np.int64)
+    lengths = np.zeros(B, np.int64)
+    keys = np.zeros(B, np.int64)
+    for b in np.unique(refs.text_block):
+        sel = np.flatnonzero(refs.text_block == b)
+        blk = blocks[b]
+        g = blk.cap_start[refs.text_row[sel]] + refs.text_cap[sel]
+        starts[sel] = blk.tok_start[g]
+        lengths[sel] = blk.tok_start[g + 1] - blk.tok_start[g]
+        keys[sel] = blk.image_key[refs.text_row[sel]]
+    T = int(lengths.max()) + 2
+    ids = np.full((B, T), tok.pad_id, dtype=np.int64)
+    ids[:, 0] = tok.cls_id
+    ids[np.arange(B), lengths + 1] = tok.sep_id
+    ex, pos = np.repeat(np.arange(B), lengths), ranges(lengths)
+    src = np.repeat(starts, lengths) + pos
+    for b in np.unique(refs.text_block):   # tokens live in each block's own buffer
+        m = refs.text_block[ex] == b
+        ids[ex[m], pos[m] + 1] = blocks[b].tokens[src[m]]
+    mask = (np.arange(T)[None, :] < (lengths + 2)[:, None]).astype(np.int64)
+    return {K.INPUT_IDS: ids, K.TEXT_MASK: mask, TEXT_KEYS: keys}
+
+
+def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int, loc_dim: int,
+                  num_classes: int | None, need_soft: bool) -> dict[str, np.ndarray]:
+    B = len(refs)
+    n = np.zeros(B, np.int64)
+    first = np.zeros(B, np.int64)
+    keys = np.zeros(B, np.int64)
+    for b in np.unique(refs.image_block):
+        sel = np.flatnonzero(refs.image_block == b)
+        rows = refs.image_row[sel]
+        n[sel] = blocks[b].num_regions[rows]
+        first[sel] = blocks[b].region_start[rows]
+        keys[sel] = blocks[b].image_key[rows]
+    N = int(n.max())
+    feats = np.zeros((B, N, feature_dim), dtype=np.float32)
+    loc = np.zeros((B, N, loc_dim), dtype=np.float32)
+    soft = np.zeros((B, N, num_classes), dtype=np.float32) if need_soft else None
+    ex, pos = np.repeat(np.arange(B), n), ranges(n)
+    src = np.repeat(first, n) + pos
+    for b in np.unique(refs.image_block):
+        m = refs.image_block[ex] == b
+        feats[ex[m], pos[m]] = blocks[b].features[src[m]]
+        loc[ex[m], pos[m]] = blocks[b].region_loc[src[m]]
+        if need_soft:
+            soft[ex[m], pos[m]] = blocks[b].soft_labels[src[m]]
+    out = {K.REGION_FEATS: feats, K.REGION_LOC: loc,
+           K.REGION_MASK: (np.arange(N)[None, :] < n[:, None]).astype(np.int64),
+           IMAGE_KEYS: keys}
+    if need_soft:
+        out[SOFT_LABELS] = soft
+    return out
+
+
+def pixel_arrays(blocks: list[ImageBlock], refs: ExampleRefs, cfg: PixelConfig
+                 ) -> dict[str, np.ndarray]:
+    ident = refs.image_block * (1 << 32) + refs.image_row
+    uniq, first, index = np.unique(ident, return_index=True, return_inverse=True)
+    images = [blocks[refs.image_block[i]].image(refs.image_row[i]) for i in first]
+    pixels, mask = pad_images(images, cfg)
+    keys = np.array([blocks[refs.image_block[i]].image_key[refs.image_row[i]] for i in first],
+                    dtype=np.int64)
+    return {K.PIXELS: pixels, K.PIXEL_MASK: mask, K.IMAGE_INDEX: index.astype(np.int64),
+            IMAGE_KEYS: keys[index]}
+
+
+def collate_examples(blocks: list[ImageBlock], refs: ExampleRefs, tok: TextTokenizer, *,
+                     visual: str, feature_dim: int = 0, loc_dim: int = 0,
+                     num_classes: int | None = None, need_soft: bool = False,
+                     pixel_cfg: PixelConfig | None = None) -> dict[str, np.ndarray]:
+    """The unmasked batch: text, the visual side, ``positive`` and the unit counts."""
+    batch = text_arrays(blocks, refs, tok)
+    B, T = batch[K.INPUT_IDS].shape
+    if visual == "regions":
+        batch.update(region_arrays(blocks, refs, feature_dim, loc_dim, num_classes, need_soft))
+        units = B * (T + batch[K.REGION_FEATS].shape[1])
+    else:
+        batch.update(pixel_arrays(blocks, refs, pixel_cfg))
+        H, W = batch[K.PIXELS].shape[2:]
+        units = B * (T + visual_tokens(H, W, pixel_cfg))
+    batch[K.POSITIVE] = refs.positive.astype(bool)
+    batch[K.NUM_EXAMPLES] = np.array(B, dtype=np.int64)
+    batch[K.INPUT_UNITS] = np.array(units, dtype=np.int64)
+    return batch

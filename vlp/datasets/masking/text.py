@@ -1,0 +1,28 @@
+"""BERT's token masking, shared by MLM and the text side of joint masking."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vlp.datasets import batch_spec as K
+from vlp.datasets.masking.registry import Batch, MaskContext
+from vlp.datasets.masking.select import choose_positions
+
+MASK_SHARE, RANDOM_SHARE = 0.8, 0.1   # of the masked tokens; the last 10% stay unchanged
+
+
+def mask_text(batch: Batch, rng: np.random.Generator, ctx: MaskContext) -> None:
+    """15% of the real word pieces of positive pairs (never [CLS]/[SEP]/[PAD]); of those 80%
+    → [MASK], 10% → a random token, 10% unchanged. Sets ``mlm_labels`` (-100 elsewhere)."""
+    ids = batch[K.INPUT_IDS]
+    eligible = ((batch[K.TEXT_MASK] == 1) & (ids != ctx.cls_id) & (ids != ctx.sep_id)
+                & batch[K.POSITIVE][:, None])
+    chosen = choose_positions(eligible, ctx.mask_prob, rng)
+    labels = np.where(chosen, ids, -100)
+    r = rng.random(ids.shape)
+    masked_ids = ids.copy()
+    masked_ids[chosen & (r < MASK_SHARE)] = ctx.mask_id
+    swap = chosen & (r >= MASK_SHARE) & (r < MASK_SHARE + RANDOM_SHARE)
+    masked_ids[swap] = rng.choice(ctx.random_ids, size=int(swap.sum()))
+    batch[K.INPUT_IDS] = masked_ids
+    batch[K.MLM_LABELS] = labels

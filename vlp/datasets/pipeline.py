@@ -1,0 +1,87 @@
+"""The Ray Data pipeline (the only module of ``vlp.datasets`` that imports Ray).
+
+Driver::
+
+    plan = plan_data(data_config, tasks=mix)       # all checks, before any row is read
+    ds = build_dataset(plan)                        # read_parquet → ImageRowTransform
+    TorchTrainer(loop, datasets={"train": ds}, train_loop_config={"plan": plan, ...})
+
+Worker (inside the train loop)::
+
+    batches = shard_batches(ray.train.get_dataset_shard("train"), plan,
+                            rank=ctx.get_world_rank(), world_size=ctx.get_world_size())
+    batch = batches.next(sampler.next())
+
+The dataset yields image rows (Arrow blocks); the worker expands them into pairs, buckets
+them by input units and masks for the drawn task (``PretrainBatches``). For fixed-size
+batches of one task (evaluation), ``iter_torch_batches(collate_fn=TaskCollateFn(plan, task))``
+works on the same dataset.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import ray
+import ray.data
+import torch
+from ray.data.collate_fn import ArrowBatchCollateFn
+
+from vlp.datasets.collate import ExampleRefs
+from vlp.datasets.data_plan import DataPlan
+from vlp.datasets.image_block import ImageBlock
+from vlp.datasets.image_rows import ImageRowTransform
+from vlp.datasets.pretrain_batches import PretrainBatches, mask_context, task_batch
+from vlp.datasets.text_tokenizer import load_tokenizer
+
+
+def build_dataset(plan: DataPlan) -> ray.data.Dataset:
+    """Shards of every source with a positive weight → tokenized, region-selected image rows.
+    File order is reshuffled every epoch (seeded); the map runs as tasks, not actors."""
+    cfg = plan.config
+    ds = ray.data.read_parquet(plan.files, columns=list(plan.read_columns), include_paths=True,
+                               shuffle=ray.data.FileShuffleConfig(seed=cfg.seed))
+    return ds.map_batches(ImageRowTransform(plan), batch_format="pyarrow", batch_size=None,
+                          zero_copy_batch=True)
+
+
+def shard_blocks(shard, plan: DataPlan):
+    """``blocks(epoch)`` over a Ray ``DataIterator`` (``get_dataset_shard``) or a Dataset."""
+    cfg = plan.config
+
+    def epoch_blocks(epoch: int):
+        return shard.iter_batches(batch_size=cfg.read_rows, batch_format="pyarrow",
+                                  prefetch_batches=2)
+
+    return epoch_blocks
+
+
+def shard_batches(shard, plan: DataPlan, *, rank: int = 0, world_size: int = 1
+                  ) -> PretrainBatches:
+    """Per-task batches from a Ray Train dataset shard. With several workers a rank waiting
+    at an epoch barrier re-serves recent batches (see ``PretrainBatches``)."""
+    return PretrainBatches(plan, shard_blocks(shard, plan), rank=rank,
+                           recycle_at_epoch_end=world_size > 1)
+
+
+class TaskCollateFn(ArrowBatchCollateFn):
+    """Fixed-size batches for ``iter_torch_batches``: every (image, caption) pair of the
+    batch's image rows, masked for one task (no bucketing: evaluation and debugging)."""
+
+    def __init__(self, plan: DataPlan, task: str, seed: int = 0):
+        self.plan, self.task = plan, task
+        self.rng = np.random.default_rng([plan.config.seed, seed, 0xC011])
+
+    def __call__(self, table: pa.Table) -> dict[str, torch.Tensor]:
+        tok = load_tokenizer(self.plan.tokenizer_path or None)
+        block = ImageBlock.from_table(table, self.plan.feature_dim, self.plan.num_classes,
+                                      self.plan.loc_dim)
+        n = block.num_captions()
+        rows = np.repeat(np.arange(block.num_images), n)
+        caps = np.arange(len(rows)) - np.repeat(block.cap_start[:-1], n)
+        zeros = np.zeros(len(rows), np.int64)
+        refs = ExampleRefs(zeros, rows, caps, zeros, rows, np.ones(len(rows), bool))
+        return task_batch(self.plan, tok, mask_context(self.plan.config.mask_prob, tok),
+                          {0: block}, refs, self.task, self.rng, Counter())

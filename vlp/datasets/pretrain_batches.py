@@ -1,0 +1,245 @@
+"""``PretrainBatches``: per-task batches for a train loop, from any stream of image blocks.
+
+The train loop draws the task of the step (``TaskSampler``, the same on every rank) and asks
+for a batch masked for it::
+
+    batches = PretrainBatches(plan, blocks)      # blocks(epoch) → iterator of Arrow tables
+    task = sampler.next()
+    batch = batches.next(task)                   # dict[str, torch.Tensor], see batch_spec
+
+``blocks`` comes from a Ray Data shard (``vlp.datasets.pipeline.shard_batches``) or from the
+plain local reader (``vlp.datasets.local_stream.local_batches``). Batches are formed before the
+task is known (bucketing by input units does not depend on it); the task decides the ITM
+negatives, the masking and which targets are decoded.
+
+Epoch boundaries under Ray Train: a streaming split makes every rank wait at the start of an
+epoch until all ranks get there, while budget batching gives ranks different batch counts per
+epoch; a rank that finished its epoch would wait for one still stepping, which waits for it
+in the gradient all-reduce: a deadlock. With ``recycle_at_epoch_end`` a rank blocked at the
+epoch barrier re-serves random batches of its last window until the barrier opens (counted in
+``stats["recycled_batches"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import Counter, deque
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from vlp.datasets import batch_spec as K
+from vlp.datasets.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
+from vlp.datasets.collate import IMAGE_KEYS, TEXT_KEYS, ExampleRefs, collate_examples
+from vlp.datasets.data_plan import DataPlan
+from vlp.datasets.example_window import ExampleWindow
+from vlp.datasets.image_block import ImageBlock
+from vlp.datasets.itm import draw_negatives
+from vlp.datasets.masking import MaskContext, apply_masking, get_policy
+from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+RECYCLE_GRACE_S = 0.2        # blocked at an epoch start this long before recycling
+RESERVOIR_BATCHES = 64       # batches of the last window kept for recycling
+
+
+class PretrainBatches:
+    def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
+                 rank: int = 0, recycle_at_epoch_end: bool = False):
+        self.plan = plan
+        self.cfg = plan.config
+        self.rank = rank
+        self._blocks_fn = blocks
+        self._recycle = recycle_at_epoch_end
+        self.rng = np.random.default_rng([self.cfg.seed, rank, 0x5EED])
+        self.tok = load_tokenizer(plan.tokenizer_path or None)
+        self.ctx = mask_context(self.cfg.mask_prob, self.tok)
+        self.window = ExampleWindow(plan, self.rng)
+        self.stats: Counter = Counter()
+        self.epoch = 0
+        self._reader: BlockReader | None = None
+        self._live: dict[int, ImageBlock] = {}
+        self._next_block_id = 0
+        self._ready: deque[ExampleRefs] = deque()
+        self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
+        self._epoch_examples = 0
+
+    # ---- the train loop's API ---------------------------------------------------------------
+
+    def next(self, task: str) -> dict[str, torch.Tensor]:
+        """The next batch, masked for ``task``."""
+        policy = get_policy(task)
+        if self.cfg.visual not in policy.visual:
+            raise ValueError(f"task {task!r} needs visual input {sorted(policy.visual)}, the "
+                             f"pipeline produces {self.cfg.visual!r}")
+        refs, blocks = self._next_refs()
+        batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, self.rng,
+                           self.stats)
+        self.stats["batches"] += 1
+        self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
+        self.stats["input_units"] += int(batch[K.INPUT_UNITS])
+        return batch
+
+    def __iter__(self):
+        raise TypeError("PretrainBatches needs the task of each step: call next(task) with "
+                        "the task your TaskSampler drew (or use iterate(sampler))")
+
+    def iterate(self, sampler) -> Iterable[tuple[str, dict[str, torch.Tensor]]]:
+        """(task, batch) forever, the task drawn from ``sampler``."""
+        while True:
+            task = sampler.next()
+            yield task, self.next(task)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream stands. A Ray Data stream cannot seek, so a restored loader
+        restarts at the beginning of the saved epoch (the task sampler resumes exactly)."""
+        return {"epoch": self.epoch, "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self._reader is not None:
+            raise RuntimeError("load_state_dict must come before the first next()")
+        self.epoch = int(state["epoch"])
+        self.stats = Counter(state.get("stats", {}))
+        self.rng = np.random.default_rng([self.cfg.seed, self.rank, 0x5EED, self.epoch])
+        self.window.rng = self.rng
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.stop()
+
+    # ---- the stream ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        plan = self.plan
+
+        def to_block(t: pa.Table) -> ImageBlock:
+            return ImageBlock.from_table(t, plan.feature_dim, plan.num_classes, plan.loc_dim)
+
+        self._reader = BlockReader(self._blocks_fn, to_block, self.cfg.prefetch_blocks,
+                                   self.epoch)
+        self._reader.start()
+
+    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock]]:
+        if self._reader is None:
+            self._start()
+        waited_since = None
+        while not self._ready:
+            try:
+                kind, payload, extra = self._reader.queue.get(timeout=0.05)
+            except queue.Empty:
+                now = time.monotonic()
+                waited_since = waited_since or now
+                if (self._recycle and self._reservoir and self._reader.at_epoch_start
+                        and now - waited_since > RECYCLE_GRACE_S):
+                    refs, blocks = self._reservoir[self.rng.integers(len(self._reservoir))]
+                    self.stats["recycled_batches"] += 1
+                    return refs, blocks
+                continue
+            waited_since = None
+            if kind == ERROR:
+                raise RuntimeError(f"reading the data stream failed: {payload!r}") from payload
+            if kind == BLOCK:
+                self._ingest(payload)
+                if self.window.pending_examples >= self.cfg.bucket_window:
+                    self._cut(final=False)
+            elif kind == EPOCH_END:
+                self._cut(final=True)
+                self._end_epoch(payload)
+        refs = self._ready.popleft()
+        return refs, self._live
+
+    def _ingest(self, block: ImageBlock) -> None:
+        bid = self._next_block_id
+        self._next_block_id += 1
+        self._live[bid] = block
+        self._epoch_examples += self.window.ingest(bid, block)
+        self.stats["images"] += block.num_images
+        self.stats["overlong_dropped"] += block.n_overlong
+        self.stats["overlong_truncated"] += block.n_truncated
+        self.stats["region_fallback_images"] += block.n_fallback
+
+    def _cut(self, final: bool) -> None:
+        batches = self.window.cut(self._live, final)
+        self._ready.extend(batches)
+        # keep the blocks the queued batches, the carried items and the reservoir refer to
+        if batches:
+            snapshot = {b: self._live[b] for r in batches
+                        for b in np.unique(np.concatenate([r.text_block, r.image_block]))}
+            self._reservoir = [(r, snapshot) for r in batches[:RESERVOIR_BATCHES]]
+        keep = self.window.referenced_blocks()
+        for r in self._ready:
+            keep.update(int(b) for b in np.unique(np.concatenate([r.text_block, r.image_block])))
+        self._live = {b: blk for b, blk in self._live.items() if b in keep}
+
+    def _end_epoch(self, epoch: int) -> None:
+        if self._epoch_examples == 0:
+            raise RuntimeError(
+                f"rank {self.rank} received no examples in epoch {epoch}: the shard is empty "
+                f"(fewer images than workers, no captions in split {self.cfg.split!r}, or "
+                f"all source weights 0)")
+        log.info("rank %d epoch %d done: %s", self.rank, epoch, dict(self.stats))
+        self.epoch = epoch + 1
+        self._epoch_examples = 0
+
+
+# ---- one task batch (shared with the fixed-size Ray collate) ---------------------------------
+
+def mask_context(mask_prob: float, tok: TextTokenizer) -> MaskContext:
+    return MaskContext(mask_prob, tok.mask_id, tok.cls_id, tok.sep_id, tok.random_ids)
+
+
+def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
+               blocks: Mapping[int, ImageBlock], refs: ExampleRefs, task: str,
+               rng: np.random.Generator, stats: Counter | None = None
+               ) -> dict[str, torch.Tensor]:
+    cfg = plan.config
+    policy = get_policy(task)
+    if policy.itm_negatives and cfg.visual == "regions":
+        keys = np.empty(len(refs), np.int64)
+        for b in np.unique(refs.text_block):
+            sel = refs.text_block == b
+            keys[sel] = blocks[b].image_key[refs.text_row[sel]]
+        draw = draw_negatives(refs, keys, cfg.itm_neg_prob, rng)
+        refs = draw.refs
+        if stats is not None:
+            stats["itm_negatives"] += int(draw.negative.sum())
+            stats["itm_no_donor"] += draw.no_donor
+    batch = collate_examples(blocks, refs, tok, visual=cfg.visual,
+                             feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
+                             num_classes=plan.num_classes,
+                             need_soft=policy.needs_soft_labels and cfg.visual == "regions",
+                             pixel_cfg=cfg.pixels)
+    if policy.itm_negatives:
+        batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
+    apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)
+    if cfg.image_feat and cfg.visual == "regions":
+        batch[K.IMAGE_FEAT] = whole_image_feature(batch)
+    return to_torch(batch)
+
+
+def whole_image_feature(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """VL-BERT's whole-image feature, approximated by the mean of the regions that are not
+    masked at the input (masked RoIs must not leak through it)."""
+    use = batch[K.REGION_MASK] == 1
+    if K.REGION_ZEROED in batch:
+        use &= ~batch[K.REGION_ZEROED]
+    w = use.astype(np.float32)[..., None]
+    return (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
+
+
+def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in batch.items():
+        if k.startswith("_"):
+            continue   # internal (soft labels when not a target, identity keys)
+        out[k] = torch.from_numpy(np.ascontiguousarray(v)) if v.ndim else torch.tensor(v.item())
+    return out
+
+
+__all__ = ["PretrainBatches", "task_batch", "whole_image_feature", "to_torch", "IMAGE_KEYS",
+           "TEXT_KEYS"]
