@@ -25,3 +25,13 @@ def ray_local():
                  configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """The tiny synthetic world (seed 0), generated once per test session (~1 s).
+
+    Read-only by convention: tests that change files must copy it first."""
+    from vlp.datasets.synth import generate_world
+
+    return generate_world(tmp_path_factory.mktemp("worlds") / "tiny", scale="tiny", seed=0)

@@ -133,7 +133,9 @@ def content_hash(table: pa.Table) -> str:
     def plain(t: pa.DataType) -> pa.DataType:  # list child names differ after Parquet
         return pa.list_(plain(t.value_type)) if pa.types.is_list(t) else t
     canonical = pa.schema([pa.field(f.name, plain(f.type)) for f in table.schema])
-    table = table.cast(canonical)
+    # IPC writes a slice's buffers with other sizes than the same rows read back from
+    # Parquet: copy the rows into fresh buffers so that equal rows hash equally
+    table = table.cast(canonical).take(pa.array(np.arange(table.num_rows)))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         for batch in table.combine_chunks().to_batches():
@@ -192,6 +194,13 @@ def write_image_shard(path: str | os.PathLike, table: pa.Table, *, feature_extra
     path = Path(path)
     if not feature_extractor:
         raise ShardError(path, "feature_extractor must name the extractor that made the features")
+    missing = [c for c in IMAGE_REQUIRED if c not in table.column_names]
+    if missing:  # (select() below would raise a bare KeyError that names no file)
+        raise ShardError(path, f"missing required column(s) {missing}; an image shard needs "
+                               f"{IMAGE_REQUIRED}", field=missing[0])
+    for f in IMAGE_SCHEMA:  # optional columns left out are stored as nulls
+        if f.name not in table.column_names:
+            table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
     table = table.select([f.name for f in IMAGE_SCHEMA]).cast(IMAGE_SCHEMA)
     validate_image_table(table, path, feature_dim, num_classes)
     digest = content_hash(table)

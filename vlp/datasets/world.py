@@ -8,7 +8,7 @@ early with a message that says what is wrong.
 Layout::
 
     manifest.json
-    images/<source>/<split or part>-NNNNN.parquet   image shards
+    images/<source>/<split>-NNNNN.parquet           image shards
     tasks/<task>/<split>.parquet                     downstream task tables
     scenes/<source>.jsonl                            (synthetic) ground-truth objects per image
     meta/unrelated_pairs.json                        (synthetic) alt-text pairs that are noise

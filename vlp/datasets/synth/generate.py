@@ -184,8 +184,7 @@ def _tally(stats: dict, img: SynthImage) -> None:
 
 def _flush(root: Path, folder: str, split: str, domain: str, part: int, rows: list[dict],
            detector: SimulatedDetector, meta: dict) -> str:
-    stem = "part" if domain != "downstream" else split
-    rel = f"{folder}/{stem}-{part:05d}.parquet"
+    rel = f"{folder}/{split}-{part:05d}.parquet"  # named by split, as importers name theirs
     write_image_shard(root / rel, image_table(rows, detector.cfg.feature_dim, NUM_CLASSES),
                       feature_extractor=detector.cfg.name, feature_dim=detector.cfg.feature_dim,
                       num_classes=NUM_CLASSES, extra_meta={**meta, "domain": domain})
