@@ -81,12 +81,14 @@ def _rows(inputs: list[Path], layout: str, source: str, split: str, soft_labels:
     lxmert = layout == "lxmert"
     fields = LXMERT_FIELDS if lxmert else BUTD_FIELDS
     for path in inputs:
-        for n, f in iter_tsv(path, (6, 10), ", ".join(fields)):
-            if len(f) != len(fields):  # the other layout: say which importer reads it
-                other = "butd-tsv" if lxmert else "lxmert-tsv"
+        for n, f in iter_tsv(path, None, ", ".join(fields)):
+            if len(f) != len(fields):
+                other = len(BUTD_FIELDS if lxmert else LXMERT_FIELDS)
+                hint = (f"; a {other}-field line is the "
+                        f"{'butd-tsv' if lxmert else 'lxmert-tsv'} layout"
+                        if len(f) == other else "")
                 raise InputFormatError(path, f"{len(f)} tab-separated fields, expected "
-                                             f"{len(fields)} ({', '.join(fields)}); a "
-                                             f"{len(f)}-field line is the {other} layout",
+                                             f"{len(fields)} ({', '.join(fields)}){hint}",
                                        line(n))
             col = dict(zip(fields, f))
             num = _int(path, n, "num_boxes", col["num_boxes"])

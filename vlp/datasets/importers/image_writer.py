@@ -92,7 +92,7 @@ class ImageShardWriter:
         bad = ~np.isfinite(feats) | (np.abs(feats) > FP16_MAX)
         if bad.any():
             box, col = map(int, np.argwhere(bad)[0])
-            raise record.error(f"region {box}, value {col} is {feats[box, col]!r}: NaN/Inf or "
+            raise record.error(f"region {box}, value {col} is {float(feats[box, col])}: NaN/Inf or "
                                f"beyond the fp16 range the shards store", "features")
         boxes = row["boxes"]
         if boxes.shape != (n, 4):
@@ -111,7 +111,8 @@ class ImageShardWriter:
         bad = ~np.isfinite(conf) | (conf < 0) | (conf > 1)
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
-            raise record.error(f"confidence {k} is {conf[k]!r}, expected [0, 1]", "confidences")
+            raise record.error(f"confidence {k} is {float(conf[k])}, expected [0, 1]",
+                               "confidences")
         soft = row.get("soft_labels")
         if soft is not None:
             if soft.ndim != 2 or soft.shape[0] != n:

@@ -65,14 +65,14 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
             yield line(n), obj
 
 
-def iter_tsv(path: str | os.PathLike, num_fields: int | tuple[int, ...], names: str
+def iter_tsv(path: str | os.PathLike, num_fields: int | None, names: str
              ) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) for every non-blank line of a tab-separated file.
+    """(line number, fields) for every non-blank line of a tab-separated file
+    (``num_fields`` None: the caller checks the count).
 
     Split on tabs by hand rather than with ``csv``: captions contain quote characters that
     the csv module would treat as quoting, and the feature columns are huge base64 strings.
     """
-    allowed = (num_fields,) if isinstance(num_fields, int) else num_fields
     with open_text(path) as f:
         n = 0
         while True:
@@ -87,10 +87,9 @@ def iter_tsv(path: str | os.PathLike, num_fields: int | tuple[int, ...], names: 
             if not text.strip():
                 continue
             fields = text.split("\t")
-            if len(fields) not in allowed:
+            if num_fields is not None and len(fields) != num_fields:
                 raise InputFormatError(path, f"{len(fields)} tab-separated fields, expected "
-                                             f"{' or '.join(map(str, allowed))} ({names})",
-                                       line(n))
+                                             f"{num_fields} ({names})", line(n))
             yield n, fields
 
 

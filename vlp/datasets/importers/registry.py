@@ -81,7 +81,7 @@ def get_importer(name: str) -> Importer:
     return IMPORTERS[name]
 
 
-def run_import(name: str, inputs: list, out, *, overwrite: bool = False,
+def run_import(name: str, inputs: list, out, /, *, overwrite: bool = False,
                **options) -> ImportReport:
     """Run importer ``name`` as the CLI would; unspecified options take their defaults."""
     imp = get_importer(name)

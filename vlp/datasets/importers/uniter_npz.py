@@ -80,6 +80,9 @@ def load_image_sizes(path: Path) -> dict[str, tuple[int, int]]:
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # np.load would try to unpickle a non-zip file
+            raise InputFormatError(path, "not a readable .npz file (not a zip archive)")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
