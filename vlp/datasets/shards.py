@@ -408,6 +408,9 @@ def write_task_table(path: str | os.PathLike, task: str, table: pa.Table | Mappi
         raise ShardError(path, f"unknown task {task!r}; known: {sorted(TASK_SCHEMAS)}")
     schema = TASK_SCHEMAS[task]
     if not isinstance(table, pa.Table):
+        missing = [n for n in schema.names if n not in table]
+        if missing:  # (from_pydict would raise a bare KeyError that names no file)
+            raise ShardError(path, f"missing required column(s) {missing}", field=missing[0])
         table = pa.Table.from_pydict(dict(table), schema=schema)
     table = _conform(table, schema, path)
     validate_task_table(table, task, path)
