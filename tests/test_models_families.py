@@ -1,0 +1,142 @@
+"""The family registry and factory: output shapes per family, sizes, preprocessing, errors."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp.datasets import batch_spec as bs
+from vlp.models import FAMILIES, TASKS, create_model, predict
+from vlp.models.example_batch import example_batch
+from vlp.models.model import VLPModel
+
+torch.set_num_threads(1)
+
+TINY = ["uniter-tiny", "vlbert-tiny", "imagebert-tiny", "soho-tiny"]
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_encode_shapes(family):
+    model, spec, _ = create_model(family, tasks=["itm"])
+    batch = example_batch(spec, "itm", batch_size=3, text_len=9, num_regions=7)
+    enc = model.encode(batch)
+    h = FAMILIES[family].transformer.hidden_size
+    b, t = batch[bs.INPUT_IDS].shape
+    assert enc.text_output().shape == (b, t, h)
+    assert enc.pooled_output.shape == (b, h)
+    n = enc.region_mask.shape[1]
+    assert enc.region_output().shape == (b, n, h)
+    if spec.input_kind == "regions":
+        assert n == 7
+    else:  # SOHO: 192 px → stride 32 → 6 → 2×2 max-pool → 3×3 grid cells
+        assert n == 9
+    assert enc.sequence_output.shape == (b, int(enc.attention_mask.sum(1).max()), h)
+    # [CLS] sits at packed position 0 and regions come right after each row's text
+    assert (enc.text_positions[:, 0] == 0).all()
+    first_region = enc.region_positions[:, 0]
+    assert torch.equal(first_region, enc.text_mask.sum(1))
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_forward_returns_loss_and_task_loss(family):
+    tasks = FAMILIES[family].tasks
+    model, spec, _ = create_model(family, tasks=tasks)
+    for task in tasks:
+        out = model(example_batch(spec, task), task=task)
+        assert f"{task}_loss" in out and torch.isfinite(out["loss"])
+        assert out["loss"] == sum(v for k, v in out.items() if k.endswith("_loss"))
+
+
+def test_predict_gives_score_and_pooled_and_keeps_mode():
+    model, spec, _ = create_model("uniter-tiny", tasks=["itm"])
+    model.train()
+    out = predict(model, example_batch(spec, "itm", batch_size=3))
+    assert out["itm_score"].shape == (3,) and out["pooled"].shape == (3, 64)
+    assert ((out["itm_score"] >= 0) & (out["itm_score"] <= 1)).all()
+    assert model.training
+    again = predict(model, example_batch(spec, "itm", batch_size=3))
+    torch.testing.assert_close(out["pooled"], again["pooled"])  # eval mode: no dropout
+    with pytest.raises(KeyError, match="itm head"):
+        predict(create_model("uniter-tiny", tasks=["mlm"]).model, {})
+
+
+@pytest.mark.parametrize("family,millions", [("uniter-base", 86), ("uniter-large", 303)])
+def test_paper_sizes(family, millions):
+    # UNITER's footnote counts parameters without the word embeddings: base 86M, large 303M
+    with torch.device("meta"):
+        model = VLPModel(FAMILIES[family], ["itm"], feat_dim=2048, num_classes=1601)
+    count = model.num_parameters(exclude_word_embeddings=True) / 1e6
+    assert abs(count - millions) / millions < 0.03, count
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_builds_with_all_its_tasks(family):
+    config = FAMILIES[family]
+    assert set(config.tasks) <= set(TASKS)
+    with torch.device("meta"):
+        model = VLPModel(config, config.tasks, feat_dim=2048, num_classes=1601)
+    if family.endswith("-tiny"):
+        assert config.transformer.hidden_size <= 128 and config.transformer.num_layers <= 2
+    assert model.backbone.bert_config._attn_implementation == "sdpa"
+
+
+def test_minilm_family_matches_the_package():
+    t = FAMILIES["uniter-minilm"].transformer
+    assert (t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, t.vocab_size) == \
+        (384, 6, 12, 1536, 30522)
+
+
+def test_preprocess_spec_per_family():
+    uniter = create_model("uniter-tiny", tasks=["itm"], region_feat_dim=32, num_classes=21)
+    spec = uniter.preprocess
+    assert (spec.input_kind, spec.location_kind, spec.location_width) == ("regions", "uniter7", 7)
+    assert (spec.region_feat_dim, spec.num_classes, spec.vocab_size) == (32, 21, 30522)
+    assert spec.vocab_file and Path(spec.vocab_file).name == "vocab.txt"
+    vlbert = create_model("vlbert-tiny", tasks=["itm"]).preprocess
+    assert (vlbert.location_kind, vlbert.location_width, vlbert.needs_image_feat) == \
+        ("box4", 4, True)
+    imagebert = create_model("imagebert-tiny", tasks=["itm"]).preprocess
+    assert (imagebert.location_kind, imagebert.location_width) == ("imagebert5", 5)
+    soho = create_model("soho-tiny", tasks=["itm"]).preprocess
+    assert soho.input_kind == "pixels" and soho.region_feat_dim is None
+    assert soho.image_min_side == 192
+
+
+def test_region_width_and_class_count_are_arguments():
+    model, spec, _ = create_model("uniter-tiny", tasks=["mrfr", "mrc-kl"],
+                                  region_feat_dim=48, num_classes=17)
+    assert model.heads["mrfr"].bias.shape == (48,)
+    assert model.heads["region_classifier"].net[-1].out_features == 17
+    out = model(example_batch(spec, "mrc-kl", num_regions=5), task="mrc-kl")
+    assert torch.isfinite(out["loss"])
+
+
+def test_errors_name_the_cause():
+    with pytest.raises(KeyError, match="unknown model family 'uniter-huge'"):
+        create_model("uniter-huge", tasks=["itm"])
+    with pytest.raises(KeyError, match="unknown pretraining task 'mrx'"):
+        create_model("uniter-tiny", tasks=["mrx"])
+    with pytest.raises(ValueError, match="'mvm' does not apply to family 'uniter-tiny'"):
+        create_model("uniter-tiny", tasks=["mvm"])
+    with pytest.raises(KeyError, match="transformer.hiden_size"):
+        create_model("uniter-tiny", tasks=["itm"], overrides={"transformer.hiden_size": 8})
+    model, spec, _ = create_model("uniter-tiny", tasks=["itm"])
+    with pytest.raises(KeyError, match="built for tasks"):
+        model(example_batch(spec, "mlm"), task="mlm")
+    batch = example_batch(spec, "itm")
+    del batch[bs.REGION_LOC]
+    with pytest.raises(KeyError, match="region_loc"):
+        model(batch, task="itm")
+
+
+def test_models_package_never_imports_ray_mlflow_or_platform():
+    root = Path(__file__).resolve().parents[1] / "vlp" / "models"
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(("ray", "mlflow", "vlp.platform")), (path, name)
