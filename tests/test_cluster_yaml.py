@@ -78,8 +78,16 @@ def test_setup_installs_torch_then_the_project(cfg):
     torch = next(i for i, c in enumerate(cmds) if "torch==" in c)
     project = next(i for i, c in enumerate(cmds) if "install" in c and "-e ~/vlp" in c)
     assert torch < project
-    assert cfg["file_mounts"] == {"~/vlp": "."}  # `ray up` runs from the repository root
+    assert cfg["file_mounts"]["~/vlp"] == "."  # `ray up` runs from the repository root
     assert (ROOT / "pyproject.toml").exists()
+
+
+def test_token_auth_without_secrets_in_the_config(cfg):
+    assert cfg["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = next(c for c in cfg[key] if "ray start" in c)
+        assert "export RAY_AUTH_MODE=token;" in start, key
+    assert "RAY_AUTH_TOKEN=" not in (ROOT / "cluster.yaml").read_text()
 
 
 def test_head_starts_mlflow_on_the_private_address(cfg):
