@@ -25,9 +25,9 @@ def register(sub) -> None:
     p.add_argument("--scale", choices=sorted(SCALES), default="demo",
                    help=f"how big a world (default demo): {sizes}")
     p.add_argument("--seed", type=int, default=0,
-                   help="random seed (default 0) of the scenes, text and detector noise (the detector's "
-                        "feature network is fixed per feature width, so seeds share a "
-                        "feature space)")
+                   help="random seed (default 0) of the scenes, text and detector noise "
+                        "(the detector's feature network is fixed per feature width, so "
+                        "seeds share a feature space)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing world at DIR (only a folder with a "
                         "manifest.json is ever replaced)")

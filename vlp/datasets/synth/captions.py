@@ -102,8 +102,9 @@ def vg_phrases(scene: Scene, rng: np.random.Generator) -> list[Caption]:
     pairs = relation_pairs(scene)
     for k in rng.permutation(len(pairs))[:3]:
         a, b, rel = pairs[int(k)]
-        out.append(f"{phrase(scene.objects[a], random_attrs(rng, {'size': 0.1, 'colour': 0.5, 'material': 0.1}))} "
-                   f"{_rel_form(rng, rel)} {scene.objects[b].noun}")
+        attrs = random_attrs(rng, {"size": 0.1, "colour": 0.5, "material": 0.1})
+        out.append(f"{phrase(scene.objects[a], attrs)} {_rel_form(rng, rel)} "
+                   f"{scene.objects[b].noun}")
     return [Caption(s) for s in dict.fromkeys(out)]
 
 

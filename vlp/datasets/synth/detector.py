@@ -140,8 +140,8 @@ class SimulatedDetector:
         logits[:, 0] += c.background_gain * bg
         evidence = share * coverage * c.class_gain                    # (R, K)
         np.add.at(logits.T, 1 + cls, evidence.T)
-        np.add.at(logits.T, 1 + _CONFUSE[cls], (evidence * rng.uniform(0, c.confusion / c.class_gain,
-                                                                       evidence.shape)).T)
+        lookalike = evidence * rng.uniform(0, c.confusion / c.class_gain, evidence.shape)
+        np.add.at(logits.T, 1 + _CONFUSE[cls], lookalike.T)
         soft = _softmax(logits)
         conf = soft[:, 1:].max(1)
 
@@ -180,9 +180,10 @@ def _area(b: np.ndarray) -> np.ndarray:
 
 
 def _intersection(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
-    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
-    return iw * ih
+    lo = np.maximum(a[:, None, :2], b[None, :, :2])
+    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    wh = np.clip(hi - lo, 0, None)
+    return wh[..., 0] * wh[..., 1]
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

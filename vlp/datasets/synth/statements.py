@@ -13,7 +13,7 @@ import numpy as np
 from vlp.datasets.synth.facts import (a_desc, absent_desc, count_phrase, desc_of, desc_text,
                                       holds)
 from vlp.datasets.synth.scene import Scene, random_attrs, relation_pairs, unique_attrs
-from vlp.datasets.synth.vocabulary import (COLOUR_NAMES, NUMBER_WORDS, OPPOSITE, PLURALS,
+from vlp.datasets.synth.vocabulary import (COLOUR_NAMES, OPPOSITE, PLURALS,
                                            RELATIONS, UNVERIFIABLE)
 
 SIDES = ("left", "right")
@@ -23,57 +23,74 @@ def _pick(rng, seq):
     return seq[int(rng.integers(len(seq)))]
 
 
-def _some_desc(scenes: list[Scene], rng: np.random.Generator) -> dict:
-    s = scenes[int(rng.integers(len(scenes)))]
-    d = desc_of(s, int(rng.integers(len(s.objects))), random_attrs(rng))
-    return absent_desc(s, rng, like=d) if rng.random() < 0.3 else d
-
-
 # --------------------------------------------------------------------------- NLVR2
 
-def nlvr2_candidate(left: Scene, right: Scene, rng: np.random.Generator) -> tuple[str, bool]:
+NLVR2_KINDS = ("contains", "exactly", "both", "one", "more", "relation")
+ATTR_COUNT_P = (0.4, 0.45, 0.15)   # how many attributes a description carries
+
+
+def _descs(scenes: list[Scene], attrs: tuple[str, ...]) -> list[dict]:
+    """Descriptions (with exactly ``attrs``) of every object in the given scenes."""
+    return [dict(t) for t in dict.fromkeys(
+        tuple(sorted(desc_of(s, i, attrs).items())) for s in scenes
+        for i in range(len(s.objects)))]
+
+
+def nlvr2_candidates(kind: str, left: Scene, right: Scene, attrs: tuple[str, ...],
+                     rng: np.random.Generator) -> list[tuple[str, bool]]:
+    """Every statement of one kind (and description shape) about the pair, with its truth."""
     pair = {"left": left, "right": right}
-    kind = int(rng.integers(6))
-    side = _pick(rng, SIDES)
-    scene = pair[side]
-    if kind == 0:
-        d = _some_desc([left, right], rng)
-        return f"the {side} image contains {a_desc(d)}.", bool(scene.matching(d))
-    if kind == 1:
-        noun = _pick(rng, [o.noun for o in left.objects + right.objects])
-        true_n = scene.count(noun=noun)
-        n = int(np.clip(true_n + _pick(rng, (0, 0, -1, 1)), 0, len(NUMBER_WORDS) - 1))
-        return (f"the {side} image contains exactly {count_phrase(n, noun)}.", n == true_n)
-    if kind == 2:
-        d = _some_desc([left, right], rng)
-        return (f"both images contain {a_desc(d)}.",
-                bool(left.matching(d)) and bool(right.matching(d)))
-    if kind == 3:
-        d = _some_desc([left, right], rng)
-        return (f"exactly one image contains {a_desc(d)}.",
-                bool(left.matching(d)) != bool(right.matching(d)))
-    if kind == 4:
-        noun = _pick(rng, [o.noun for o in left.objects + right.objects])
-        return (f"there are more {PLURALS[noun]} in the left image than in the right image.",
-                left.count(noun=noun) > right.count(noun=noun))
-    pairs = [p for p in relation_pairs(scene) if p[2] != "next"]
-    if not pairs:
-        return f"the {side} image contains {count_phrase(len(scene.objects), 'object')}.", True
-    a, b, rel = _pick(rng, pairs)
-    da = desc_of(scene, a, random_attrs(rng, {"size": 0.1, "colour": 0.7, "material": 0.1}))
-    db = desc_of(scene, b, random_attrs(rng, {"size": 0.1, "colour": 0.5, "material": 0.1}))
-    if rng.random() < 0.5:
-        rel = OPPOSITE[rel]
-    return (f"in the {side} image, {a_desc(da)} is {_pick(rng, RELATIONS[rel])} "
-            f"{a_desc(db)}.", holds(scene, da, rel, db))
+    descs = _descs([left, right], attrs)
+    out = []
+    if kind == "contains":
+        out = [(f"the {side} image contains {a_desc(d)}.", bool(pair[side].matching(d)))
+               for side in SIDES for d in descs]
+    elif kind == "exactly":
+        n = int(rng.integers(1, 4))   # the number is drawn first, so it says nothing alone
+        out = [(f"the {side} image contains exactly {count_phrase(n, d['noun'])}.",
+                len(pair[side].matching(d)) == n) for side in SIDES for d in descs]
+    elif kind == "both":
+        out = [(f"both images contain {a_desc(d)}.",
+                bool(left.matching(d)) and bool(right.matching(d))) for d in descs]
+    elif kind == "one":
+        out = [(f"exactly one image contains {a_desc(d)}.",
+                bool(left.matching(d)) != bool(right.matching(d))) for d in descs]
+    elif kind == "more":
+        a, b = ("left", "right") if rng.random() < 0.5 else ("right", "left")
+        out = [(f"there are more {PLURALS[d['noun']]} in the {a} image than in the {b} "
+                f"image.", pair[a].count(noun=d["noun"]) > pair[b].count(noun=d["noun"]))
+               for d in _descs([left, right], ())]
+    elif kind == "relation":
+        for side in SIDES:
+            s = pair[side]
+            for i, j, rel in relation_pairs(s):
+                if rel == "next":
+                    continue
+                da, db = desc_of(s, i, attrs), desc_of(s, j, ())
+                for r in (rel, OPPOSITE[rel]):  # the flipped relation is the near miss
+                    out.append((f"in the {side} image, {a_desc(da)} is "
+                                f"{_pick(rng, RELATIONS[r])} {a_desc(db)}.", holds(s, da, r, db)))
+    return out
 
 
-def nlvr2_statement(left: Scene, right: Scene, rng: np.random.Generator, label: bool
-                    ) -> str | None:
+def nlvr2_item(scenes: list[Scene], rng: np.random.Generator, label: bool
+               ) -> tuple[int, int, str] | None:
+    """(left index, right index, statement) with the given truth value.
+
+    The kind of statement and the shape of its description are drawn before the images, and
+    image pairs are redrawn until the pair admits a statement with the wanted label: so the
+    text alone (kind, number, attribute count) says nothing about the label, as NLVR2's
+    balanced collection intends.
+    """
+    kind = NLVR2_KINDS[int(rng.integers(len(NLVR2_KINDS)))]
+    n_attrs = int(rng.choice(3, p=ATTR_COUNT_P))
+    attrs = tuple(sorted(rng.choice(["size", "colour", "material"], n_attrs, replace=False)))
     for _ in range(40):
-        text, truth = nlvr2_candidate(left, right, rng)
-        if truth == label:
-            return text
+        i, j = (int(v) for v in rng.choice(len(scenes), 2, replace=False))
+        hits = [t for t, truth in nlvr2_candidates(kind, scenes[i], scenes[j], attrs, rng)
+                if truth == label]
+        if hits:
+            return i, j, _pick(rng, hits)
     return None
 
 

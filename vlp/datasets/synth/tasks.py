@@ -14,7 +14,7 @@ from vlp.datasets.synth.grounding import referring_expressions, vcr_item
 from vlp.datasets.synth.images import stream
 from vlp.datasets.synth.scales import ScaleConfig
 from vlp.datasets.synth.scene import Scene
-from vlp.datasets.synth.statements import nlvr2_statement, ve_hypothesis
+from vlp.datasets.synth.statements import nlvr2_item, ve_hypothesis
 from vlp.datasets.synth.vqa import vqa_items
 
 TASKS = ("vqa", "retrieval", "nlvr2", "ve", "refexp", "vcr")
@@ -75,10 +75,10 @@ def _nlvr2(scenes: list[Scene], split: str, scale: ScaleConfig, seed: int) -> di
     n = int(round(scale.nlvr2_per_image * len(scenes)))
     for k in range(n):
         r = stream(seed, TASK_CODES["nlvr2"], SPLIT_CODES[split], k)
-        i, j = r.choice(len(scenes), 2, replace=False)
         label = bool(r.random() < 0.5)
-        text = nlvr2_statement(scenes[i], scenes[j], r, label)
-        if text is not None:
+        item = nlvr2_item(scenes, r, label)
+        if item is not None:
+            i, j, text = item
             _add(out, id=f"nlvr2_{split}_{k:06d}", image_id_left=scenes[i].image_id,
                  image_id_right=scenes[j].image_id, statement=text, label=label)
     return out
