@@ -1,0 +1,93 @@
+"""Stored reference loss curves: the first 50 steps of every task on every tiny family.
+
+Each curve overfits one fixed example batch (seeded) with AdamW, dropout on, one CPU
+thread, a 2048-token vocabulary. Two checks use it: every task's loss falls (the head, the loss and the gradient path
+work), and the curve matches the stored one within tolerance, so a change that alters
+training dynamics (init, a loss's normalisation, masking, packing) shows up here.
+
+Regenerate after an *intended* change, and say why in the commit:
+
+    .venv/bin/python tests/test_models_reference_curves.py --write
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp.models import FAMILIES, create_model
+from vlp.models.example_batch import example_batch
+
+CURVES_FILE = Path(__file__).parent / "data" / "models_reference_curves.json"
+TINY = ("uniter-tiny", "vlbert-tiny", "imagebert-tiny", "soho-tiny")
+COMBOS = [(family, task) for family in TINY for task in FAMILIES[family].tasks]
+STEPS, SEED, LR = 50, 0, 2e-3
+FEAT_DIM, NUM_CLASSES = 64, 20  # synthetic-world sizes
+VOCAB = 2048  # the 30522-row embedding table would dominate a tiny model's step time (5×)
+RTOL, ATOL = 2e-3, 2e-4  # CPU float32, one thread: run-to-run identical; allow BLAS drift
+
+
+def loss_curve(family: str, task: str, steps: int = STEPS) -> list[float]:
+    torch.manual_seed(SEED)
+    model, spec, _ = create_model(family, tasks=[task], region_feat_dim=FEAT_DIM,
+                                  num_classes=NUM_CLASSES, vocab_size=VOCAB)
+    batch = example_batch(spec, task, batch_size=4, text_len=12, num_regions=10, seed=SEED)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    model.train()
+    curve = []
+    for _ in range(steps):
+        out = model(batch, task=task)
+        optimizer.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        optimizer.step()
+        curve.append(float(out["loss"].detach()))
+    return curve
+
+
+@pytest.fixture(scope="module")
+def curves():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield {f"{family}/{task}": loss_curve(family, task) for family, task in COMBOS}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("family,task", COMBOS)
+def test_loss_falls_when_overfitting_one_batch(curves, family, task):
+    curve = curves[f"{family}/{task}"]
+    first, last = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
+    assert last < 0.7 * first, (family, task, first, last)
+
+
+def test_matches_stored_reference_curves(curves):
+    stored = json.loads(CURVES_FILE.read_text())
+    assert stored["steps"] == STEPS and sorted(stored["curves"]) == sorted(curves)
+    for name, curve in curves.items():
+        torch.testing.assert_close(torch.tensor(curve), torch.tensor(stored["curves"][name]),
+                                   rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+
+
+def write_reference_curves() -> None:
+    torch.set_num_threads(1)
+    started = time.time()
+    data = {"steps": STEPS, "seed": SEED, "lr": LR, "feat_dim": FEAT_DIM,
+            "num_classes": NUM_CLASSES, "vocab_size": VOCAB, "torch": torch.__version__,
+            "curves": {f"{f}/{t}": loss_curve(f, t) for f, t in COMBOS}}
+    CURVES_FILE.parent.mkdir(parents=True, exist_ok=True)
+    CURVES_FILE.write_text(json.dumps(data, indent=1) + "\n")
+    for name, curve in data["curves"].items():
+        print(f"{name:28s} {curve[0]:9.4f} → {curve[-1]:9.4f}")
+    print(f"wrote {CURVES_FILE} in {time.time() - started:.1f}s")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit(f"usage: {sys.argv[0]} --write")
+    write_reference_curves()
