@@ -135,3 +135,31 @@ def test_existing_source_needs_overwrite(tmp_path):
         run_import("butd-tsv", [tsv], tmp_path / "data", source="coco")
     run_import("butd-tsv", [tsv], tmp_path / "data", source="coco", overwrite=True)
     assert load_manifest(tmp_path / "data").sources["coco"].images == 1
+
+
+def test_append_adds_a_split_to_a_source(tmp_path):
+    out = tmp_path / "data"
+    train = write_lxmert_tsv(tmp_path / "train_obj36.tsv",
+                             make_images(["train-1-0-img0", "train-1-0-img1"]))
+    dev = write_lxmert_tsv(tmp_path / "valid_obj36.tsv",
+                           make_images(["dev-2-0-img0", "dev-2-0-img1"], seed=3))
+    run_import("lxmert-tsv", [train], out, source="nlvr2", split="train")
+    first = sorted(p.name for p in (out / "images" / "nlvr2").iterdir())
+    inode = (out / "images" / "nlvr2" / first[0]).stat().st_ino
+    report = run_import("lxmert-tsv", [dev], out, source="nlvr2", split="val", append=True)
+    assert report.counts == {"images": 2, "shards": 1}
+    world, rows = _rows(out, "nlvr2")
+    assert world.sources["nlvr2"].splits == {"train": 2, "val": 2}
+    assert world.sources["nlvr2"].images == 4
+    assert rows["dev-2-0-img0"][0]["split"] == "val" and rows["train-1-0-img1"][0]["split"] == \
+        "train"
+    assert (out / "images" / "nlvr2" / first[0]).stat().st_ino == inode  # linked, not copied
+    from vlp.datasets.importers import InputFormatError
+    with pytest.raises(InputFormatError, match=r"image id 'dev-2-0-img0' appears twice \(first "
+                                               r"at .*val-00000.parquet: an earlier import\)"):
+        run_import("lxmert-tsv", [dev], out, source="nlvr2", split="test", append=True)
+    more = write_lxmert_tsv(tmp_path / "more.tsv", make_images(["train-9-0-img0"], seed=4))
+    run_import("lxmert-tsv", [more], out, source="nlvr2", split="train", append=True)
+    world = load_manifest(out)
+    assert [f.rsplit("/", 1)[1] for f in world.sources["nlvr2"].files["train"]] == [
+        "train-00000.parquet", "train-00001.parquet"]

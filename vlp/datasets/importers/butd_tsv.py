@@ -29,9 +29,9 @@ from typing import Iterator
 import numpy as np
 
 from vlp.datasets.importers.errors import InputFormatError, line
-from vlp.datasets.importers.feature_import import (CLASS_NAMES, DEFAULT_EXTRACTOR, DOMAIN,
-                                                   SHARD_MB, SOURCE, SPLIT, extractor_option,
-                                                   write_features)
+from vlp.datasets.importers.feature_import import (APPEND, CLASS_NAMES, DEFAULT_EXTRACTOR,
+                                                   DOMAIN, SHARD_MB, SOURCE, SPLIT,
+                                                   extractor_option, write_features)
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.image_writer import Record
 from vlp.datasets.importers.readers import iter_tsv
@@ -127,7 +127,7 @@ def _rows(inputs: list[Path], layout: str, source: str, split: str, soft_labels:
 
 def _runner(layout: str):
     def run(inputs: list[Path], out: Path, *, overwrite: bool, source: str, split: str,
-            domain: str | None, feature_extractor: str, shard_mb: float,
+            domain: str | None, feature_extractor: str, shard_mb: float, append: bool,
             soft_labels: str = "none", class_names: str | None = None) -> ImportReport:
         name = "lxmert-tsv" if layout == "lxmert" else "butd-tsv"
         if layout == "butd":
@@ -142,7 +142,7 @@ def _runner(layout: str):
                               out, source=source, split=split, domain=domain,
                               overwrite=overwrite, feature_extractor=feature_extractor,
                               shard_mb=shard_mb, extra_meta=meta, options=options,
-                              class_names_file=class_names)
+                              class_names_file=class_names, append=append)
     return run
 
 
@@ -156,7 +156,7 @@ register(Importer(
                 "Writes OUT/images/SOURCE/part-*.parquet (captions are attached later by a "
                 "caption import).",
     run=_runner("butd"),
-    options=(SOURCE, SPLIT, DOMAIN, extractor_option(DEFAULT_EXTRACTOR), SHARD_MB)))
+    options=(SOURCE, SPLIT, DOMAIN, APPEND, extractor_option(DEFAULT_EXTRACTOR), SHARD_MB)))
 
 register(Importer(
     name="lxmert-tsv", kind="features",
@@ -168,7 +168,8 @@ register(Importer(
                 "objects_conf becomes the box confidence; objects_id can become one-hot soft "
                 "labels over 1601 classes (see --soft-labels). Writes OUT/images/SOURCE/.",
     run=_runner("lxmert"),
-    options=(SOURCE, SPLIT, DOMAIN, extractor_option(DEFAULT_EXTRACTOR), SHARD_MB, CLASS_NAMES,
+    options=(SOURCE, SPLIT, DOMAIN, APPEND, extractor_option(DEFAULT_EXTRACTOR), SHARD_MB,
+             CLASS_NAMES,
              Option("--soft-labels", "from-objects: one-hot soft labels at objects_id + 1 "
                                      "(1601 classes, MRC targets; +115 KB per 36-box image); "
                                      "none: store no soft labels",

@@ -39,22 +39,23 @@ class ImageShardWriter:
     prefix: str                     # file names <prefix>-00000.parquet (the split)
     extra_meta: Mapping[str, Any] = field(default_factory=dict)
     target_bytes: int = 128 << 20
+    start: int = 0                  # number of the first file (appending to a folder)
     feature_dim: int | None = None
     num_classes: int | None = None
     written: list[ShardInfo] = field(default_factory=list)
     _rows: list[dict] = field(default_factory=list)
     _records: list[Record] = field(default_factory=list)
     _bytes: int = 0
-    _seen: dict[str, Record] = field(default_factory=dict)
+    seen: dict[str, Record] = field(default_factory=dict)  # image id → first record
 
     def add(self, row: dict, record: Record) -> None:
         image_id = str(row["image_id"])
-        if image_id in self._seen:
-            first = self._seen[image_id]
+        if image_id in self.seen:
+            first = self.seen[image_id]
             raise record.error(f"image id {image_id!r} appears twice (first at {first.path}: "
                                f"{first.label})")
         self._check(row, record)
-        self._seen[image_id] = record
+        self.seen[image_id] = record
         self._rows.append(row)
         self._records.append(record)
         self._bytes += row["features"].size * 2 + (0 if row.get("soft_labels") is None
@@ -64,7 +65,7 @@ class ImageShardWriter:
 
     @property
     def num_images(self) -> int:
-        return len(self._seen)
+        return len(self.seen)
 
     def close(self) -> list[ShardInfo]:
         if self._rows:
@@ -129,7 +130,7 @@ class ImageShardWriter:
     # ------------------------------------------------------------------ output
 
     def _flush(self) -> None:
-        path = self.folder / f"{self.prefix}-{len(self.written):05d}.parquet"
+        path = self.folder / f"{self.prefix}-{self.start + len(self.written):05d}.parquet"
         table = image_table(self._rows, self.feature_dim, self.num_classes)
         try:
             info = write_image_shard(path, table, feature_extractor=self.feature_extractor,

@@ -25,9 +25,9 @@ from typing import Iterator
 import numpy as np
 
 from vlp.datasets.importers.errors import InputFormatError
-from vlp.datasets.importers.feature_import import (CLASS_NAMES, DEFAULT_EXTRACTOR, DOMAIN,
-                                                   SHARD_MB, SOURCE, SPLIT, extractor_option,
-                                                   write_features)
+from vlp.datasets.importers.feature_import import (APPEND, CLASS_NAMES, DEFAULT_EXTRACTOR,
+                                                   DOMAIN, SHARD_MB, SOURCE, SPLIT,
+                                                   extractor_option, write_features)
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.image_writer import Record
 from vlp.datasets.importers.readers import load_json
@@ -141,8 +141,9 @@ def _rows(files: list[Path], source: str, split: str, sizes: dict | None, nomina
 
 
 def run(inputs: list[Path], out: Path, *, overwrite: bool, source: str, split: str,
-        domain: str | None, feature_extractor: str, shard_mb: float, class_names: str | None,
-        image_sizes: str | None, nominal_size: int | None) -> ImportReport:
+        domain: str | None, append: bool, feature_extractor: str, shard_mb: float,
+        class_names: str | None, image_sizes: str | None,
+        nominal_size: int | None) -> ImportReport:
     if (image_sizes is None) == (nominal_size is None):
         raise ValueError("uniter-npz: norm_bb boxes are normalised, so give exactly one of "
                          "--image-sizes FILE (real sizes; needed to compare with pixel boxes "
@@ -160,7 +161,8 @@ def run(inputs: list[Path], out: Path, *, overwrite: bool, source: str, split: s
     return write_features("uniter-npz", _rows(files, source, split, sizes, nominal_size), inputs,
                           out, source=source, split=split, domain=domain, overwrite=overwrite,
                           feature_extractor=feature_extractor, shard_mb=shard_mb,
-                          extra_meta=meta, options=options, class_names_file=class_names)
+                          extra_meta=meta, options=options, class_names_file=class_names,
+                          append=append)
 
 
 register(Importer(
@@ -172,7 +174,8 @@ register(Importer(
                 "normalised, so pass --image-sizes (real sizes) or --nominal-size (square "
                 "canvas; aspect ratio lost). Loaded without pickle. Writes OUT/images/SOURCE/.",
     run=run,
-    options=(SOURCE, SPLIT, DOMAIN, extractor_option(DEFAULT_EXTRACTOR), SHARD_MB, CLASS_NAMES,
+    options=(SOURCE, SPLIT, DOMAIN, APPEND, extractor_option(DEFAULT_EXTRACTOR), SHARD_MB,
+             CLASS_NAMES,
              Option("--image-sizes", "JSON with the real image sizes: COCO instances/"
                                      "image_info (images[].id/width/height), VG image_data.json, "
                                      "or {image_id: [width, height]}"),
