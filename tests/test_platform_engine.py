@@ -1,0 +1,129 @@
+"""The DeepSpeed config built from the typed config, the LR schedule, and a real engine for
+each precision / ZeRO stage / accumulation combination (one process, world size 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vlp.platform.engine import WarmupLinearDecay, deepspeed_config, param_groups
+from vlp.platform.experiment_config import load_experiment_config
+
+BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},
+        "optimizer": {"warmup_steps": 10}}
+
+
+def cfg_with(*overrides):
+    return load_experiment_config(data=BASE, overrides=overrides)
+
+
+def test_cpu_config_uses_torch_adamw_and_the_recipe():
+    ds = deepspeed_config(cfg_with("train.grad_accum=4", "train.zero_stage=2"), world_size=2)
+    assert ds["optimizer"] == {"type": "AdamW", "params": {
+        "lr": 5e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "torch_adam": True}}
+    assert ds["gradient_accumulation_steps"] == 4 and ds["train_batch_size"] == 8
+    assert ds["train_micro_batch_size_per_gpu"] == 1
+    assert ds["zero_optimization"] == {"stage": 2}
+    assert ds["gradient_clipping"] == 5.0
+    assert "bf16" not in ds and "fp16" not in ds
+    assert "gradient_clipping" not in deepspeed_config(cfg_with("optimizer.grad_clip=0"), 1)
+
+
+def test_gpu_config_uses_the_fused_optimizer_and_half_precision():
+    ds = deepspeed_config(cfg_with("scaling.use_gpu=true", "train.precision=fp16"), 8)
+    assert "torch_adam" not in ds["optimizer"]["params"]          # DeepSpeed FusedAdam
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    ds = deepspeed_config(cfg_with("scaling.use_gpu=true", "train.precision=bf16",
+                                   "optimizer.impl=torch-fused"), 8)
+    assert ds["bf16"] == {"enabled": True}
+    assert ds["optimizer"]["params"]["fused"] is True and ds["optimizer"]["params"]["torch_adam"]
+
+
+def test_warmup_then_linear_decay():
+    f = WarmupLinearDecay(warmup_steps=4, total_steps=12)
+    mult = [f(i) for i in range(12)]           # index i = optimizer step i + 1
+    assert mult[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert mult[4] == 1.0 and mult[-1] == pytest.approx(1 / 8)
+    assert all(a > b for a, b in zip(mult[4:], mult[5:]))
+    assert WarmupLinearDecay(0, 10, decay=False)(5) == 1.0
+
+
+def test_no_weight_decay_on_biases_and_norms():
+    import torch
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = param_groups(m, 0.01)
+    assert [p.shape for p in decay["params"]] == [(4, 3)] and decay["weight_decay"] == 0.01
+    assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
+
+
+ENGINE_SCRIPT = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import torch, torch.distributed as dist
+    from vlp.platform.engine import build_engine
+    from vlp.platform.experiment_config import load_experiment_config
+    from vlp.platform.toy import ToyModel, ToyBatchSource
+    from vlp.platform import checkpointing
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    out = {}
+    for combo in json.loads(sys.argv[2]):
+        cfg = load_experiment_config(data={
+            "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
+            "train": {"steps": 6, "precision": combo[0], "zero_stage": combo[1],
+                      "grad_accum": combo[2]},
+            "optimizer": {"warmup_steps": 2, "lr": 1e-2, "impl": combo[3]}})
+        torch.manual_seed(0)
+        engine = build_engine(ToyModel(["mlm"]), cfg, stage_steps=6, world_size=1)
+        src, dtype = ToyBatchSource(16, 0, 0, 0), {"fp32": torch.float32,
+                                                 "bf16": torch.bfloat16}[combo[0]]
+        losses, lrs = [], []
+        for step in range(6):
+            lrs.append(engine.get_lr()[0])
+            for _ in range(combo[2]):
+                b = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in
+                     src.next("mlm").items()}
+                loss = engine(b, task="mlm")["loss"]
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+        with tempfile.TemporaryDirectory() as d:
+            st = checkpointing.TrainerState(step=6, world_size=1)
+            checkpointing.save(engine, d, st, 0, src.state_dict())
+            state, per_rank = checkpointing.load(engine, d, 0, 1)
+        out["-".join(map(str, combo))] = {"losses": losses, "lrs": lrs, "step": state.step,
+                                          "calls": per_rank["batch_source"]["calls"],
+                                          "optimizer_steps": engine.global_steps}
+        engine.destroy()
+    print("RESULT" + json.dumps(out))
+""")
+
+
+@pytest.mark.integration
+def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
+    """fp32/ZeRO-0, bf16/ZeRO-1 with accumulation, bf16/ZeRO-2, torch-fused AdamW: each runs
+    6 optimizer steps, follows the schedule, and saves + loads a checkpoint."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    combos = [["fp32", 0, 1, "auto"], ["bf16", 1, 2, "auto"], ["bf16", 2, 1, "auto"],
+              ["fp32", 2, 1, "torch-fused"]]
+    proc = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(port), json.dumps(combos)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ),
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for name, r in out.items():
+        gas = int(name.split("-")[2])
+        assert len(r["losses"]) == 6 * gas and all(l == l for l in r["losses"]), name
+        assert r["lrs"][:2] == pytest.approx([5e-3, 1e-2]) and r["lrs"][-1] < 1e-2, name
+        assert r["optimizer_steps"] == 6 and r["step"] == 6 and r["calls"] == 6 * gas, name
