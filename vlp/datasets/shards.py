@@ -501,7 +501,9 @@ def list_shards(folder: str | os.PathLike) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise ShardError(folder, "no such folder")
-    files = sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith("."))
+    # hidden names are temporary files and staging folders of writes still in progress
+    files = sorted(p for p in folder.rglob("*.parquet")
+                   if not any(part.startswith(".") for part in p.relative_to(folder).parts))
     return files
 
 
