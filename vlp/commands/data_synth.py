@@ -36,11 +36,15 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
     import time
 
     from vlp.datasets.synth import generate_world
     from vlp.datasets.world import load_manifest
 
+    # a polite kill (SIGTERM) unwinds like Ctrl-C, so the half-built temporary folder is removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     start = time.perf_counter()
     root = generate_world(args.out, scale=args.scale, seed=args.seed,
                           overwrite=args.overwrite, progress=not args.no_progress)

@@ -7,22 +7,18 @@ place at the end, so an interrupted run never leaves a folder that looks like a 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from vlp.datasets.shards import image_table, write_image_shard, write_json_atomic, \
-    write_task_table
+from vlp.datasets.shards import write_json_atomic, write_task_table
 from vlp.datasets.synth.captions import cc_caption, coco_captions, sbu_caption, vg_phrases
 from vlp.datasets.synth.detector import CLASS_NAMES, NUM_CLASSES, DetectorConfig, \
     SimulatedDetector
-from vlp.datasets.synth.images import SynthImage, make_image
 from vlp.datasets.synth.scales import ScaleConfig, get_scale
 from vlp.datasets.synth.scene import IN_DOMAIN, OUT_OF_DOMAIN
+from vlp.datasets.synth.source_writer import SourceWriter
 from vlp.datasets.synth.tasks import TASKS, build_task_tables
 from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, HYPERNYMS, MATERIALS,
                                            RELATIONS, SIZE_NAMES)
@@ -93,51 +89,13 @@ def _generate_into(root: Path, cfg: ScaleConfig, seed: int, progress: bool) -> W
     bar = tqdm(total=cfg.total_images, unit="img", desc=f"synth {cfg.name}",
                disable=not progress, dynamic_ncols=True)
     meta = {"world_seed": seed, "scale": cfg.name, "generator": GENERATOR}
+    writer = SourceWriter(root, cfg, seed, detector, meta, on_image=lambda: bar.update(1))
     sources: dict[str, SourceInfo] = {}
-    unrelated: list[dict] = []
-    stats = {"object_regions": 0, "object_regions_correct": 0, "regions": 0, "images": 0}
-
-    def write_source(name: str, domain: str, style, captioner, splits: dict[str, int]
-                     ) -> dict[str, list]:
-        folder = f"images/{name}"
-        info = SourceInfo(folder, domain, 0, 0, {}, {})
-        scenes: dict[str, list] = {}
-        index = 0
-        with open(root / "scenes" / f"{name}.jsonl", "w") as records:
-            for split, count in splits.items():
-                files, rows, kept = [], [], []
-                for _ in range(count):
-                    img = make_image(seed, name, index, cfg.image_size, style, detector,
-                                     captioner, cfg.pixels)
-                    index += 1
-                    rows.append(img.row(name, split))
-                    records.write(json.dumps(img.record(split), sort_keys=True) + "\n")
-                    _tally(stats, img)
-                    for j, c in enumerate(img.captions or []):
-                        if c.unrelated:
-                            unrelated.append({"source": name, "image_id": img.scene.image_id,
-                                              "caption_index": j, "reason": c.unrelated})
-                    info.pairs += len(img.captions or [])
-                    kept.append(img.scene)
-                    bar.update(1)
-                    if len(rows) == cfg.images_per_shard:
-                        files.append(_flush(root, folder, split, domain, len(files), rows,
-                                            detector, meta))
-                        rows = []
-                if rows:
-                    files.append(_flush(root, folder, split, domain, len(files), rows,
-                                        detector, meta))
-                info.files[split] = files
-                info.splits[split] = count
-                info.images += count
-                scenes[split] = kept
-        sources[name] = info
-        return scenes
-
-    (root / "scenes").mkdir()
     for name, (domain, style, captioner) in PRETRAIN_SOURCES.items():
-        write_source(name, domain, style, captioner, {"train": cfg.pretrain_images[name]})
-    down = write_source("downstream", "downstream", IN_DOMAIN, None, cfg.downstream_images)
+        sources[name], _ = writer.write(name, domain, style, captioner,
+                                        {"train": cfg.pretrain_images[name]})
+    sources["downstream"], down = writer.write("downstream", "downstream", IN_DOMAIN, None,
+                                               cfg.downstream_images)
     bar.close()
 
     tasks: dict[str, dict[str, str]] = {t: {} for t in TASKS}
@@ -153,7 +111,7 @@ def _generate_into(root: Path, cfg: ScaleConfig, seed: int, progress: bool) -> W
         "description": "out-of-domain image-caption pairs whose caption does not describe "
                        "the image (web_text: boilerplate; other_image: another picture's "
                        "caption); caption_index indexes the image's captions list",
-        "pairs": unrelated})
+        "pairs": writer.unrelated})
     return WorldManifest(
         name=f"vlp-synth-{cfg.name}-seed{seed}", generator=GENERATOR,
         feature_dim=cfg.feature_dim, num_classes=NUM_CLASSES, class_names=list(CLASS_NAMES),
@@ -164,28 +122,5 @@ def _generate_into(root: Path, cfg: ScaleConfig, seed: int, progress: bool) -> W
                     "relations": sorted(RELATIONS), "hypernyms": list(HYPERNYMS)},
         task_rows=task_rows,
         sidecars={"scenes": "scenes", "unrelated_pairs": "meta/unrelated_pairs.json"},
-        stats={"detector_top1": round(stats["object_regions_correct"]
-                                      / max(stats["object_regions"], 1), 4),
-               "regions_per_image": round(stats["regions"] / max(stats["images"], 1), 3),
-               "unrelated_pairs": len(unrelated)},
+        stats={**writer.tally.summary(), "unrelated_pairs": len(writer.unrelated)},
         root=root)
-
-
-def _tally(stats: dict, img: SynthImage) -> None:
-    d = img.detection
-    owned = d.objects >= 0
-    truth = np.array([img.scene.objects[o].cls + 1 for o in d.objects[owned]], dtype=np.int64)
-    pred = d.soft_labels[owned, 1:].argmax(1) + 1
-    stats["object_regions"] += int(owned.sum())
-    stats["object_regions_correct"] += int((pred == truth).sum())
-    stats["regions"] += len(d.boxes)
-    stats["images"] += 1
-
-
-def _flush(root: Path, folder: str, split: str, domain: str, part: int, rows: list[dict],
-           detector: SimulatedDetector, meta: dict) -> str:
-    rel = f"{folder}/{split}-{part:05d}.parquet"  # named by split, as importers name theirs
-    write_image_shard(root / rel, image_table(rows, detector.cfg.feature_dim, NUM_CLASSES),
-                      feature_extractor=detector.cfg.name, feature_dim=detector.cfg.feature_dim,
-                      num_classes=NUM_CLASSES, extra_meta={**meta, "domain": domain})
-    return rel

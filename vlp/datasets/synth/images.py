@@ -17,7 +17,7 @@ from vlp.datasets.synth.render import encode_png, render_scene
 from vlp.datasets.synth.scene import DomainStyle, Scene, sample_scene
 
 SOURCE_CODES = {"coco": 1, "vg": 2, "cc": 3, "sbu": 4, "downstream": 5}
-STREAM_SCENE, STREAM_TEXT, STREAM_DETECTOR = 0, 1, 2
+STREAM_SCENE, STREAM_TEXT, STREAM_DETECTOR, STREAM_FEATURES = 0, 1, 2, 3
 
 
 def stream(seed: int, *key: int) -> np.random.Generator:
@@ -30,9 +30,11 @@ class SynthImage:
     detection: Detection
     pixels: bytes | None
     captions: list[Caption] | None
+    feature_rng: np.random.Generator   # noise of the features, drawn when they are computed
 
     def row(self, source: str, split: str) -> dict:
         d = self.detection
+        assert d.features is not None, "call add_features() first"
         return {"image_id": self.scene.image_id, "source": source, "split": split,
                 "width": self.scene.canvas, "height": self.scene.canvas, "boxes": d.boxes,
                 "confidences": d.confidences, "features": d.features,
@@ -57,4 +59,9 @@ def make_image(seed: int, source: str, index: int, canvas: int, style: DomainSty
     captions = None
     if captioner is not None:
         captions = captioner(scene, stream(seed, code, index, STREAM_TEXT))
-    return SynthImage(scene, detection, png, captions)
+    return SynthImage(scene, detection, png, captions,
+                      stream(seed, code, index, STREAM_FEATURES))
+
+
+def add_features(images: list[SynthImage], detector: SimulatedDetector) -> None:
+    detector.featurize([i.detection for i in images], [i.feature_rng for i in images])
