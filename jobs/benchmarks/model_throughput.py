@@ -1,0 +1,187 @@
+"""Forward+backward throughput and peak memory of a model family, per task and for a task mix.
+
+    python jobs/benchmarks/model_throughput.py                      # uniter-base, standard batch
+    python jobs/benchmarks/model_throughput.py --family uniter-tiny --iters 5
+
+Standard batch (UNITER pretraining scale): 32 pairs × 20 text tokens × 36 regions, D = 2048,
+C = 1601, every text and image full length (1792 input units). One step = forward + backward
+of one task's batch (no optimiser step). The mix is UNITER's in-domain itm:mlm:mrfr:mrc-kl =
+2:2:1:1, run as a fixed 6-step cycle with those proportions (on CPU, where a base-size step
+takes seconds, the mix figure is by default derived from the per-task steps as the 2:2:1:1
+weighted mean step time — ``--mix-cycles N`` measures it). On CUDA it also runs bf16 autocast
+and reports MFU against the GPU's dense bf16 peak. On CPU, peak memory is the process's peak
+RSS sampled during the task (weights included); on CUDA, ``max_memory_allocated``.
+
+Prints a settings block, then one figure per line: ``<task>/<dtype>/<metric> <value>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+
+from vlp.models import create_model  # noqa: E402
+from vlp.models.example_batch import example_batch  # noqa: E402
+
+MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}  # UNITER in-domain mix
+MIX_CYCLE = ("itm", "mlm", "mrfr", "itm", "mlm", "mrc-kl")
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
+                   "L4": 121e12, "A10": 125e12}  # dense, no sparsity
+
+
+class PeakRSS:
+    """Peak resident memory of this process while the block runs (sampled every 2 ms)."""
+
+    def __init__(self):
+        import psutil
+        self.process, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+
+    def __enter__(self):
+        self.peak = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def train_flops(model, batch_size: int, seq_len: int) -> float:
+    """Encoder training FLOPs per step: 3 × forward, forward = 2 · (matmul weights) · tokens
+    + 4 · B · S² · H per layer (QKᵀ and AV). Embeddings and heads are left out (small)."""
+    encoder = model.backbone.encoder
+    weights = sum(m.weight.numel() for m in encoder.modules() if isinstance(m, torch.nn.Linear))
+    h, layers = model.backbone.hidden_size, len(encoder.layer)
+    forward = 2 * weights * batch_size * seq_len + 4 * batch_size * seq_len ** 2 * h * layers
+    return 3.0 * forward
+
+
+def run_steps(model, batches, tasks, device, dtype) -> float:
+    """Seconds for forward+backward of ``tasks`` in order (each with its own batch)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for task in tasks:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = model(batches[task], task=task)["loss"]
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(model, batches, tasks, device, dtype, iters):
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        seconds = run_steps(model, batches, tasks * iters, device, dtype)
+        return seconds, torch.cuda.max_memory_allocated() / 2**20
+    with PeakRSS() as rss:
+        seconds = run_steps(model, batches, tasks * iters, device, dtype)
+    return seconds, rss.peak / 2**20
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--family", default="uniter-base")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--text-len", type=int, default=20)
+    p.add_argument("--regions", type=int, default=36)
+    p.add_argument("--feat-dim", type=int, default=2048)
+    p.add_argument("--classes", type=int, default=1601)
+    p.add_argument("--iters", type=int, default=None, help="measured steps per task "
+                   "(default 10 on CUDA, 1 on CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="unmeasured steps per task and "
+                   "dtype after one global warm-up step (default 3 on CUDA, 0 on CPU)")
+    p.add_argument("--mix-cycles", type=int, default=None, help="measured 6-step mix cycles "
+                   "(default: iters on CUDA; 0 on CPU = derive from the per-task steps)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--no-mix", action="store_true")
+    args = p.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    iters = args.iters or (10 if cuda else 1)
+    warmup = args.warmup if args.warmup is not None else (3 if cuda else 0)
+    mix_cycles = args.mix_cycles if args.mix_cycles is not None else (iters if cuda else 0)
+    torch.manual_seed(0)
+    model, spec, _ = create_model(args.family, tasks=list(MIX), region_feat_dim=args.feat_dim,
+                                  num_classes=args.classes)
+    model.to(device).train()
+    batches = {t: {k: v.to(device) for k, v in example_batch(
+        spec, t, batch_size=args.batch, text_len=args.text_len, num_regions=args.regions,
+        full_length=True).items()} for t in MIX}
+    seq = args.text_len + (args.regions if spec.input_kind == "regions" else 0)
+    units = args.batch * seq
+    dtypes = ["fp32", "bf16"] if cuda else ["fp32"]
+    gpu = torch.cuda.get_device_name() if cuda else None
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if gpu and k in gpu), None)
+
+    print(f"# model_throughput: {args.family}, {model.num_parameters() / 1e6:.1f}M parameters "
+          f"({model.num_parameters(exclude_word_embeddings=True) / 1e6:.1f}M without word "
+          "embeddings)")
+    print(f"# batch: {args.batch} pairs × {args.text_len} tokens × {args.regions} regions = "
+          f"{units} input units; D={args.feat_dim} C={args.classes}; forward+backward, "
+          "no optimiser step")
+    print(f"# device: {gpu or 'cpu'}; torch {torch.__version__}; torch threads "
+          f"{torch.get_num_threads()} (interop {torch.get_num_interop_threads()}), "
+          f"os.cpu_count {os.cpu_count()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+          + (f", load average {os.getloadavg()[0]:.1f}" if not cuda else ""))
+    print(f"# steps: 1 global warm-up, then {warmup} warm-up + {iters} measured per task and "
+          f"dtype; mix: {f'{mix_cycles} measured 6-step cycles' if mix_cycles else 'derived'}; "
+          f"attention {model.backbone.bert_config._attn_implementation}")
+    flops = train_flops(model, args.batch, seq)
+    print(f"encoder_train_tflop_per_step {flops / 1e12:.3f}")
+
+    run_steps(model, batches, ["itm"], device, dtypes[0])  # allocator / first-call costs
+    for dtype in dtypes:
+        steps, memories = {}, {}
+        for task in MIX:
+            run_steps(model, batches, [task] * warmup, device, dtype)
+            seconds, memory = measure(model, batches, [task], device, dtype, iters)
+            step = steps[task] = seconds / iters
+            memories[task] = memory
+            print(f"{task}/{dtype}/step_ms {step * 1e3:.1f}")
+            print(f"{task}/{dtype}/examples_per_s {args.batch / step:.2f}")
+            print(f"{task}/{dtype}/input_units_per_s {units / step:.0f}")
+            print(f"{task}/{dtype}/peak_mem_MiB {memory:.0f}")
+            if peak and dtype == "bf16":
+                print(f"{task}/{dtype}/mfu_pct {100 * flops / step / peak:.1f}")
+        if args.no_mix:
+            continue
+        if mix_cycles:
+            seconds, memory = measure(model, batches, list(MIX_CYCLE), device, dtype,
+                                      mix_cycles)
+            step = seconds / (mix_cycles * len(MIX_CYCLE))
+            name = "mix_itm2_mlm2_mrfr1_mrckl1"
+        else:
+            step = sum(MIX[t] * steps[t] for t in MIX) / sum(MIX.values())
+            memory = max(memories.values())
+            name = "mix_itm2_mlm2_mrfr1_mrckl1_derived"
+        print(f"{name}/{dtype}/step_ms {step * 1e3:.1f}")
+        print(f"{name}/{dtype}/examples_per_s {args.batch / step:.2f}")
+        print(f"{name}/{dtype}/input_units_per_s {units / step:.0f}")
+        print(f"{name}/{dtype}/peak_mem_MiB {memory:.0f}")
+        if peak and dtype == "bf16":
+            print(f"{name}/{dtype}/mfu_pct {100 * flops / step / peak:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
