@@ -140,3 +140,14 @@ def test_models_package_never_imports_ray_mlflow_or_platform():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 assert not name.startswith(("ray", "mlflow", "vlp.platform")), (path, name)
+
+
+@pytest.mark.parametrize("family", ["uniter-tiny", "soho-tiny"])
+def test_bf16_weights_take_fp32_batches(family):
+    # DeepSpeed's bf16 mode casts the weights, not the batch: embedders cast inputs themselves
+    model, spec, _ = create_model(family, tasks=FAMILIES[family].tasks)
+    model.to(torch.bfloat16)
+    for task in FAMILIES[family].tasks:
+        out = model(example_batch(spec, task), task=task)
+        assert torch.isfinite(out["loss"])
+        out["loss"].backward()

@@ -47,6 +47,12 @@ IMAGE_INDEX = "image_index"        # long [B] which row of PIXELS each example's
 MVM_APPLY = "mvm_apply"            # bool [I] (mvm) images on which the model masks one
                                    #   dictionary index (chosen after the visual dictionary)
 
+# ---- token types (optional; downstream tasks that extend the token-type table) ---------
+TEXT_TYPE_IDS = "text_type_ids"    # long [B, T] token type of each text token (default 0);
+                                   #   VCR: question 0, answer 2, rationale 3 (UNITER)
+REGION_TYPE_IDS = "region_type_ids"  # long [B, N] token type of each region (default: the
+                                     #   family's image type); NLVR2 triplet: 2nd image → 2
+
 # ---- bookkeeping (every batch) -------------------------------------------------------
 NUM_EXAMPLES = "num_examples"      # long [] examples in the batch
 INPUT_UNITS = "input_units"        # long [] B × (T + N) incl. padding: UNITER's batch unit

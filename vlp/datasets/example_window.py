@@ -138,13 +138,14 @@ class ExampleWindow:
 
     def _pixel_examples(self, blocks, items: Items):
         """SOHO: each image gets up to ``pos_texts_per_image`` of its captions and
-        ``neg_texts_per_image`` captions of other images of the window."""
+        ``neg_texts_per_image`` captions of other images of the window's blocks (whole blocks,
+        so that a small window at an epoch's end still has other images to draw from)."""
         pix = self.cfg.pixels
         pool_block, pool_row, pool_cap, pool_key, pool_len = [], [], [], [], []
-        for b in np.unique(items.block):   # every caption of the window's images
+        for b in np.unique(items.block):   # negatives: any caption of the window's blocks
             blk = blocks[b]
-            rows = np.unique(items.row[items.block == b])
-            n = blk.num_captions()[rows]
+            rows = np.arange(blk.num_images)
+            n = blk.num_captions()
             r = np.repeat(rows, n)
             c = np.arange(len(r)) - np.repeat(np.concatenate([[0], np.cumsum(n)[:-1]]), n)
             g = blk.cap_start[r] + c

@@ -6,6 +6,7 @@ The worker's batcher keeps a few blocks alive in its window and refers to exampl
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,10 +15,16 @@ import pyarrow as pa
 from vlp.datasets.arrow_views import binary_parts, flat_numpy, list_parts
 
 
+def image_key(image_id: str) -> int:
+    """A stable 63-bit identity of an image id (the same in every process, unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(image_id.encode(), digest_size=8).digest(),
+                          "little") >> 1
+
+
 @dataclass
 class ImageBlock:
     table: pa.Table              # keeps the Arrow buffers alive
-    image_key: np.ndarray        # int64 [I]: hash of image_id (equal ids → equal keys)
+    image_key: np.ndarray        # int64 [I]: image_key(image_id), equal ids → equal keys
     source_index: np.ndarray     # int64 [I]
     cap_start: np.ndarray        # int64 [I+1]: captions of image i are cap_start[i]:[i+1]
     tok_start: np.ndarray        # int64 [captions+1]: word pieces of caption g
@@ -59,7 +66,7 @@ class ImageBlock:
         ids = table.column("image_id").to_pylist()
         block = cls(
             table=table,
-            image_key=np.fromiter((hash(i) for i in ids), dtype=np.int64, count=len(ids)),
+            image_key=np.fromiter((image_key(i) for i in ids), dtype=np.int64, count=len(ids)),
             source_index=table.column("source_index").to_numpy().astype(np.int64),
             cap_start=cap_start, tok_start=tok_start, tokens=flat_numpy(tokens, np.int32),
             n_overlong=int(np.sum(table.column("n_overlong").to_numpy())),

@@ -45,6 +45,8 @@ def local_blocks(plan: DataPlan, shard_index: int = 0, num_shards: int = 1
     return epoch_blocks
 
 
-def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1) -> PretrainBatches:
+def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1,
+                  with_ids: bool = False) -> PretrainBatches:
     """``PretrainBatches`` over this process's share of the shards, without Ray."""
-    return PretrainBatches(plan, local_blocks(plan, rank, world_size), rank=rank)
+    return PretrainBatches(plan, local_blocks(plan, rank, world_size), rank=rank,
+                           with_ids=with_ids)

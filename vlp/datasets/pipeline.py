@@ -32,7 +32,7 @@ from ray.data.collate_fn import ArrowBatchCollateFn
 from vlp.datasets.collate import ExampleRefs
 from vlp.datasets.data_plan import DataPlan
 from vlp.datasets.image_block import ImageBlock
-from vlp.datasets.image_rows import ImageRowTransform
+from vlp.datasets.image_rows import PATH_COLUMN, ImageRowTransform
 from vlp.datasets.pretrain_batches import PretrainBatches, mask_context, task_batch
 from vlp.datasets.text_tokenizer import load_tokenizer
 
@@ -41,8 +41,10 @@ def build_dataset(plan: DataPlan) -> ray.data.Dataset:
     """Shards of every source with a positive weight → tokenized, region-selected image rows.
     File order is reshuffled every epoch (seeded); the map runs as tasks, not actors."""
     cfg = plan.config
-    ds = ray.data.read_parquet(plan.files, columns=list(plan.read_columns), include_paths=True,
+    ds = ray.data.read_parquet(plan.files, include_paths=True,
                                shuffle=ray.data.FileShuffleConfig(seed=cfg.seed))
+    # projection is pushed down into the Parquet read: unused columns (pixels) are not read
+    ds = ds.select_columns([*plan.read_columns, PATH_COLUMN])
     return ds.map_batches(ImageRowTransform(plan), batch_format="pyarrow", batch_size=None,
                           zero_copy_batch=True)
 
@@ -58,12 +60,12 @@ def shard_blocks(shard, plan: DataPlan):
     return epoch_blocks
 
 
-def shard_batches(shard, plan: DataPlan, *, rank: int = 0, world_size: int = 1
-                  ) -> PretrainBatches:
+def shard_batches(shard, plan: DataPlan, *, rank: int = 0, world_size: int = 1,
+                  with_ids: bool = False) -> PretrainBatches:
     """Per-task batches from a Ray Train dataset shard. With several workers a rank waiting
     at an epoch barrier re-serves recent batches (see ``PretrainBatches``)."""
     return PretrainBatches(plan, shard_blocks(shard, plan), rank=rank,
-                           recycle_at_epoch_end=world_size > 1)
+                           recycle_at_epoch_end=world_size > 1, with_ids=with_ids)
 
 
 class TaskCollateFn(ArrowBatchCollateFn):

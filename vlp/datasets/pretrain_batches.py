@@ -44,18 +44,21 @@ from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
+EXAMPLE_IMAGE_KEY = "example_image_key"   # optional extras (with_ids): long [B]
+EXAMPLE_TEXT_KEY = "example_text_key"
 RECYCLE_GRACE_S = 0.2        # blocked at an epoch start this long before recycling
 RESERVOIR_BATCHES = 64       # batches of the last window kept for recycling
 
 
 class PretrainBatches:
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
-                 rank: int = 0, recycle_at_epoch_end: bool = False):
+                 rank: int = 0, recycle_at_epoch_end: bool = False, with_ids: bool = False):
         self.plan = plan
         self.cfg = plan.config
         self.rank = rank
         self._blocks_fn = blocks
         self._recycle = recycle_at_epoch_end
+        self._with_ids = with_ids   # add example_image_key / example_text_key (evaluation, tests)
         self.rng = np.random.default_rng([self.cfg.seed, rank, 0x5EED])
         self.tok = load_tokenizer(plan.tokenizer_path or None)
         self.ctx = mask_context(self.cfg.mask_prob, self.tok)
@@ -65,7 +68,8 @@ class PretrainBatches:
         self._reader: BlockReader | None = None
         self._live: dict[int, ImageBlock] = {}
         self._next_block_id = 0
-        self._ready: deque[ExampleRefs] = deque()
+        self._ready: deque[tuple[ExampleRefs, int]] = deque()   # (batch, its epoch)
+        self._reading_epoch = 0
         self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
         self._epoch_examples = 0
 
@@ -79,7 +83,7 @@ class PretrainBatches:
                              f"pipeline produces {self.cfg.visual!r}")
         refs, blocks = self._next_refs()
         batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, self.rng,
-                           self.stats)
+                           self.stats, with_ids=self._with_ids)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
@@ -96,14 +100,15 @@ class PretrainBatches:
             yield task, self.next(task)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the stream stands. A Ray Data stream cannot seek, so a restored loader
-        restarts at the beginning of the saved epoch (the task sampler resumes exactly)."""
+        """Where the stream stands: the epoch of the last batch served. A Ray Data stream
+        cannot seek, so a restored loader restarts at the beginning of that epoch (the task
+        sampler resumes exactly)."""
         return {"epoch": self.epoch, "stats": dict(self.stats)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._reader is not None:
             raise RuntimeError("load_state_dict must come before the first next()")
-        self.epoch = int(state["epoch"])
+        self.epoch = self._reading_epoch = int(state["epoch"])
         self.stats = Counter(state.get("stats", {}))
         self.rng = np.random.default_rng([self.cfg.seed, self.rank, 0x5EED, self.epoch])
         self.window.rng = self.rng
@@ -144,13 +149,14 @@ class PretrainBatches:
             if kind == ERROR:
                 raise RuntimeError(f"reading the data stream failed: {payload!r}") from payload
             if kind == BLOCK:
+                self._reading_epoch = extra
                 self._ingest(payload)
                 if self.window.pending_examples >= self.cfg.bucket_window:
                     self._cut(final=False)
             elif kind == EPOCH_END:
                 self._cut(final=True)
                 self._end_epoch(payload)
-        refs = self._ready.popleft()
+        refs, self.epoch = self._ready.popleft()
         return refs, self._live
 
     def _ingest(self, block: ImageBlock) -> None:
@@ -165,14 +171,14 @@ class PretrainBatches:
 
     def _cut(self, final: bool) -> None:
         batches = self.window.cut(self._live, final)
-        self._ready.extend(batches)
+        self._ready.extend((b, self._reading_epoch) for b in batches)
         # keep the blocks the queued batches, the carried items and the reservoir refer to
         if batches:
             snapshot = {b: self._live[b] for r in batches
                         for b in np.unique(np.concatenate([r.text_block, r.image_block]))}
             self._reservoir = [(r, snapshot) for r in batches[:RESERVOIR_BATCHES]]
         keep = self.window.referenced_blocks()
-        for r in self._ready:
+        for r, _ in self._ready:
             keep.update(int(b) for b in np.unique(np.concatenate([r.text_block, r.image_block])))
         self._live = {b: blk for b, blk in self._live.items() if b in keep}
 
@@ -182,8 +188,7 @@ class PretrainBatches:
                 f"rank {self.rank} received no examples in epoch {epoch}: the shard is empty "
                 f"(fewer images than workers, no captions in split {self.cfg.split!r}, or "
                 f"all source weights 0)")
-        log.info("rank %d epoch %d done: %s", self.rank, epoch, dict(self.stats))
-        self.epoch = epoch + 1
+        log.info("rank %d read epoch %d: %s", self.rank, epoch, dict(self.stats))
         self._epoch_examples = 0
 
 
@@ -195,8 +200,8 @@ def mask_context(mask_prob: float, tok: TextTokenizer) -> MaskContext:
 
 def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                blocks: Mapping[int, ImageBlock], refs: ExampleRefs, task: str,
-               rng: np.random.Generator, stats: Counter | None = None
-               ) -> dict[str, torch.Tensor]:
+               rng: np.random.Generator, stats: Counter | None = None, *,
+               with_ids: bool = False) -> dict[str, torch.Tensor]:
     cfg = plan.config
     policy = get_policy(task)
     if policy.itm_negatives and cfg.visual == "regions":
@@ -217,8 +222,11 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
     if policy.itm_negatives:
         batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
     apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)
-    if cfg.image_feat and cfg.visual == "regions":
+    if (cfg.image_feat or policy.image_feat) and cfg.visual == "regions":
         batch[K.IMAGE_FEAT] = whole_image_feature(batch)
+    if with_ids:   # image_key(image_id) of each example's visual side and of its caption
+        batch[EXAMPLE_IMAGE_KEY] = batch[IMAGE_KEYS]
+        batch[EXAMPLE_TEXT_KEY] = batch[TEXT_KEYS]
     return to_torch(batch)
 
 
@@ -241,5 +249,5 @@ def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["PretrainBatches", "task_batch", "whole_image_feature", "to_torch", "IMAGE_KEYS",
-           "TEXT_KEYS"]
+__all__ = ["PretrainBatches", "task_batch", "whole_image_feature", "to_torch",
+           "EXAMPLE_IMAGE_KEY", "EXAMPLE_TEXT_KEY"]

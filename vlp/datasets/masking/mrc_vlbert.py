@@ -22,4 +22,5 @@ def mask_mrc_vlbert(batch: Batch, rng: np.random.Generator, ctx: MaskContext) ->
 
 
 MRC_VLBERT = register_policy(MaskingPolicy("mrc-vlbert", "regions", frozenset({"regions"}),
-                                           mask_mrc_vlbert, needs_soft_labels=True))
+                                           mask_mrc_vlbert, needs_soft_labels=True,
+                                           image_feat=True))

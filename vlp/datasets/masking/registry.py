@@ -27,6 +27,7 @@ class MaskingPolicy:
     apply: Callable[[Batch, np.random.Generator, MaskContext], None]
     needs_soft_labels: bool = False   # detector class distributions (MRC family, MOC)
     itm_negatives: bool = False       # the batch holds swapped negative pairs (ITM)
+    image_feat: bool = False          # the task needs the whole-image feature (VL-BERT)
 
 
 MASKING_POLICIES: dict[str, MaskingPolicy] = {}

@@ -42,8 +42,9 @@ class ImageBertEmbedder(nn.Module):
     def forward(self, batch: Mapping[str, torch.Tensor], text: TextEmbeddings,
                 visual_masking: bool = False) -> EmbeddedInputs:
         who = "ImageBERT embeddings"
-        feats = require(batch, bs.REGION_FEATS, who)
-        loc = require(batch, bs.REGION_LOC, who)
+        dtype = self.img_linear.weight.dtype  # bf16 engines hold bf16 weights; batches are fp32
+        feats = require(batch, bs.REGION_FEATS, who).to(dtype)
+        loc = require(batch, bs.REGION_LOC, who).to(dtype)
         check_last_dim(loc, bs.REGION_LOC, self.location_width, who)
         regions = self.LayerNorm(self.img_linear(feats) + self.pos_linear(loc)
                                  + text.token_type(1) + self.visual_position)

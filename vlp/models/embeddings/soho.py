@@ -74,7 +74,7 @@ class SohoEmbedder(nn.Module):
     def forward(self, batch: Mapping[str, torch.Tensor], text: TextEmbeddings,
                 visual_masking: bool = False) -> EmbeddedInputs:
         who = "SOHO embeddings"
-        pixels = require(batch, bs.PIXELS, who)
+        pixels = require(batch, bs.PIXELS, who).to(self.proj.weight.dtype)
         image_index = require(batch, bs.IMAGE_INDEX, who).long()
         grid, valid, (h, w) = self.encode_images(pixels, batch.get(bs.PIXEL_MASK))
         quantised, indices = self.dictionary(grid, valid)

@@ -42,8 +42,9 @@ class UniterEmbedder(nn.Module):
     def forward(self, batch: Mapping[str, torch.Tensor], text: TextEmbeddings,
                 visual_masking: bool = False) -> EmbeddedInputs:
         who = "UNITER embeddings"
-        feats = require(batch, bs.REGION_FEATS, who)
-        loc = require(batch, bs.REGION_LOC, who)
+        dtype = self.img_linear.weight.dtype  # bf16 engines hold bf16 weights; batches are fp32
+        feats = require(batch, bs.REGION_FEATS, who).to(dtype)
+        loc = require(batch, bs.REGION_LOC, who).to(dtype)
         check_last_dim(loc, bs.REGION_LOC, self.location_width, who)
         zeroed = batch.get(bs.REGION_ZEROED)
         if zeroed is not None:

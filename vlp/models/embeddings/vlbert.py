@@ -66,10 +66,11 @@ class VLBertEmbedder(nn.Module):
         who = "VL-BERT embeddings"
         ids = require(batch, bs.INPUT_IDS, who)
         text_mask = require(batch, bs.TEXT_MASK, who).bool()
-        feats = require(batch, bs.REGION_FEATS, who)
+        dtype = self.visual_linear.weight.dtype  # bf16 engines hold bf16 weights
+        feats = require(batch, bs.REGION_FEATS, who).to(dtype)
         loc = require(batch, bs.REGION_LOC, who)
         check_last_dim(loc, bs.REGION_LOC, self.location_width, who)
-        image_feat = require(batch, bs.IMAGE_FEAT, who)
+        image_feat = require(batch, bs.IMAGE_FEAT, who).to(dtype)
         region_mask = require(batch, bs.REGION_MASK, who).bool()
 
         whole_box = loc.new_tensor(WHOLE_IMAGE_BOX).expand(image_feat.shape[0], 4)

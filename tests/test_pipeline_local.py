@@ -1,0 +1,292 @@
+"""The pipeline end to end on small shards, without Ray (the plain local stream)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pipeline_world import C, D, write_source
+from vlp.datasets import batch_spec as K
+from vlp.datasets.batching import bucket_batches, padding_waste
+from vlp.datasets.data_config import DataConfig, PixelConfig, RegionConfig, SourceConfig
+from vlp.datasets.data_plan import plan_data
+from vlp.datasets.image_block import image_key
+from vlp.datasets.local_stream import local_batches, local_blocks
+from vlp.datasets.location import LOCATION_FEATURES
+from vlp.datasets.regions import select_regions
+from vlp.datasets.text_tokenizer import load_tokenizer
+
+ALL_REGION_TASKS = {"mlm": 1, "itm": 1, "mrfr": 1, "mrc": 1, "mrc-kl": 1, "moc": 1,
+                    "mrc-vlbert": 1}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("world")
+    ids = {"coco": write_source(d, "coco", 80, shards=3, overlong_every=11, val_every=8),
+           "cc": write_source(d, "cc", 80, shards=2, seed=1, captions=(1, 1))}
+    return d, ids
+
+
+def config(world, **kw):
+    d, _ = world
+    kw.setdefault("sources", (SourceConfig("coco", str(d / "coco")),))
+    kw.setdefault("batch_units", 800)
+    kw.setdefault("bucket_window", 256)
+    return DataConfig(**kw)
+
+
+def keys_of(ids):
+    return {image_key(i): i for i in ids}
+
+
+# ---- region selection, location features ------------------------------------------------
+
+def test_region_selection_rules():
+    conf = np.array([0.9, 0.1, 0.5, 0.3,     # image 0: 3 above 0.2
+                     0.1, 0.05, 0.15,         # image 1: none above → top-min fallback
+                     *np.linspace(0.99, 0.3, 12)])   # image 2: 12 above, max 10
+    n = np.array([4, 3, 12])
+    sel = select_regions(conf, n, RegionConfig(0.2, min_regions=2, max_regions=10))
+    assert sel.counts.tolist() == [3, 2, 10]
+    assert sel.fallback.tolist() == [False, True, False]
+    assert sel.keep[:3].tolist() == [0, 2, 3]          # highest confidence first
+    assert sel.keep[3:5].tolist() == [6, 4]            # fallback: top-2 by confidence
+    assert sel.keep[5:].tolist() == list(range(7, 17))
+    fixed = select_regions(conf, n, RegionConfig(fixed_regions=3))
+    assert fixed.counts.tolist() == [3, 3, 3] and not fixed.fallback.any()
+
+
+def test_location_features():
+    boxes = np.array([[10, 20, 60, 120]], np.float32)
+    w, h = np.array([100]), np.array([200])
+    uni = LOCATION_FEATURES["uniter"].fn(boxes, w, h)[0]
+    assert np.allclose(uni, [0.1, 0.1, 0.6, 0.6, 0.5, 0.5, 0.25])
+    ib = LOCATION_FEATURES["imagebert"].fn(boxes, w, h)[0]
+    assert np.allclose(ib, [0.1, 0.1, 0.6, 0.6, 50 * 100 / (100 * 200)])
+    vb = LOCATION_FEATURES["vlbert"].fn(boxes, w, h)[0]
+    assert np.allclose(vb, [0.1, 0.1, 0.6, 0.6])
+    assert [LOCATION_FEATURES[k].width for k in ("uniter", "imagebert", "vlbert")] == [7, 5, 4]
+
+
+# ---- batches -------------------------------------------------------------------------------
+
+SPEC_DTYPES = {K.INPUT_IDS: torch.long, K.TEXT_MASK: torch.long, K.MLM_LABELS: torch.long,
+               K.REGION_FEATS: torch.float32, K.REGION_LOC: torch.float32,
+               K.REGION_MASK: torch.long, K.REGION_MASKED: torch.bool,
+               K.REGION_ZEROED: torch.bool, K.REGION_FEAT_TARGETS: torch.float32,
+               K.REGION_SOFT_LABELS: torch.float32, K.REGION_CLASS_LABELS: torch.long,
+               K.IMAGE_FEAT: torch.float32, K.ITM_LABELS: torch.long, K.POSITIVE: torch.bool,
+               K.PIXELS: torch.float32, K.PIXEL_MASK: torch.long, K.IMAGE_INDEX: torch.long,
+               K.MVM_APPLY: torch.bool, K.NUM_EXAMPLES: torch.long, K.INPUT_UNITS: torch.long}
+TASK_KEYS = {"mlm": {K.MLM_LABELS}, "itm": {K.ITM_LABELS},
+             "mrfr": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_FEAT_TARGETS},
+             "mrc": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS},
+             "mrc-kl": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_SOFT_LABELS},
+             "moc": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS},
+             "mrc-vlbert": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS,
+                            K.IMAGE_FEAT}}
+
+
+@pytest.mark.parametrize("location", ["uniter", "imagebert", "vlbert"])
+def test_batches_follow_the_contract(world, location):
+    cfg = config(world, location=location, image_feat=location == "vlbert")
+    plan = plan_data(cfg, ALL_REGION_TASKS)
+    src = local_batches(plan)
+    L = LOCATION_FEATURES[location].width
+    for task in list(ALL_REGION_TASKS) * 2:
+        b = src.next(task)
+        base = {K.INPUT_IDS, K.TEXT_MASK, K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK,
+                K.POSITIVE, K.NUM_EXAMPLES, K.INPUT_UNITS}
+        expect = base | TASK_KEYS[task] | ({K.IMAGE_FEAT} if location == "vlbert" else set())
+        assert set(b) == expect, (task, set(b) ^ expect)
+        for k, v in b.items():
+            assert v.dtype == SPEC_DTYPES[k], (task, k, v.dtype)
+        B, T = b[K.INPUT_IDS].shape
+        N = b[K.REGION_FEATS].shape[1]
+        assert b[K.REGION_FEATS].shape == (B, N, D) and b[K.REGION_LOC].shape == (B, N, L)
+        assert int(b[K.NUM_EXAMPLES]) == B
+        assert int(b[K.INPUT_UNITS]) == B * (T + N) <= cfg.batch_units
+        assert (b[K.INPUT_IDS][:, 0] == 101).all()
+        assert (b[K.TEXT_MASK].sum(1) <= cfg.max_text_len + 2).all()
+        if task == "mrc-kl":
+            assert b[K.REGION_SOFT_LABELS].shape == (B, N, C)
+    src.close()
+
+
+def test_examples_match_the_shards(world):
+    """Tokens decode to the stored caption; features are the selected regions, best first."""
+    d, _ = world
+    plan = plan_data(config(world, bucket_window=64), {"mlm": 1, "mrfr": 1})
+    src = local_batches(plan, with_ids=True)
+    b = src.next("mrfr")
+    src.close()
+    table = pq.read_table(d / "coco")
+    by_key = {image_key(r["image_id"]): r for r in table.to_pylist()}
+    tok = load_tokenizer()
+    for i in range(3):
+        row = by_key[int(b["example_text_key"][i])]
+        ids = b[K.INPUT_IDS][i][b[K.TEXT_MASK][i] == 1].tolist()
+        assert ids[0] == 101 and ids[-1] == 102
+        assert tok.decode(ids[1:-1]) in [c.lower() for c in row["captions"]]
+        feats = np.frombuffer(row["features"], "<f2").reshape(-1, D)
+        conf = np.array(row["confidences"])
+        n = int(b[K.REGION_MASK][i].sum())
+        order = np.argsort(-conf, kind="stable")[:n]
+        assert np.allclose(b[K.REGION_FEAT_TARGETS][i, :n].numpy(), feats[order], atol=1e-3)
+
+
+def test_split_filter_and_overlong_counted(world):
+    d, ids = world
+    plan = plan_data(config(world), {"mlm": 1})
+    src = local_batches(plan, with_ids=True)
+    seen = set()
+    while src.epoch < 1:
+        seen |= set(src.next("mlm")["example_text_key"].tolist())
+    src.close()
+    rows = pq.read_table(d / "coco").to_pylist()
+    usable = [r["image_id"] for r in rows if r["split"] == "train"
+              and any(len(c.split()) <= 60 for c in r["captions"])]   # not all over-long
+    assert set(usable) < set(ids["coco"])
+    assert seen == set(keys_of(usable))            # every usable train image, no val image
+    assert src.stats["overlong_dropped"] > 0 and src.stats["overlong_truncated"] == 0
+    plan_t = plan_data(config(world, overlong="truncate", max_text_len=10), {"mlm": 1})
+    src = local_batches(plan_t)
+    b = src.next("mlm")
+    src.close()
+    assert b[K.TEXT_MASK].sum(1).max() <= 12 and src.stats["overlong_truncated"] > 0
+
+
+def test_itm_negative_ratio_and_never_own_caption(world):
+    plan = plan_data(config(world, itm_neg_prob=0.5), {"itm": 1})
+    src = local_batches(plan, with_ids=True)
+    labels, n_own = [], 0
+    for _ in range(120):
+        b = src.next("itm")
+        lab = b[K.ITM_LABELS]
+        same = b["example_image_key"] == b["example_text_key"]
+        assert (same == (lab == 1)).all()           # label 1 ⇔ the caption is the image's own
+        assert (b[K.POSITIVE] == (lab == 1)).all()
+        labels.append(lab)
+    src.close()
+    lab = torch.cat(labels).float()
+    assert abs(1 - lab.mean().item() - 0.5) < 0.03, lab.mean()
+    assert src.stats["itm_no_donor"] == 0
+
+
+def test_masked_tasks_have_no_negatives(world):
+    plan = plan_data(config(world), {"mlm": 1, "mrfr": 1})
+    src = local_batches(plan)
+    for task in ["mlm", "mrfr"] * 5:
+        assert src.next(task)[K.POSITIVE].all()
+    src.close()
+
+
+def test_source_weights_are_example_shares(world):
+    d, ids = world
+    cfg = config(world, sources=(SourceConfig("coco", str(d / "coco"), 3.0),
+                                 SourceConfig("cc", str(d / "cc"), 1.0)))
+    plan = plan_data(cfg, {"mlm": 1})
+    src = local_batches(plan, with_ids=True)
+    cc = keys_of(ids["cc"])
+    counts = collections.Counter()
+    while src.epoch < 6:
+        k = src.next("mlm")["example_text_key"].tolist()
+        counts["cc"] += sum(x in cc for x in k)
+        counts["all"] += len(k)
+    src.close()
+    assert abs(counts["cc"] / counts["all"] - 0.25) < 0.03, counts
+
+
+def test_bucketing_respects_budget_and_cuts_waste():
+    rng = np.random.default_rng(0)
+    T = rng.integers(8, 40, 4000)
+    V = rng.integers(10, 60, 4000)
+    batches, tails = bucket_batches(T, V, 2000, rng)
+    assert not tails and sorted(np.concatenate(batches).tolist()) == list(range(4000))
+    for b in batches:
+        assert len(b) * (T[b].max() + V[b].max()) <= 2000
+    plain, _ = bucket_batches(T, V, 2000, rng, sort=False)
+    assert padding_waste(T, V, batches) < 0.08 < 0.3 < padding_waste(T, V, plain)
+    fixed, _ = bucket_batches(T, np.full(4000, 36), 2000, rng)   # fixed 36 regions
+    assert padding_waste(T, np.full(4000, 36), fixed) < 0.02
+
+
+def test_deterministic_for_a_seed(world):
+    plan = plan_data(config(world), {"mlm": 1, "itm": 1})
+    runs = []
+    for _ in range(2):
+        src = local_batches(plan)
+        runs.append([src.next(t) for t in ["mlm", "itm", "mlm"]])
+        src.close()
+    for a, b in zip(*runs):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_local_shards_are_disjoint(world):
+    d, ids = world
+    plan = plan_data(config(world), {"mlm": 1})
+    seen = []
+    for rank in range(2):
+        keys = set()
+        for t in local_blocks(plan, rank, 2)(0):
+            keys |= set(t.column("image_id").to_pylist())
+        seen.append(keys)
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(ids["coco"])
+
+
+def test_host_memory_bounded_over_epochs(world):
+    """Blocks alive in the window stay bounded: nothing accumulates per step."""
+    plan = plan_data(config(world, bucket_window=64, read_rows=8), {"mlm": 1, "mrfr": 1})
+    src = local_batches(plan)
+    live = []
+    while src.epoch < 8:
+        src.next("mrfr")
+        live.append(len(src._live))
+    src.close()
+    assert max(live) <= 40 and max(live[len(live) // 2:]) <= max(live[:len(live) // 2]) + 4
+
+
+# ---- pixels (SOHO) ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pixel_world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pixworld")
+    ids = write_source(d, "coco", 24, shards=2, pixels=True, captions=(2, 5))
+    return d, ids
+
+
+def test_pixel_batches(pixel_world):
+    d, ids = pixel_world
+    pix = PixelConfig(shorter_side=48, longer_max=80, pad_multiple=16, token_stride=16)
+    cfg = DataConfig(sources=(SourceConfig("coco", str(d / "coco")),), visual="pixels",
+                     pixels=pix, batch_units=3000, bucket_window=64)
+    plan = plan_data(cfg, {"mlm": 1, "itm": 1, "mvm": 1})
+    src = local_batches(plan, with_ids=True)
+    for task in ["itm", "mlm", "mvm", "itm"]:
+        b = src.next(task)
+        I, _, H, W = b[K.PIXELS].shape
+        B = b[K.INPUT_IDS].shape[0]
+        assert H % 16 == 0 and W % 16 == 0 and b[K.PIXEL_MASK].shape == (I, H, W)
+        assert b[K.IMAGE_INDEX].shape == (B,) and set(b[K.IMAGE_INDEX].tolist()) == set(range(I))
+        per_image = torch.bincount(b[K.IMAGE_INDEX], minlength=I)
+        pos = torch.bincount(b[K.IMAGE_INDEX][b[K.POSITIVE]], minlength=I)
+        assert (per_image == 4).all() and (pos == 2).all()     # SOHO: 2 positive + 2 negative
+        own = b["example_image_key"] == b["example_text_key"]
+        assert (own == b[K.POSITIVE]).all()                   # negatives never own captions
+        for i in range(I):   # real area: shorter side 48 (or longer side 80)
+            rows = b[K.PIXEL_MASK][i].any(1).sum().item()
+            cols = b[K.PIXEL_MASK][i].any(0).sum().item()
+            assert min(rows, cols) == 48 or max(rows, cols) == 80
+        assert int(b[K.INPUT_UNITS]) == B * (b[K.INPUT_IDS].shape[1] + (H // 16) * (W // 16))
+        if task == "itm":
+            assert (b[K.ITM_LABELS] == b[K.POSITIVE].long()).all()
+        if task == "mvm":
+            assert b[K.MVM_APPLY].all() and K.MLM_LABELS not in b
+        if task == "mlm":
+            assert (b[K.MLM_LABELS][~b[K.POSITIVE]] == -100).all()
+    src.close()

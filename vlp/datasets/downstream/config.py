@@ -1,0 +1,45 @@
+"""What the downstream adapters need to know about the model's input side.
+
+It is derived from the model's :class:`~vlp.models.PreprocessSpec` (:func:`data_config_for`)
+so that finetuning feeds a checkpoint exactly what it was pretrained on: the same location
+encoding, feature width and region selection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlp.datasets.data_config import PixelConfig, RegionConfig
+
+# PreprocessSpec.location_kind → the pipeline's LOCATION_FEATURES key
+LOCATION_OF_KIND = {"uniter7": "uniter", "imagebert5": "imagebert", "box4": "vlbert"}
+
+
+@dataclass(frozen=True)
+class DownstreamDataConfig:
+    world: str                                 # folder with manifest.json (vlp world)
+    visual: str = "regions"                    # "regions" | "pixels" (SOHO)
+    location: str = "uniter"                   # key of vlp.datasets.location.LOCATION_FEATURES
+    feature_dim: int = 0                       # D the model expects (0: take the shards')
+    tokenizer_path: str | None = None          # None = the packaged uncased vocab
+    max_text_len: int = 60                     # word pieces per text segment (UNITER: 60)
+    regions: RegionConfig = field(default_factory=RegionConfig)
+    pixels: PixelConfig = field(default_factory=PixelConfig)
+    image_feat: bool = False                   # VL-BERT's whole-image feature
+    image_source: str = "downstream"           # manifest source of the detected regions
+    gt_source: str = "downstream_gt"           # manifest source of ground-truth-box features
+
+
+def data_config_for(spec, world: str, **overrides) -> DownstreamDataConfig:
+    """The data side for a model's ``PreprocessSpec`` (``create_model(...).preprocess``)."""
+    visual = spec.input_kind
+    kw = dict(world=str(world), visual=visual, tokenizer_path=spec.vocab_file,
+              image_feat=spec.needs_image_feat,
+              max_text_len=min(60, spec.max_text_positions - 4))
+    if visual == "regions":
+        kw.update(location=LOCATION_OF_KIND[spec.location_kind],
+                  feature_dim=int(spec.region_feat_dim or 0))
+    else:
+        kw["pixels"] = PixelConfig(mean=tuple(spec.pixel_mean), std=tuple(spec.pixel_std))
+    kw.update(overrides)
+    return DownstreamDataConfig(**kw)

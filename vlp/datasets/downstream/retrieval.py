@@ -1,0 +1,88 @@
+"""Image–text retrieval (Flickr30K-style: 5 captions per image).
+
+Finetuning (UNITER): each training caption forms a group ``[positive, k image negatives,
+k text negatives]``: the caption with other images, and the image with other images'
+captions. With hard-negative mining the group carries ``candidates`` of each side instead
+and ``hard_keep = k``: the model scores the candidates without gradients and trains on the
+top k of each side (UNITER's on-the-fly variant of its sampled hard negatives).
+
+Evaluation scores every (text, image) pair of the split: :meth:`RetrievalData.pair_batch`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vlp.datasets.downstream import keys as D
+from vlp.datasets.downstream.base import TableData
+from vlp.datasets.downstream.errors import DownstreamDataError
+from vlp.datasets.downstream.text import text_batch
+
+
+class RetrievalData(TableData):
+    task = "retrieval"
+
+    def __init__(self, cfg, split: str, negatives: int = 1, hard_candidates: int = 0):
+        super().__init__(cfg, split)
+        self.captions = self.texts("caption")
+        ids = self.column("image_id")
+        self.rows = self.image_rows("image_id")
+        # the split's images in first-seen order: the gallery and the columns of the scores
+        self.image_ids = list(dict.fromkeys(ids))
+        self.gallery = self.images.rows(self.image_ids, table=self.path)
+        column = {i: k for k, i in enumerate(self.image_ids)}
+        self.text_to_image = np.array([column[i] for i in ids], np.int64)
+        if len(self.image_ids) < 2:
+            raise DownstreamDataError(f"{self.path}: retrieval needs at least 2 images")
+        self.negatives = negatives
+        self.hard_candidates = hard_candidates
+
+    # ---- finetuning -----------------------------------------------------------------------
+
+    def batch(self, idx: np.ndarray, rng: np.random.Generator | None = None
+              ) -> dict[str, torch.Tensor]:
+        """Groups of 1 + 2m rows (m = hard_candidates, else negatives) per caption in ``idx``."""
+        rng = rng if rng is not None else np.random.default_rng(0)
+        idx = np.asarray(idx, np.int64)
+        m = self.hard_candidates or self.negatives
+        own = self.text_to_image[idx]                                   # gallery columns
+        neg_img = _others(own, len(self.image_ids), m, rng)             # [B, m] columns
+        # captions of other images: draw an image ≠ own, then one of its captions
+        neg_txt_img = _others(own, len(self.image_ids), m, rng)
+        neg_txt = self._caption_of(neg_txt_img, rng)                    # [B, m] caption rows
+        B, G = len(idx), 1 + 2 * m
+        text_rows = np.concatenate([idx[:, None], np.repeat(idx[:, None], m, 1), neg_txt], 1)
+        image_cols = np.concatenate([own[:, None], neg_img, np.repeat(own[:, None], m, 1)], 1)
+        text = text_batch(self.tok, [(self.captions, text_rows.reshape(-1), 0)])
+        visual = self.images.visual_arrays(self.gallery[image_cols.reshape(-1)])
+        return self.assemble(text, visual, B, {
+            D.GROUP_SIZE: G, D.IMAGE_NEGATIVES: m, D.TEXT_NEGATIVES: m,
+            D.HARD_KEEP: self.negatives if self.hard_candidates else 0,
+            D.EXAMPLE_INDEX: idx})
+
+    def _caption_of(self, image_cols: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if not hasattr(self, "_by_image"):
+            order = np.argsort(self.text_to_image, kind="stable")
+            counts = np.bincount(self.text_to_image, minlength=len(self.image_ids))
+            self._by_image = (order, np.concatenate([[0], np.cumsum(counts)]))
+        order, start = self._by_image
+        n = start[image_cols + 1] - start[image_cols]
+        pick = start[image_cols] + (rng.random(image_cols.shape) * n).astype(np.int64)
+        return order[pick]
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def pair_batch(self, text_idx: np.ndarray, image_cols: np.ndarray
+                   ) -> dict[str, torch.Tensor]:
+        """Rows (text_idx[j], image image_cols[j]) to score; no labels."""
+        text_idx, image_cols = np.asarray(text_idx, np.int64), np.asarray(image_cols, np.int64)
+        text = text_batch(self.tok, [(self.captions, text_idx, 0)])
+        visual = self.images.visual_arrays(self.gallery[image_cols])
+        return self.assemble(text, visual, len(text_idx), {})
+
+
+def _others(own: np.ndarray, n: int, m: int, rng: np.random.Generator) -> np.ndarray:
+    """[B, m] columns drawn uniformly among the n - 1 that differ from ``own``."""
+    draw = rng.integers(0, n - 1, size=(len(own), m))
+    return draw + (draw >= own[:, None])
