@@ -16,7 +16,7 @@ from vlp.datasets.data_config import DataConfig, PixelConfig, RegionConfig, Sour
 from vlp.datasets.data_plan import plan_data
 from vlp.datasets.image_block import image_key
 from vlp.datasets.local_stream import local_batches, local_blocks
-from vlp.datasets.location import LOCATION_FEATURES
+from vlp.datasets.location import LOCATION_FEATURES, location_kind
 from vlp.datasets.regions import select_regions
 from vlp.datasets.text_tokenizer import load_tokenizer
 
@@ -64,13 +64,13 @@ def test_region_selection_rules():
 def test_location_features():
     boxes = np.array([[10, 20, 60, 120]], np.float32)
     w, h = np.array([100]), np.array([200])
-    uni = LOCATION_FEATURES["uniter"].fn(boxes, w, h)[0]
+    uni = LOCATION_FEATURES["uniter7"].fn(boxes, w, h)[0]
     assert np.allclose(uni, [0.1, 0.1, 0.6, 0.6, 0.5, 0.5, 0.25])
-    ib = LOCATION_FEATURES["imagebert"].fn(boxes, w, h)[0]
+    ib = LOCATION_FEATURES["imagebert5"].fn(boxes, w, h)[0]
     assert np.allclose(ib, [0.1, 0.1, 0.6, 0.6, 50 * 100 / (100 * 200)])
-    vb = LOCATION_FEATURES["vlbert"].fn(boxes, w, h)[0]
+    vb = LOCATION_FEATURES["box4"].fn(boxes, w, h)[0]
     assert np.allclose(vb, [0.1, 0.1, 0.6, 0.6])
-    assert [LOCATION_FEATURES[k].width for k in ("uniter", "imagebert", "vlbert")] == [7, 5, 4]
+    assert [LOCATION_FEATURES[k].width for k in ("uniter7", "imagebert5", "box4")] == [7, 5, 4]
 
 
 # ---- batches -------------------------------------------------------------------------------
@@ -92,12 +92,12 @@ TASK_KEYS = {"mlm": {K.MLM_LABELS}, "itm": {K.ITM_LABELS},
                             K.IMAGE_FEAT}}
 
 
-@pytest.mark.parametrize("location", ["uniter", "imagebert", "vlbert"])
+@pytest.mark.parametrize("location", ["uniter7", "imagebert", "vlbert"])   # names or aliases
 def test_batches_follow_the_contract(world, location):
     cfg = config(world, location=location, image_feat=location == "vlbert")
     plan = plan_data(cfg, ALL_REGION_TASKS)
     src = local_batches(plan)
-    L = LOCATION_FEATURES[location].width
+    L = LOCATION_FEATURES[location_kind(location)].width
     for task in list(ALL_REGION_TASKS) * 2:
         b = src.next(task)
         base = {K.INPUT_IDS, K.TEXT_MASK, K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK,

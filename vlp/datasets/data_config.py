@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Mapping
 
-from vlp.datasets.location import LOCATION_FEATURES
+from vlp.datasets.location import LOCATION_ALIASES, LOCATION_FEATURES, location_kind
 
 
 class DataConfigError(ValueError):
@@ -78,7 +78,8 @@ class DataConfig:
     max_text_len: int = 60            # word pieces, without [CLS]/[SEP]
     overlong: Literal["drop", "truncate"] = "drop"   # UNITER drops captions over 60 tokens
     regions: RegionConfig = field(default_factory=RegionConfig)
-    location: str = "uniter"          # a key of LOCATION_FEATURES (7-d / 5-d / 4-d)
+    location: str = "uniter7"         # uniter7 / imagebert5 / box4 (VL-BERT), or the family
+                                      # aliases uniter / imagebert / vlbert
     image_feat: bool = False          # emit the whole-image feature (VL-BERT)
     visual: Literal["regions", "pixels"] = "regions"   # pixels = SOHO's end-to-end input
     masking: Literal["conditional", "joint"] = "conditional"
@@ -92,6 +93,8 @@ class DataConfig:
     pixels: PixelConfig = field(default_factory=PixelConfig)
 
     def __post_init__(self):
+        if isinstance(self.location, str):
+            object.__setattr__(self, "location", location_kind(self.location))
         problems = list(self.validate())
         if problems:
             raise DataConfigError(problems)
@@ -127,7 +130,7 @@ class DataConfig:
         yield from _prefixed("regions", _validate_regions(self.regions))
         if self.location not in LOCATION_FEATURES:
             yield "location", (f"unknown location kind {self.location!r}; known: "
-                               f"{', '.join(LOCATION_FEATURES)}")
+                               f"{', '.join([*LOCATION_FEATURES, *LOCATION_ALIASES])}")
         if self.visual not in ("regions", "pixels"):
             yield "visual", f"expected 'regions' or 'pixels', got {self.visual!r}"
         if self.masking not in ("conditional", "joint"):
@@ -166,6 +169,28 @@ class DataConfig:
         return "max_text_len + [CLS]/[SEP] + the most regions per image"
 
     # ---- construction from / flattening to plain data -----------------------------------
+
+    @classmethod
+    def for_model(cls, preprocess: Any, sources: tuple[SourceConfig, ...], **overrides: Any
+                  ) -> "DataConfig":
+        """The config that feeds a model built by ``vlp.models.create_model``: its
+        ``PreprocessSpec`` decides the visual input, location encoding, whole-image feature,
+        vocabulary, text length and image sizes; ``overrides`` set any other field."""
+        kw: dict[str, Any] = dict(
+            visual=preprocess.input_kind,
+            image_feat=bool(getattr(preprocess, "needs_image_feat", False)),
+            tokenizer_path=getattr(preprocess, "vocab_file", None),
+            max_text_len=min(60, int(preprocess.max_text_positions) - 2))
+        if preprocess.location_kind:
+            kw["location"] = preprocess.location_kind
+        if preprocess.input_kind == "pixels" and preprocess.image_min_side:
+            px = {"shorter_side": preprocess.image_min_side,
+                  "longer_max": preprocess.image_max_side or preprocess.image_min_side}
+            if preprocess.pixel_mean:
+                px.update(mean=tuple(preprocess.pixel_mean), std=tuple(preprocess.pixel_std))
+            kw["pixels"] = dataclasses.replace(overrides.pop("pixels", PixelConfig()), **px)
+        kw.update(overrides)
+        return cls(sources=tuple(sources), **kw)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "DataConfig":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -74,9 +74,12 @@ class DataPlan:
         return "; ".join(lines)
 
 
-def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str]) -> DataPlan:
+def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
+              model: Any = None) -> DataPlan:
     """Check config + tasks against the shards' footers and count examples per source.
-    Raises ``DataConfigError`` (naming the key) before any row is read."""
+    With ``model`` (a ``PreprocessSpec`` of ``vlp.models.create_model``) the shards' feature
+    width and class count must match the model's. Raises ``DataConfigError`` (naming the key)
+    before any row is read."""
     mix = tasks if isinstance(tasks, Mapping) else {t: 1.0 for t in tasks}
     mix = validate_mix(mix, MASKING_POLICIES)
     active = [t for t, r in mix.items() if r > 0]
@@ -116,6 +119,8 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str]) ->
     if needs_soft and len(classes) > 1:
         problems.append(("sources", "sources disagree on the detector class count: " +
                          ", ".join(f"{n}: {c}" for n, (_, c) in dims.items())))
+    if model is not None and config.visual == "regions":
+        problems += _model_problems(model, found, classes, needs_soft)
     if problems:
         raise DataConfigError(problems)
 
@@ -129,6 +134,21 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str]) ->
                     needs_soft_labels=needs_soft)
     log.info("data plan: %s", plan.summary())
     return plan
+
+
+def _model_problems(model: Any, dims: set, classes: set, needs_soft: bool
+                    ) -> list[tuple[str, str]]:
+    out = []
+    want_d = getattr(model, "region_feat_dim", None)
+    if want_d and dims and dims != {want_d}:
+        out.append(("sources", f"the shards' region features are {sorted(dims)}-d, the model "
+                               f"{getattr(model, 'family', '')} expects {want_d}-d "
+                               f"(create_model(region_feat_dim=...))"))
+    want_c = getattr(model, "num_classes", None)
+    if needs_soft and want_c and classes and classes != {want_c}:
+        out.append(("sources", f"the shards' detector has {sorted(classes)} classes, the "
+                               f"model expects {want_c} (create_model(num_classes=...))"))
+    return out
 
 
 def _check_footers(name: str, files: list[Path], config: DataConfig, needs_soft: bool,

@@ -43,8 +43,15 @@ def vlbert_location(boxes, w, h) -> np.ndarray:
     return _normalised(boxes, w, h)
 
 
+# names as in the models' PreprocessSpec.location_kind
 LOCATION_FEATURES: dict[str, LocationFeature] = {
-    "uniter": LocationFeature(7, uniter_location),
-    "imagebert": LocationFeature(5, imagebert_location),
-    "vlbert": LocationFeature(4, vlbert_location),
+    "uniter7": LocationFeature(7, uniter_location),
+    "imagebert5": LocationFeature(5, imagebert_location),
+    "box4": LocationFeature(4, vlbert_location),
 }
+LOCATION_ALIASES = {"uniter": "uniter7", "imagebert": "imagebert5", "vlbert": "box4"}
+
+
+def location_kind(name: str) -> str:
+    """The registry name for ``name`` or its family alias (unknown names pass through)."""
+    return LOCATION_ALIASES.get(name, name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from vlp.datasets.masking.registry import (MASKING_POLICIES, MaskContext, MaskingPolicy,
                                            apply_masking, get_policy, register_policy)
-from vlp.datasets.masking import mlm, mrm, moc, mrc_vlbert, mvm, itm  # noqa: F401  (register)
+from vlp.datasets.masking import itm, mlm, moc, mrc_vlbert, mrm, mvm, wra  # noqa: F401  (register)
 
 __all__ = ["MASKING_POLICIES", "MaskContext", "MaskingPolicy", "apply_masking", "get_policy",
            "register_policy"]
