@@ -47,9 +47,11 @@ class ImageBertEmbedder(nn.Module):
         loc = require(batch, bs.REGION_LOC, who).to(dtype)
         check_last_dim(loc, bs.REGION_LOC, self.location_width, who)
         regions = self.LayerNorm(self.img_linear(feats) + self.pos_linear(loc)
-                                 + text.token_type(1) + self.visual_position)
+                                 + text.token_types(batch.get(bs.REGION_TYPE_IDS), 1)
+                                 + self.visual_position)
         return EmbeddedInputs(
-            text=text(require(batch, bs.INPUT_IDS, who), token_type=0),
+            text=text(require(batch, bs.INPUT_IDS, who),
+                      token_type=batch.get(bs.TEXT_TYPE_IDS, 0)),
             text_mask=require(batch, bs.TEXT_MASK, who).bool(),
             visual=self.dropout(regions),
             visual_mask=require(batch, bs.REGION_MASK, who).bool(),

@@ -18,7 +18,7 @@ from torch import nn
 
 from vlp.datasets import batch_spec as bs
 
-from ..batch_access import require
+from ..batch_access import BatchError, require
 from ..config import SohoVisualConfig, TransformerConfig
 from ..vision.position_2d import sine_position_2d
 from ..vision.resnet import ResNet
@@ -74,6 +74,9 @@ class SohoEmbedder(nn.Module):
     def forward(self, batch: Mapping[str, torch.Tensor], text: TextEmbeddings,
                 visual_masking: bool = False) -> EmbeddedInputs:
         who = "SOHO embeddings"
+        if bs.REGION_TYPE_IDS in batch:  # grid cells are embedded per image, before the gather
+            raise BatchError(f"{who}: per-token visual types ({bs.REGION_TYPE_IDS!r}) are not "
+                             "supported (one image per example; NLVR2 needs the pair variants)")
         pixels = require(batch, bs.PIXELS, who).to(self.proj.weight.dtype)
         image_index = require(batch, bs.IMAGE_INDEX, who).long()
         grid, valid, (h, w) = self.encode_images(pixels, batch.get(bs.PIXEL_MASK))
@@ -90,7 +93,8 @@ class SohoEmbedder(nn.Module):
                                 + text.token_type(1))
         tokens = self.dropout(tokens)[image_index]
         return EmbeddedInputs(
-            text=text(require(batch, bs.INPUT_IDS, who), token_type=0),
+            text=text(require(batch, bs.INPUT_IDS, who),
+                      token_type=batch.get(bs.TEXT_TYPE_IDS, 0)),
             text_mask=require(batch, bs.TEXT_MASK, who).bool(),
             visual=tokens,
             visual_mask=valid[image_index],

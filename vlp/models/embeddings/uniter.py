@@ -51,10 +51,10 @@ class UniterEmbedder(nn.Module):
             feats = feats + zeroed.unsqueeze(-1).to(feats.dtype) * self.mask_embedding.weight[1]
         regions = self.LayerNorm(self.img_layer_norm(self.img_linear(feats))
                                  + self.pos_layer_norm(self.pos_linear(loc))
-                                 + text.token_type(1))
+                                 + text.token_types(batch.get(bs.REGION_TYPE_IDS), 1))
         ids = require(batch, bs.INPUT_IDS, who)
         return EmbeddedInputs(
-            text=text(ids, token_type=0),
+            text=text(ids, token_type=batch.get(bs.TEXT_TYPE_IDS, 0)),
             text_mask=require(batch, bs.TEXT_MASK, who).bool(),
             visual=self.dropout(regions),
             visual_mask=require(batch, bs.REGION_MASK, who).bool(),

@@ -83,14 +83,15 @@ class VLBertEmbedder(nn.Module):
         text_len = text_mask.sum(1)
         position = text.position_embeddings
         segment = text.token_type(SEGMENT_IMAGE)
-        regions = (self.img_token + roi + segment
+        region_segment = text.token_types(batch.get(bs.REGION_TYPE_IDS), SEGMENT_IMAGE)
+        regions = (self.img_token + roi + region_segment
                    + position(text_len).unsqueeze(1))
         end = self.end_token + whole + segment + position(text_len + 1)
         # VL-BERT sums all four embeddings then applies BERT's one embedding LayerNorm
         visual = text.LayerNorm(torch.cat([regions, end.unsqueeze(1)], dim=1))
         end_mask = torch.ones_like(region_mask[:, :1])
         return EmbeddedInputs(
-            text=text(ids, token_type=0, extra=whole.unsqueeze(1)),
+            text=text(ids, token_type=batch.get(bs.TEXT_TYPE_IDS, 0), extra=whole.unsqueeze(1)),
             text_mask=text_mask,
             visual=self.dropout(visual),
             visual_mask=torch.cat([region_mask, end_mask], dim=1),
