@@ -93,3 +93,7 @@ class Components(Protocol):
     def build_task_sampler(self, mix: dict[str, float], seed: int) -> TaskSampler:
         """A sampler over ``mix`` (task → ratio), seeded with ``seed``."""
         ...
+
+    # Optional: ``after_training(cfg, model, worker) -> Any`` is called on every rank once
+    # the last step is done (finetuning evaluates the benchmark there, sharded over the
+    # ranks); rank 0's return value is the loop's ``return_value["after_training"]``.

@@ -135,6 +135,7 @@ class _Worker:
                 self.tracker.flush_quietly()
             raise
         completed = state.step >= self.total
+        after = self._after_training() if completed else None
         if self.tracker:
             self.tracker.close(completed, state)
         return {"history": list(self.history), "start_step": start_step,
@@ -142,7 +143,14 @@ class _Worker:
                 "examples_seen": state.examples_seen, "input_units_seen": state.input_units_seen,
                 "skipped_batches": state.skipped_batches, "mlflow_run_id": state.mlflow_run_id,
                 "checkpoint_dir_name": _checkpoint_dir_name(state.step),
-                "parameters": self.n_params}
+                "parameters": self.n_params, "after_training": after}
+
+    def _after_training(self) -> Any:
+        """The optional ``Components.after_training`` hook, on every rank (finetuning
+        evaluates there: queries sharded over the workers, gathered on rank 0); rank 0's
+        result reaches the driver in the return value."""
+        hook = getattr(self.components, "after_training", None)
+        return None if hook is None else hook(self.cfg, self.engine.module, self.info)
 
     def _optimizer_step(self, state: TrainerState) -> dict[str, Any]:
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
