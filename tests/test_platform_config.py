@@ -121,9 +121,14 @@ def test_stages_are_checked_against_sources_tasks_and_steps():
     assert "never decay" in problems("optimizer.warmup_steps=100")["optimizer.warmup_steps"]
 
 
-def test_model_init_path_rules():
-    assert "required" in problems("model.init=checkpoint")["model.init_path"]
-    assert load("model.init=checkpoint", "model.init_path=/ckpt").model.init_path == "/ckpt"
+def test_model_init_and_family_registry_hook():
+    assert "required" in problems("model.init=uniter")["model.init_path"]
+    cfg = load("model.init=uniter", "model.init_path=/ckpt/uniter-base.pt")
+    assert cfg.model.init_spec() == "uniter:/ckpt/uniter-base.pt"
+    assert load("model.init=minilm").model.init_spec() == "minilm"
+    assert "only used with" in problems("model.init_path=/x")["model.init_path"]
+    p = problems("model.family=uniter-tiyn", families=["uniter-tiny", "uniter-base"])
+    assert "did you mean 'uniter-tiny'?" in p["model.family"]
 
 
 def test_flatten_for_mlflow_params_never_holds_secrets():

@@ -102,6 +102,40 @@ ENGINE_SCRIPT = textwrap.dedent("""
                                           "calls": per_rank["batch_source"]["calls"],
                                           "optimizer_steps": engine.global_steps}
         engine.destroy()
+
+    # the loop's non-finite policy on a real engine: raise, or skip up to a limit
+    from vlp.platform.train_loop import _Worker
+    from vlp.platform.protocols import WorkerInfo
+    from vlp.platform.toy import ToyTaskSampler
+
+    class AlwaysNaN(ToyBatchSource):
+        def next(self, task):
+            b = super().next(task)
+            b["x"][0, 0] = float("nan")
+            return b
+
+    for policy, source in (("raise", ToyBatchSource(16, 0, 0, 0, nan_at_call=2)),
+                           ("skip", ToyBatchSource(16, 0, 0, 0, nan_at_call=2)),
+                           ("skip", AlwaysNaN(16, 0, 0, 0))):
+        cfg = load_experiment_config(data={
+            "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
+            "train": {"steps": 6, "on_nonfinite": policy, "max_nonfinite_skips": 3},
+            "optimizer": {"warmup_steps": 2}})
+        w = object.__new__(_Worker)
+        w.cfg, w.rank, w.world, w.dtype, w.task_ids = cfg, 0, 1, torch.float32, {"mlm": 0}
+        w.info = WorkerInfo(0, 1, 0, torch.device("cpu"), 0)
+        w.engine = build_engine(ToyModel(["mlm"]), cfg, stage_steps=6, world_size=1)
+        w.sampler, w.source = ToyTaskSampler({"mlm": 1}, 0), source
+        state = checkpointing.TrainerState(world_size=1)
+        try:
+            records = [w._optimizer_step(state) for _ in range(3)]
+            out[f"nonfinite-{policy}-{type(source).__name__}"] = {
+                "steps": state.step, "skipped": state.skipped_batches,
+                "optimizer_steps": w.engine.global_steps,
+                "finite": all(r["loss"] == r["loss"] for r in records)}
+        except FloatingPointError as e:
+            out[f"nonfinite-{policy}-{type(source).__name__}"] = {"error": str(e)}
+        w.engine.destroy()
     print("RESULT" + json.dumps(out))
 """)
 
@@ -109,7 +143,9 @@ ENGINE_SCRIPT = textwrap.dedent("""
 @pytest.mark.integration
 def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
     """fp32/ZeRO-0, bf16/ZeRO-1 with accumulation, bf16/ZeRO-2, torch-fused AdamW: each runs
-    6 optimizer steps, follows the schedule, and saves + loads a checkpoint."""
+    6 optimizer steps, follows the schedule, and saves + loads a checkpoint. Then the loop's
+    non-finite policy: raise names the step and task; skip drops the batch (no optimizer
+    step for it) and gives up after max_nonfinite_skips in a row."""
     import socket
 
     with socket.socket() as s:
@@ -122,6 +158,13 @@ def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    err = out.pop("nonfinite-raise-ToyBatchSource")["error"]
+    assert "non-finite loss at step 2" in err and "task 'mlm'" in err
+    assert "train.on_nonfinite=skip" in err
+    assert out.pop("nonfinite-skip-ToyBatchSource") == {"steps": 3, "skipped": 1,
+                                                        "optimizer_steps": 3, "finite": True}
+    err = out.pop("nonfinite-skip-AlwaysNaN")["error"]
+    assert "4 non-finite batches dropped in this step" in err and "max_nonfinite_skips=3" in err
     for name, r in out.items():
         gas = int(name.split("-")[2])
         assert len(r["losses"]) == 6 * gas and all(l == l for l in r["losses"]), name

@@ -103,7 +103,8 @@ def test_two_workers_zero2_two_stages_losses_fall_and_mlflow_holds_the_run(strai
     assert int(p["derived.global_batch_examples_step1"]) == h[0]["global_batch_examples"]
     logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "loss")}
     assert logged == pytest.approx(losses_by_step(h))
-    for key in ("lr", "examples_per_s", "input_units_per_s", "mlm_loss", "mrfr_loss"):
+    for key in ("lr", "examples_per_s", "input_units_per_s", "mlm_loss", "mrfr_loss",
+                "mlm_acc", "global_batch_examples"):
         assert client.get_metric_history(run.info.run_id, key), key
     artifacts = {a.path for d in ("config", "plots", "checkpoint")
                  for a in client.list_artifacts(run.info.run_id, d)}

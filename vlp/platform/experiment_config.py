@@ -46,16 +46,21 @@ class RunSection:
 @dataclass
 class ModelSection:
     family: str = "uniter-tiny"     # a name in the model-family registry
-    init: Literal["random", "text", "checkpoint"] = "random"
-    init_path: str = ""             # required with init: checkpoint
+    # random | minilm (packaged MiniLM text weights) | bert, uniter (weights at init_path)
+    init: Literal["random", "minilm", "bert", "uniter"] = "random"
+    init_path: str = ""
 
     def validate(self):
         if not self.family:
             yield "family", "expected a model family name, got ''"
-        if self.init == "checkpoint" and not self.init_path:
-            yield "init_path", "required when model.init is 'checkpoint'"
-        if self.init != "checkpoint" and self.init_path:
-            yield "init_path", f"only used with model.init: checkpoint (init is {self.init!r})"
+        if self.init in ("bert", "uniter") and not self.init_path:
+            yield "init_path", f"required when model.init is {self.init!r}"
+        if self.init not in ("bert", "uniter") and self.init_path:
+            yield "init_path", f"only used with model.init bert or uniter (init is {self.init!r})"
+
+    def init_spec(self) -> str:
+        """The ``init`` argument of ``vlp.models.create_model``."""
+        return f"{self.init}:{self.init_path}" if self.init_path else self.init
 
 
 @dataclass
@@ -112,7 +117,7 @@ class TrainSection:
     zero_stage: Literal[0, 1, 2] = 2
     log_every: int = bounded(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
-    max_nonfinite_skips: int = bounded(10, gt=0)       # consecutive skips before raising
+    max_nonfinite_skips: int = bounded(10, gt=0)       # dropped batches per step, then raise
     stop_after: int = bounded(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
     extensions_dir: str = ""              # TORCH_EXTENSIONS_DIR for DeepSpeed's JIT ops
 
@@ -236,12 +241,31 @@ def check_task_names(cfg: ExperimentConfig, task_names: Iterable[str]) -> list[t
     return problems
 
 
+def check_family(cfg: ExperimentConfig, families: Iterable[str]) -> list[tuple[str, str]]:
+    import difflib
+
+    known = list(families)
+    if cfg.model.family in known:
+        return []
+    close = difflib.get_close_matches(cfg.model.family, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return [("model.family", f"unknown model family {cfg.model.family!r}; known: "
+                             f"{', '.join(known)}{hint}")]
+
+
 def load_experiment_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
                            data: dict | None = None,
-                           task_names: Iterable[str] | None = None) -> ExperimentConfig:
-    """Load, override and validate. Raises ``ConfigError`` naming every bad key."""
+                           task_names: Iterable[str] | None = None,
+                           families: Iterable[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate. Raises ``ConfigError`` naming every bad key.
+
+    ``task_names`` / ``families``: the registries to check against (``list(vlp.models.TASKS)``,
+    ``vlp.models.list_families()``); the paper tasks and no family check by default, so that
+    loading a config does not import the model zoo."""
     cfg = load_config(ExperimentConfig, path, overrides, data=data)
     problems = check_task_names(cfg, PAPER_TASKS if task_names is None else task_names)
+    if families is not None:
+        problems += check_family(cfg, families)
     if problems:
         raise ConfigError(problems)
     return cfg

@@ -18,7 +18,7 @@ from vlp.platform.experiment_config import ExperimentConfig
 from vlp.platform.tracking import MlflowRun, loss_curve_figure
 
 _MAX_PENDING_ROWS = 100_000
-_STEP_KEYS = ("global_batch_examples", "global_batch_input_units", "lr")
+_NOT_METRICS = ("step", "stage", "tasks")
 
 
 class RankZeroTracker:
@@ -62,7 +62,7 @@ class RankZeroTracker:
         if not self.run:
             return
         row = {k: float(v) for k, v in record.items()
-               if (k.endswith("loss") or k in _STEP_KEYS) and isinstance(v, (int, float))}
+               if k not in _NOT_METRICS and isinstance(v, (int, float))}
         self.pending.append((record["step"], row))
         del self.pending[:-_MAX_PENDING_ROWS]
 

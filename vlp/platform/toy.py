@@ -41,9 +41,10 @@ class ToyModel(nn.Module):
         out = self.heads[task](h)
         if task in REGRESSION_TASKS:
             loss = nn.functional.mse_loss(out.float(), batch["y_reg"].float())
-        else:
-            loss = nn.functional.cross_entropy(out.float(), batch["y_cls"])
-        return {"loss": loss, f"{task}_loss": loss}
+            return {"loss": loss, f"{task}_loss": loss}
+        loss = nn.functional.cross_entropy(out.float(), batch["y_cls"])
+        acc = (out.argmax(-1) == batch["y_cls"]).float().mean()
+        return {"loss": loss, f"{task}_loss": loss, f"{task}_acc": acc}
 
 
 class ToyTaskSampler:

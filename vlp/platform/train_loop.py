@@ -30,6 +30,9 @@ from vlp.platform.run_tracking import RankZeroTracker
 
 HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
 NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/datasets/batch_spec.py
+# per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
+BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
+                         "global_batch_input_units"})
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -112,11 +115,15 @@ class _Worker:
     # ---- the loop -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
         state = self._setup()
+        t1 = time.perf_counter()
         start_step = state.step
         if self.tracker:
             state.mlflow_run_id = self.tracker.open(state.mlflow_run_id, fresh=state.step == 0)
             self._announce(fresh=state.step == 0)
+        self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
+                  f"{time.perf_counter() - t1:.1f} s")
         window = _Window()
         try:
             while state.step < self.stop_at:
@@ -173,8 +180,9 @@ class _Worker:
                     raise FloatingPointError(msg + "; set train.on_nonfinite=skip to drop such "
                                                    "batches")
                 if skips > cfg.max_nonfinite_skips:
-                    raise FloatingPointError(f"{msg}; {skips} non-finite batches in a row "
-                                             f"(train.max_nonfinite_skips={cfg.max_nonfinite_skips})")
+                    raise FloatingPointError(f"{msg}; {skips} non-finite batches dropped in this "
+                                             f"step (train.max_nonfinite_skips="
+                                             f"{cfg.max_nonfinite_skips})")
                 self._say(msg + ": batch dropped on every rank")
                 continue
             self.engine.backward(out["loss"])
@@ -209,13 +217,15 @@ class _Worker:
     def _agree(self, task: str, out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor],
                state: TrainerState) -> tuple[bool, dict[str, float], int, int]:
         """One all-reduce: non-finite count, task-draw agreement, examples, input units; a
-        second for the global mean of each loss when all are finite."""
+        second for the global mean of each model output when every loss is finite. Only the
+        ``*loss`` entries decide finiteness (an accuracy may be NaN on an empty batch)."""
         if "loss" not in out:
             raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
                            "entry (the total) is required")
         keys = sorted(out)
         vals = torch.stack([out[k].detach().float().reshape(()) for k in keys])
-        finite = bool(torch.isfinite(vals).all())
+        is_loss = torch.tensor([k.endswith("loss") for k in keys], device=vals.device)
+        finite = bool(torch.isfinite(vals[is_loss]).all())
         idx = float(self.task_ids[task])
         n_ex = int(batch[NUM_EXAMPLES]) if NUM_EXAMPLES in batch else _leading_dim(batch)
         n_units = int(batch[INPUT_UNITS]) if INPUT_UNITS in batch else 0
@@ -225,10 +235,11 @@ class _Worker:
         if head[1] ** 2 != self.world * head[2] or head[5] != self.world * len(keys):
             raise RuntimeError(
                 f"ranks disagree at step {state.step + 1}: rank {self.rank} drew task {task!r} "
-                f"with losses {keys}, others differ. The task sampler must be seeded "
+                f"with outputs {keys}, others differ. The task sampler must be seeded "
                 "identically on every rank")
         if head[0] > 0:
             return False, {}, 0, 0
+        vals = torch.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0)
         dist.all_reduce(vals)
         vals /= self.world
         return True, dict(zip(keys, vals.tolist())), int(head[3]), int(head[4])
@@ -321,7 +332,7 @@ class _Window:
         self.examples += record["global_batch_examples"]
         self.units += record["global_batch_input_units"]
         for k, v in record.items():
-            if k.endswith("loss") and isinstance(v, float) and math.isfinite(v):
+            if k not in BOOKKEEPING and isinstance(v, float) and math.isfinite(v):
                 self.sums[k] += v
                 self.counts[k] += 1
 
