@@ -12,7 +12,10 @@ weighted mean step time — ``--mix-cycles N`` measures it). On CUDA it also run
 and reports MFU against the GPU's dense bf16 peak. On CPU, peak memory is the process's peak
 RSS sampled during the task (weights included); on CUDA, ``max_memory_allocated``.
 
-Prints a settings block, then one figure per line: ``<task>/<dtype>/<metric> <value>``.
+Prints a settings block, then one figure per line: ``<task>/<dtype>/<metric> <value>``. On
+CPU it adds the process CPU time per step: on a shared machine, wall time includes waiting
+for cores that other jobs hold, CPU time does not (divide by the thread count for a
+contention-free wall-time estimate).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from vlp.models.example_batch import example_batch  # noqa: E402
 
 MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}  # UNITER in-domain mix
 MIX_CYCLE = ("itm", "mlm", "mrfr", "itm", "mlm", "mrc-kl")
+CPU_SECONDS = 0.0  # process CPU time of the last run_steps: on a shared CPU machine this is
+                   # the contention-free cost, wall time also counts waiting for cores
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
                    "L4": 121e12, "A10": 125e12}  # dense, no sparsity
 
@@ -74,6 +79,8 @@ def run_steps(model, batches, tasks, device, dtype) -> float:
     """Seconds for forward+backward of ``tasks`` in order (each with its own batch)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
+    global CPU_SECONDS
+    cpu_start = time.process_time()
     start = time.perf_counter()
     for task in tasks:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
@@ -82,6 +89,7 @@ def run_steps(model, batches, tasks, device, dtype) -> float:
         model.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    CPU_SECONDS = time.process_time() - cpu_start
     return time.perf_counter() - start
 
 
@@ -158,6 +166,8 @@ def main() -> int:
             step = steps[task] = seconds / iters
             memories[task] = memory
             print(f"{task}/{dtype}/step_ms {step * 1e3:.1f}")
+            if not cuda:
+                print(f"{task}/{dtype}/cpu_time_ms_per_step {CPU_SECONDS / iters * 1e3:.1f}")
             print(f"{task}/{dtype}/examples_per_s {args.batch / step:.2f}")
             print(f"{task}/{dtype}/input_units_per_s {units / step:.0f}")
             print(f"{task}/{dtype}/peak_mem_MiB {memory:.0f}")
