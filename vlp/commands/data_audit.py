@@ -37,8 +37,10 @@ def register(sub) -> None:
                         ", e.g. --split-role vqa/extra=train")
     p.add_argument("--exclude-leaks", action="store_true",
                    help="UNITER A.1: write --out, a copy of DIR whose pretraining sources hold "
-                        "no evaluation image (leaking shards rewritten without those rows, "
-                        "everything else hard-linked); lists what was removed per source in "
+                        "no evaluation image: a leaking row a task table names loses its "
+                        "captions (pretraining reads image-caption pairs; the task keeps its "
+                        "features), any other leaking row is removed; everything else is "
+                        "hard-linked. Lists what was excluded per source in "
                         "OUT/meta/leak_exclusion.json")
     p.add_argument("--out", metavar="OUT",
                    help="with --exclude-leaks: the folder to write (DIR itself replaces DIR "
@@ -136,10 +138,11 @@ def format_report(report) -> str:
 def format_exclusion(exclusion) -> str:
     from tabulate import tabulate
 
-    rows = [(source, c["images_before"], c["images_removed"], c["pairs_removed"])
-            for source, c in sorted(exclusion.counts.items())]
+    rows = [(source, c["images_before"], c["images_removed"], c["images_uncaptioned"],
+             c["pairs_removed"]) for source, c in sorted(exclusion.counts.items())]
     out = ["", f"excluded evaluation images from pretraining → {exclusion.out}",
            tabulate(rows, headers=["source", "images before", "images removed",
+                                   "uncaptioned (a task table needs them)",
                                    "pairs removed"])]
     if exclusion.files_rewritten:
         out.append(f"rewrote {len(exclusion.files_rewritten)} shard(s); every other file is "

@@ -10,6 +10,10 @@ Evaluation images are the images of every task table whose split is an evaluatio
   ``in``/``out``) in a split pretraining reads (``pretrain_split``, the pipeline's
   ``DataConfig.split``, ``train`` by default). Any task's evaluation image counts: one
   pretrained checkpoint is finetuned on every benchmark. ``audit_exclude`` removes these.
+  A pretraining source can also be a task's image pool (COCO feeds pretraining and holds
+  VQA's and RefCOCO's images): a row a task table names is pretrained on through its
+  captions only (the pipeline reads image–caption pairs), so without captions it is no leak;
+  any other copy of an evaluation image in a pretraining source is one, captions or not.
 - ``finetuning``: the image is in a training table of the same benchmark, or a training row
   of the same pool's split scheme (``audit_tasks`` explains which tables share a context).
   One COCO image in VQA's train and RefCOCO+'s testA is not a leak: they are finetuned apart.
@@ -51,6 +55,7 @@ class Leak:
     source: str = ""         # the evaluation image's pool
     found_source: str = ""   # the source of the row it reappears as
     evaluated_in: list[str] = field(default_factory=list)
+    found_in_tasks: bool = False   # the reappearing row is an image a task table names
 
     def line(self) -> str:
         other = "" if self.found_id == self.image_id else f" as {self.found_id}"
@@ -146,6 +151,7 @@ class _TrainUse:
     pool: str
     row: int
     file: str
+    named: bool = False  # a task table points at this row
 
 
 def _collect_uses(pools: Mapping[str, SourceRows], tables: list[TableRefs],
@@ -153,6 +159,7 @@ def _collect_uses(pools: Mapping[str, SourceRows], tables: list[TableRefs],
                                                 list[_TrainUse]]:
     evals: dict[tuple[str, int], _EvalImage] = defaultdict(_EvalImage)
     train: list[_TrainUse] = []
+    named = {ref for t in tables for ref in t.refs}    # rows some task table points at
     for name, rows in pools.items():
         for r, sp in enumerate(rows.splits):
             if rows.domain == "downstream":   # a downstream corpus's own split scheme
@@ -161,9 +168,9 @@ def _collect_uses(pools: Mapping[str, SourceRows], tables: list[TableRefs],
                                            r, rows.files[r]))
                 else:
                     evals[(name, r)].uses.append((pool_context(name), sp, rows.where(r)))
-            elif pretrain_split in ("all", sp):
+            elif pretrain_split in ("all", sp) and (rows.captioned[r] or (name, r) not in named):
                 train.append(_TrainUse(PRETRAINING, None, rows.where(r), name, r,
-                                       rows.files[r]))
+                                       rows.files[r], (name, r) in named))
     for t in tables:
         if t.role is None:
             continue
@@ -210,7 +217,7 @@ def _find_leaks(pools: Mapping[str, SourceRows], evals: dict[tuple[str, int], _E
                 leak = found[key] = Leak(
                     pools[ident[0]].ids[ident[1]], uses[0][1], use.where, rows.ids[use.row],
                     use.file, [], use.kind, ident[0], use.pool,
-                    list(dict.fromkeys(u[2] for u in uses)))
+                    list(dict.fromkeys(u[2] for u in uses)), use.named)
             leak.matched_by += [k for k in keys if k not in leak.matched_by]
 
     # the same picture in two evaluation splits of one context

@@ -51,6 +51,7 @@ class SourceRows:
     files: list[str] = field(default_factory=list)        # relative shard path of each row
     features: list[str] = field(default_factory=list)     # sha1 of the fp16 feature bytes
     pixels: list[str | None] = field(default_factory=list)
+    captioned: list[bool] = field(default_factory=list)   # pretraining reads captioned rows
     row_of: dict[str, int] = field(default_factory=dict)  # image id → row (first occurrence)
 
     def keys(self, row: int) -> dict[str, str | None]:
@@ -97,12 +98,14 @@ def read_source(root: Path, name: str, domain: str, files: list[str], tok
                 if blob is not None:
                     soft = np.frombuffer(blob, "<f2").reshape(-1, shard.num_classes)
                     stats.class_hist.update(soft.argmax(1).tolist())
-        for iid, sp, f, p in zip(ids, split_col, table.column("features").to_pylist(),
-                                 table.column("pixels").to_pylist()):
+        captioned = table.column("captions").is_valid().to_pylist()
+        for iid, sp, f, p, c in zip(ids, split_col, table.column("features").to_pylist(),
+                                    table.column("pixels").to_pylist(), captioned):
             rows.row_of.setdefault(iid, len(rows.ids))
             rows.ids.append(iid)
             rows.splits.append(sp)
             rows.files.append(rel)
             rows.features.append(hashlib.sha1(f).hexdigest())
             rows.pixels.append(pixel_key(p))
+            rows.captioned.append(bool(c))
     return rows, stats
