@@ -142,7 +142,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.integration
 def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
-    """fp32/ZeRO-0, bf16/ZeRO-1 with accumulation, bf16/ZeRO-2, torch-fused AdamW: each runs
+    """fp32 and bf16 with ZeRO-0, bf16/ZeRO-1 with accumulation, bf16/ZeRO-2, torch-fused AdamW: each runs
     6 optimizer steps, follows the schedule, and saves + loads a checkpoint. Then the loop's
     non-finite policy: raise names the step and task; skip drops the batch (no optimizer
     step for it) and gives up after max_nonfinite_skips in a row."""
@@ -151,8 +151,8 @@ def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    combos = [["fp32", 0, 1, "auto"], ["bf16", 1, 2, "auto"], ["bf16", 2, 1, "auto"],
-              ["fp32", 2, 1, "torch-fused"]]
+    combos = [["fp32", 0, 1, "auto"], ["bf16", 0, 1, "auto"], ["bf16", 1, 2, "auto"],
+              ["bf16", 2, 1, "auto"], ["fp32", 2, 1, "torch-fused"]]
     proc = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(port), json.dumps(combos)],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ),
                           cwd=tmp_path)

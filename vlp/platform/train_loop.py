@@ -60,7 +60,9 @@ class _Worker:
         self.stage_ends = [sum(s.steps for s in self.plan[:i + 1]) for i in range(len(self.plan))]
         self.total = self.stage_ends[-1]
         self.stop_at = min(self.total, cfg.train.stop_after or self.total)
-        self.task_ids = {t: i for i, t in enumerate(sorted({t for s in self.plan for t in s.tasks}))}
+        # tasks with a positive ratio in some stage: the model's heads, and the ids that the
+        # cross-rank check compares
+        self.task_ids = {t: i for i, t in enumerate(cfg.all_tasks())}
         self.tracker = RankZeroTracker(loop_config["tracking"], cfg) if self.rank == 0 else None
         self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
         self.engine = self.sampler = self.source = None
