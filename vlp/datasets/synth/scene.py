@@ -177,16 +177,14 @@ def phrase(obj: SceneObject, attrs: tuple[str, ...] | list[str], noun: str | Non
 
 
 def unique_attrs(scene: Scene, i: int, rng: np.random.Generator,
-                 must: tuple[str, ...] = (), allowed: tuple[str, ...] = ATTRIBUTES
-                 ) -> tuple[str, ...] | None:
+                 allowed: tuple[str, ...] = ATTRIBUTES) -> tuple[str, ...] | None:
     """A smallest attribute set (from ``allowed``) that, with the noun, picks out object i
     alone (ties broken at random); None when identical twins make that impossible."""
     obj = scene.objects[i]
     order = [a for a in ATTRIBUTES if a in allowed]
     rng.shuffle(order)
     for k in range(len(order) + 1):
-        for combo in itertools.combinations(order, k):
-            attrs = tuple(dict.fromkeys(must + combo))
+        for attrs in itertools.combinations(order, k):
             desc = {a: obj.attr(a) for a in attrs} | {"noun": obj.noun}
             if scene.matching(desc) == [i]:
                 return attrs
