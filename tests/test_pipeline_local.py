@@ -110,7 +110,8 @@ def test_batches_follow_the_contract(world, location):
         N = b[K.REGION_FEATS].shape[1]
         assert b[K.REGION_FEATS].shape == (B, N, D) and b[K.REGION_LOC].shape == (B, N, L)
         assert int(b[K.NUM_EXAMPLES]) == B
-        assert int(b[K.INPUT_UNITS]) == B * (T + N) <= cfg.batch_units
+        packed = int((b[K.TEXT_MASK].sum(1) + b[K.REGION_MASK].sum(1)).max())
+        assert int(b[K.INPUT_UNITS]) == B * packed <= cfg.batch_units   # UNITER's unit
         assert (b[K.INPUT_IDS][:, 0] == 101).all()
         assert (b[K.TEXT_MASK].sum(1) <= cfg.max_text_len + 2).all()
         if task == "mrc-kl":
@@ -206,14 +207,17 @@ def test_bucketing_respects_budget_and_cuts_waste():
     rng = np.random.default_rng(0)
     T = rng.integers(8, 40, 4000)
     V = rng.integers(10, 60, 4000)
-    batches, tails = bucket_batches(T, V, 2000, rng)
+    batches, tails = bucket_batches(T, V, 2000, rng)              # packed rows (regions)
     assert not tails and sorted(np.concatenate(batches).tolist()) == list(range(4000))
     for b in batches:
-        assert len(b) * (T[b].max() + V[b].max()) <= 2000
+        assert len(b) * (T[b] + V[b]).max() <= 2000
     plain, _ = bucket_batches(T, V, 2000, rng, sort=False)
-    assert padding_waste(T, V, batches) < 0.08 < 0.3 < padding_waste(T, V, plain)
-    fixed, _ = bucket_batches(T, np.full(4000, 36), 2000, rng)   # fixed 36 regions
-    assert padding_waste(T, np.full(4000, 36), fixed) < 0.02
+    assert padding_waste(T, V, batches) < 0.03 < 0.2 < padding_waste(T, V, plain)
+    sep, _ = bucket_batches(T, V, 2000, rng, packed=False)       # separate padding (pixels)
+    for b in sep:
+        assert len(b) * (T[b].max() + V[b].max()) <= 2000
+    assert padding_waste(T, V, sep, packed=False) < 0.12 < padding_waste(T, V, plain,
+                                                                         packed=False)
 
 
 def test_deterministic_for_a_seed(world):
@@ -290,3 +294,23 @@ def test_pixel_batches(pixel_world):
         if task == "mlm":
             assert (b[K.MLM_LABELS][~b[K.POSITIVE]] == -100).all()
     src.close()
+
+
+def test_itm_donors_differ_in_image_and_fit_the_row():
+    from vlp.datasets.collate import ExampleRefs
+    from vlp.datasets.itm import draw_negatives
+    rng = np.random.default_rng(0)
+    B = 12
+    keys = np.array([7] * 11 + [9])                 # 11 captions of one image, one other
+    T, N = rng.integers(5, 15, B), rng.integers(5, 15, B)
+    ar = np.arange(B)
+    refs = ExampleRefs(np.zeros(B, np.int64), ar, ar, np.zeros(B, np.int64), ar,
+                       np.ones(B, bool))
+    width = (T + N).max()
+    for _ in range(50):
+        d = draw_negatives(refs, keys, T, N, 1.0, rng)
+        new_img, new_txt = d.refs.image_row, d.refs.text_row
+        assert (keys[new_img] != keys[new_txt])[d.negative].all()   # never its own caption
+        assert (keys[new_img] == keys[new_txt])[~d.negative].all()
+        assert (T[new_txt] + N[new_img] <= width).all()              # the budget still holds
+        assert d.negative.sum() + d.no_donor == B

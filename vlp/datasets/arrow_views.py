@@ -64,3 +64,15 @@ def ranges(lengths: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     return np.arange(total) - np.repeat(starts, lengths)
+
+
+_F16_TO_F32: np.ndarray | None = None
+
+
+def fp16_to_f32(a: np.ndarray) -> np.ndarray:
+    """float16 → float32 through a 65536-entry table: numpy's own cast is scalar code on
+    most CPUs and was the collate's hot spot (2× slower than this gather)."""
+    global _F16_TO_F32
+    if _F16_TO_F32 is None:
+        _F16_TO_F32 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    return np.take(_F16_TO_F32, np.ascontiguousarray(a).view(np.uint16))

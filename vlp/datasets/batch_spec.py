@@ -55,7 +55,8 @@ REGION_TYPE_IDS = "region_type_ids"  # long [B, N] token type of each region (de
 
 # ---- bookkeeping (every batch) -------------------------------------------------------
 NUM_EXAMPLES = "num_examples"      # long [] examples in the batch
-INPUT_UNITS = "input_units"        # long [] B × (T + N) incl. padding: UNITER's batch unit
+INPUT_UNITS = "input_units"        # long [] B × max_b(text_len_b + regions_b): UNITER's batch unit,
+                                   #   the packed row the model computes on (pixels: B × (T + V))
 
 TEXT_KEYS = (INPUT_IDS, TEXT_MASK)
 REGION_KEYS = (REGION_FEATS, REGION_LOC, REGION_MASK)

@@ -1,11 +1,15 @@
 """Batches by input units with length bucketing (UNITER's TokenBucketSampler, streaming).
 
 A window of items (an item = one example, or in pixel mode one image with its texts) is
-sorted by length and cut greedily so that ``examples × (max text + max visual) ≤ budget``:
-text and visual inputs are padded separately, so that product is the size of the tensors the
-model receives. Batch order is then shuffled. Two lengths vary (text tokens, regions): items
-are first split into bands by visual length and each band sorted by text length; the number
-of bands balances the spread of the two (one band when regions are fixed, e.g. 36).
+sorted by length and cut greedily so that each batch's cost stays within the budget, then the
+batch order is shuffled. The cost of a batch is what the model computes on:
+
+- ``packed`` (region input): the model packs each example's text and regions into one row
+  with no padding between them (UNITER), so a batch costs ``examples × max(text + regions)``;
+  items are sorted by that total length.
+- not packed (pixel input): text and visual tokens are padded separately, so a batch costs
+  ``examples × (max text + max visual)``; items are split into bands by visual length and each
+  band is sorted by text length, the number of bands balancing the spread of the two.
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ import numpy as np
 
 def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
                    rng: np.random.Generator, *, examples: np.ndarray | None = None,
-                   sort: bool = True, keep_tails: bool = True
+                   packed: bool = True, sort: bool = True, keep_tails: bool = True
                    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split item indices into batches; returns (batches in shuffled order, tails).
 
     ``examples[i]`` is how many examples item i contributes (1 by default). With
     ``keep_tails=False`` the last, partly filled batch of each band is returned in ``tails``
-    instead, for the caller to carry into the next window. ``sort=False`` cuts in the given
-    (random) order: the no-bucketing baseline."""
+    instead, for the caller to carry into the next window. ``sort=False`` cuts in random
+    order: the no-bucketing baseline."""
     n = len(text_len)
     T = np.asarray(text_len, np.int64)
     V = np.asarray(visual_len, np.int64)
@@ -32,20 +36,28 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
     if n == 0:
         return [], []
     order = rng.permutation(n)   # random tie-break: equal lengths are not grouped by source
-    if sort:
+    if not sort:
+        chunks = [order]
+    elif packed:
+        chunks = [order[np.argsort((T + V)[order], kind="stable")]]
+    else:
         bands = _band_count(T, V, E, budget)
         order = order[np.lexsort((T[order], V[order]))]
         chunks = [c[np.lexsort((V[c], T[c]))] for c in np.array_split(order, bands)]
-    else:
-        chunks = [order]
     batches, tails = [], []
     for chunk in chunks:
-        cut = _greedy_cut(chunk, T, V, E, budget)
+        cut = _greedy_cut(chunk, T, V, E, budget, packed)
         if not keep_tails and cut:
             tails.append(cut.pop())
         batches += cut
     perm = rng.permutation(len(batches))
     return [batches[i] for i in perm], tails
+
+
+def batch_cost(T: np.ndarray, V: np.ndarray, E: np.ndarray, packed: bool) -> int:
+    """Input units of one batch made of these items."""
+    width = int((T + V).max()) if packed else int(T.max()) + int(V.max())
+    return int(E.sum()) * width
 
 
 def _band_count(T: np.ndarray, V: np.ndarray, E: np.ndarray, budget: int) -> int:
@@ -60,28 +72,30 @@ def _band_count(T: np.ndarray, V: np.ndarray, E: np.ndarray, budget: int) -> int
     return int(np.clip(round(math.sqrt(k * sV / sT)), 1, min(k, len(T))))
 
 
-def _greedy_cut(idx: np.ndarray, T, V, E, budget: int) -> list[np.ndarray]:
+def _greedy_cut(idx: np.ndarray, T, V, E, budget: int, packed: bool) -> list[np.ndarray]:
     batches, start, count, mt, mv = [], 0, 0, 0, 0
     t, v, e = T[idx].tolist(), V[idx].tolist(), E[idx].tolist()
     for j in range(len(idx)):
-        nt, nv = max(mt, t[j]), max(mv, v[j])
+        if packed:   # one running maximum of the total length (mv stays 0)
+            nt, nv = max(mt, t[j] + v[j]), 0
+        else:
+            nt, nv = max(mt, t[j]), max(mv, v[j])
         if count and (count + e[j]) * (nt + nv) > budget:
             batches.append(idx[start:j])
-            start, count, nt, nv = j, 0, t[j], v[j]
+            start, count = j, 0
+            nt, nv = (t[j] + v[j], 0) if packed else (t[j], v[j])
         count += e[j]
         mt, mv = nt, nv
     batches.append(idx[start:])
     return batches
 
 
-def padding_waste(text_len: np.ndarray, visual_len: np.ndarray,
-                  batches: list[np.ndarray], examples: np.ndarray | None = None) -> float:
+def padding_waste(text_len: np.ndarray, visual_len: np.ndarray, batches: list[np.ndarray],
+                  examples: np.ndarray | None = None, packed: bool = True) -> float:
     """Share of the batches' input units that are padding."""
     T = np.asarray(text_len, np.int64)
     V = np.asarray(visual_len, np.int64)
     E = np.ones(len(T), np.int64) if examples is None else np.asarray(examples, np.int64)
-    real = padded = 0
-    for b in batches:
-        real += int(np.sum(E[b] * (T[b] + V[b])))
-        padded += int(E[b].sum()) * (int(T[b].max()) + int(V[b].max()))
+    real = sum(int(np.sum(E[b] * (T[b] + V[b]))) for b in batches)
+    padded = sum(batch_cost(T[b], V[b], E[b], packed) for b in batches)
     return 1.0 - real / padded if padded else 0.0

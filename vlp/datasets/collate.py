@@ -10,11 +10,12 @@ distinct image once: ``image_index`` points each example at its image).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 import numpy as np
 
 from vlp.datasets import batch_spec as K
-from vlp.datasets.arrow_views import ranges
+from vlp.datasets.arrow_views import fp16_to_f32, ranges
 from vlp.datasets.data_config import PixelConfig
 from vlp.datasets.image_block import ImageBlock
 from vlp.datasets.masking.regions import SOFT_LABELS
@@ -49,6 +50,23 @@ class ExampleRefs:
 
 
 _FIELDS = ("text_block", "text_row", "text_cap", "image_block", "image_row", "positive")
+
+
+def example_lengths(blocks: Mapping[int, ImageBlock], refs: ExampleRefs
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per example: image_key of the caption's image, text length with [CLS]/[SEP], regions."""
+    B = len(refs)
+    keys, text_len, regions = (np.zeros(B, np.int64) for _ in range(3))
+    for b in np.unique(refs.text_block):
+        sel = np.flatnonzero(refs.text_block == b)
+        blk = blocks[b]
+        g = blk.cap_start[refs.text_row[sel]] + refs.text_cap[sel]
+        keys[sel] = blk.image_key[refs.text_row[sel]]
+        text_len[sel] = blk.tok_start[g + 1] - blk.tok_start[g] + 2
+    for b in np.unique(refs.image_block):
+        sel = np.flatnonzero(refs.image_block == b)
+        regions[sel] = blocks[b].num_regions[refs.image_row[sel]]
+    return keys, text_len, regions
 
 
 def text_arrays(blocks: list[ImageBlock], refs: ExampleRefs, tok: TextTokenizer
@@ -90,17 +108,20 @@ def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int,
         first[sel] = blocks[b].region_start[rows]
         keys[sel] = blocks[b].image_key[rows]
     N = int(n.max())
-    feats = np.zeros((B, N, feature_dim), dtype=np.float32)
-    loc = np.zeros((B, N, loc_dim), dtype=np.float32)
-    soft = np.zeros((B, N, num_classes), dtype=np.float32) if need_soft else None
+    feats = np.zeros((B * N, feature_dim), dtype=np.float32)
+    loc = np.zeros((B * N, loc_dim), dtype=np.float32)
+    soft = np.zeros((B * N, num_classes), dtype=np.float32) if need_soft else None
     ex, pos = np.repeat(np.arange(B), n), ranges(n)
-    src = np.repeat(first, n) + pos
+    src, dst = np.repeat(first, n) + pos, np.repeat(np.arange(B) * N, n) + pos
     for b in np.unique(refs.image_block):
         m = refs.image_block[ex] == b
-        feats[ex[m], pos[m]] = blocks[b].features[src[m]]
-        loc[ex[m], pos[m]] = blocks[b].region_loc[src[m]]
+        feats[dst[m]] = fp16_to_f32(blocks[b].features[src[m]])
+        loc[dst[m]] = blocks[b].region_loc[src[m]]
         if need_soft:
-            soft[ex[m], pos[m]] = blocks[b].soft_labels[src[m]]
+            soft[dst[m]] = fp16_to_f32(blocks[b].soft_labels[src[m]])
+    feats, loc = feats.reshape(B, N, feature_dim), loc.reshape(B, N, loc_dim)
+    if need_soft:
+        soft = soft.reshape(B, N, num_classes)
     out = {K.REGION_FEATS: feats, K.REGION_LOC: loc,
            K.REGION_MASK: (np.arange(N)[None, :] < n[:, None]).astype(np.int64),
            IMAGE_KEYS: keys}
@@ -130,7 +151,8 @@ def collate_examples(blocks: list[ImageBlock], refs: ExampleRefs, tok: TextToken
     B, T = batch[K.INPUT_IDS].shape
     if visual == "regions":
         batch.update(region_arrays(blocks, refs, feature_dim, loc_dim, num_classes, need_soft))
-        units = B * (T + batch[K.REGION_FEATS].shape[1])
+        # the model packs text then regions per row: the batch costs B × the longest row
+        units = B * int((batch[K.TEXT_MASK].sum(1) + batch[K.REGION_MASK].sum(1)).max())
     else:
         batch.update(pixel_arrays(blocks, refs, pixel_cfg))
         H, W = batch[K.PIXELS].shape[2:]

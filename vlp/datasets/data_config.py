@@ -85,8 +85,11 @@ class DataConfig:
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15
     itm_neg_prob: float = 0.5
-    batch_units: int = 4096           # per worker per batch: B × (T + N), padding included
-    bucket_window: int = 1024         # examples sorted by length together (UNITER's bucket)
+    batch_units: int = 4096           # per worker per batch: B × the longest packed row
+                                      # (text + regions; pixels: B × (T + visual tokens))
+    bucket_window: int = 4096         # examples sorted by length together (UNITER: 8192); the
+                                      # window holds their images, so memory ∝ this
+    bucketing: bool = True            # False: cut the window in random order (a baseline)
     read_rows: int = 32               # image rows per Arrow block handed to the batcher
     prefetch_blocks: int = 8          # blocks queued ahead of the batcher (bounds host memory)
     seed: int = 0

@@ -4,7 +4,8 @@ Blocks of image rows are expanded into items as they arrive (region input: one i
 (image, caption) pair; pixel input: one item per image, which gets its SOHO texts when the
 window is cut). Each item is kept ``floor(rate) + Bernoulli(frac(rate))`` times, ``rate`` being
 its source's sampling rate, so the stream follows the configured source weights. Once the
-window holds ``bucket_window`` examples it is bucketed into batches by input units; the last,
+window holds ``bucket_window`` examples it is bucketed into batches by input units (see
+``batching``); the last,
 partly filled batch of each length band is carried into the next window once (so batches stay
 full), then emitted whatever its fill (so no example waits longer than one window).
 """
@@ -106,7 +107,8 @@ class ExampleWindow:
         else:
             refs, T, V, E, owner = self._pixel_examples(blocks, items)
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
-                                        keep_tails=final)
+                                        packed=self.cfg.visual == "regions",
+                                        sort=self.cfg.bucketing, keep_tails=final)
         for tail in tails:
             if items.aged[tail].any():
                 batches.append(tail)          # carried once already: emit now

@@ -34,7 +34,8 @@ import torch
 
 from vlp.datasets import batch_spec as K
 from vlp.datasets.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
-from vlp.datasets.collate import IMAGE_KEYS, TEXT_KEYS, ExampleRefs, collate_examples
+from vlp.datasets.collate import (IMAGE_KEYS, TEXT_KEYS, ExampleRefs, collate_examples,
+                                  example_lengths)
 from vlp.datasets.data_plan import DataPlan
 from vlp.datasets.example_window import ExampleWindow
 from vlp.datasets.image_block import ImageBlock
@@ -205,11 +206,8 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
     cfg = plan.config
     policy = get_policy(task)
     if policy.itm_negatives and cfg.visual == "regions":
-        keys = np.empty(len(refs), np.int64)
-        for b in np.unique(refs.text_block):
-            sel = refs.text_block == b
-            keys[sel] = blocks[b].image_key[refs.text_row[sel]]
-        draw = draw_negatives(refs, keys, cfg.itm_neg_prob, rng)
+        keys, text_len, regions = example_lengths(blocks, refs)
+        draw = draw_negatives(refs, keys, text_len, regions, cfg.itm_neg_prob, rng)
         refs = draw.refs
         if stats is not None:
             stats["itm_negatives"] += int(draw.negative.sum())
