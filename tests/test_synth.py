@@ -60,7 +60,11 @@ def test_world_validates_and_matches_manifest(tiny_world):
         "coco": "in", "vg": "in", "cc": "out", "sbu": "out", "downstream": "downstream"}
     listed = {m.path(f) for s in m.sources.values() for fs in s.files.values() for f in fs}
     listed |= {m.path(f) for by in m.tasks.values() for f in by.values()}
-    assert set(list_shards(tiny_world)) == listed
+    # RefCOCO+ ground-truth-box features: a sidecar folder of image shards (gt_features.py)
+    gt = set(list_shards(m.path(m.sidecars["gt_box_features"])))
+    assert {f.name for f in gt} == {"train-00000.parquet", "val-00000.parquet",
+                                    "test-00000.parquet"}
+    assert set(list_shards(tiny_world)) == listed | gt
     for name, info in m.sources.items():
         rows = 0
         for f in m.image_files(name):

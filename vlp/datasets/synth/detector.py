@@ -124,8 +124,17 @@ class SimulatedDetector:
 
     # ------------------------------------------------------------------ detect
     def detect(self, scene: Scene, rng: np.random.Generator) -> Detection:
-        c = self.cfg
         boxes, kinds = self.propose(scene, rng)
+        return self.describe(scene, boxes, kinds, rng)
+
+    def describe(self, scene: Scene, boxes: np.ndarray, kinds: list[str],
+                 rng: np.random.Generator, sort: bool = True) -> Detection:
+        """Class evidence and feature latents of given ``boxes``: the detector's second
+        stage. ``detect`` runs it on its proposals; the ground-truth-box features of
+        RefCOCO+ (UNITER's gt setting) run it on the annotated boxes, in their order
+        (``sort=False``)."""
+        c = self.cfg
+        boxes = np.asarray(boxes, np.float64)
         obj_boxes = np.array([o.box for o in scene.objects], np.float64)
         inter = _intersection(boxes, obj_boxes)                       # (R, K)
         area_r = _area(boxes)[:, None]
@@ -164,7 +173,7 @@ class SimulatedDetector:
 
         iou = inter / (area_r + area_o - inter)
         owner = np.where(iou.max(1) >= 0.5, iou.argmax(1), -1)
-        order = np.argsort(-conf, kind="stable")
+        order = np.argsort(-conf, kind="stable") if sort else np.arange(r)
         return Detection(boxes[order].astype(np.float32), conf[order].astype(np.float32),
                          soft[order].astype(np.float32), latent[order], owner[order],
                          [kinds[i] for i in order])

@@ -16,6 +16,7 @@ from vlp.datasets.shards import write_json_atomic, write_task_table
 from vlp.datasets.synth.captions import cc_caption, coco_captions, sbu_caption, vg_phrases
 from vlp.datasets.synth.detector import CLASS_NAMES, NUM_CLASSES, DetectorConfig, \
     SimulatedDetector
+from vlp.datasets.synth.gt_features import GT_FOLDER, GT_SIDECAR, write_gt_features
 from vlp.datasets.synth.scales import ScaleConfig, get_scale
 from vlp.datasets.synth.scene import IN_DOMAIN, OUT_OF_DOMAIN
 from vlp.datasets.synth.source_writer import SourceWriter
@@ -97,6 +98,8 @@ def _generate_into(root: Path, cfg: ScaleConfig, seed: int, progress: bool) -> W
     sources["downstream"], down = writer.write("downstream", "downstream", IN_DOMAIN, None,
                                                cfg.downstream_images)
     bar.close()
+    # RefCOCO+'s ground-truth setting: features of the annotated boxes (gt_features.py)
+    write_gt_features(root, down, seed, detector, cfg.images_per_shard, meta)
 
     tasks: dict[str, dict[str, str]] = {t: {} for t in TASKS}
     task_rows: dict[str, dict[str, int]] = {t: {} for t in TASKS}
@@ -121,6 +124,7 @@ def _generate_into(root: Path, cfg: ScaleConfig, seed: int, progress: bool) -> W
                     "sizes": list(SIZE_NAMES), "materials": list(MATERIALS),
                     "relations": sorted(RELATIONS), "hypernyms": list(HYPERNYMS)},
         task_rows=task_rows,
-        sidecars={"scenes": "scenes", "unrelated_pairs": "meta/unrelated_pairs.json"},
+        sidecars={"scenes": "scenes", "unrelated_pairs": "meta/unrelated_pairs.json",
+                  GT_SIDECAR: GT_FOLDER},
         stats={**writer.tally.summary(), "unrelated_pairs": len(writer.unrelated)},
         root=root)
