@@ -27,7 +27,8 @@ class DownstreamDataConfig:
     pixels: PixelConfig = field(default_factory=PixelConfig)
     image_feat: bool = False                   # VL-BERT's whole-image feature
     image_source: str = "downstream"           # manifest source of the detected regions
-    gt_source: str = "downstream_gt"           # manifest source of ground-truth-box features
+    gt_sidecar: str = "gt_box_features"        # manifest sidecar: folder of image shards with
+                                               #   features of the annotated (gt) boxes
 
 
 def data_config_for(spec, world: str, **overrides) -> DownstreamDataConfig:

@@ -47,23 +47,12 @@ class ImageStore:
 
     @classmethod
     def open(cls, cfg: DownstreamDataConfig, split: str, *, gt: bool = False) -> "ImageStore":
-        """The images of ``split`` of the world's downstream source (``gt``: the source of
-        features extracted on the annotated boxes, RefCOCO+'s ground-truth setting)."""
+        """The images of ``split`` of the world's downstream source (``gt``: the features
+        extracted on the annotated boxes, RefCOCO+'s ground-truth setting)."""
         try:
-            manifest = load_manifest(cfg.world)
+            files = split_files(cfg, split, gt)
         except WorldError as e:
             raise DownstreamDataError(str(e)) from None
-        source = cfg.gt_source if gt else cfg.image_source
-        if source not in manifest.sources:
-            what = ("ground-truth-box features (RefCOCO+ gt setting)" if gt
-                    else "downstream images")
-            raise DownstreamDataError(
-                f"{cfg.world}: the world has no source {source!r} with {what}; its sources: "
-                f"{sorted(manifest.sources)}" + (" (regenerate the world with this version "
-                                                 "of `vlp data synth`)" if gt else ""))
-        files = [str(f) for f in manifest.image_files(source=source, split=split)]
-        if not files:
-            raise DownstreamDataError(f"{cfg.world}: source {source!r} has no {split!r} shards")
         return cls.from_files(files, cfg, regions=GT_REGIONS if gt else cfg.regions)
 
     @classmethod
@@ -143,6 +132,29 @@ class ImageStore:
         if self.cfg.visual == "regions":
             return region_arrays([self.block], refs, self.feature_dim, self.loc_dim, None, False)
         return pixel_arrays([self.block], refs, self.cfg.pixels)
+
+
+def split_files(cfg: DownstreamDataConfig, split: str, gt: bool = False) -> list[str]:
+    """The image shards of ``split``: the downstream source's, or (``gt``) the ground-truth-
+    box feature shards the world lists as a sidecar (``<folder>/<split>-NNNNN.parquet``)."""
+    manifest = load_manifest(cfg.world)
+    if gt:
+        rel = manifest.sidecars.get(cfg.gt_sidecar)
+        if rel is None:
+            raise WorldError(f"{cfg.world}: the world has no ground-truth-box features (no "
+                             f"sidecar {cfg.gt_sidecar!r} in its manifest; regenerate it with "
+                             f"this version of `vlp data synth`, or import them)")
+        files = sorted(str(f) for f in manifest.path(rel).glob(f"{split}-*.parquet"))
+        what = f"ground-truth-box feature shards in {rel}"
+    else:
+        if cfg.image_source not in manifest.sources:
+            raise WorldError(f"{cfg.world}: the world has no image source "
+                             f"{cfg.image_source!r}; its sources: {sorted(manifest.sources)}")
+        files = [str(f) for f in manifest.image_files(source=cfg.image_source, split=split)]
+        what = f"shards of source {cfg.image_source!r}"
+    if not files:
+        raise WorldError(f"{cfg.world}: no {split!r} {what}")
+    return files
 
 
 def _plan(cfg: DownstreamDataConfig, regions: RegionConfig, feature_dim: int,

@@ -1,0 +1,156 @@
+"""``FinetuneComponents``: the training loop's ``Components`` for finetuning one benchmark.
+
+model = the pretrained backbone (or a fresh one) + the benchmark's head; batch source = the
+benchmark's training batches, this rank's share of each shuffled epoch; task sampler = that
+one task. After training, ``after_training`` evaluates on every worker (queries sharded by
+rank, gathered on rank 0) and rank 0 writes the predictions file. Pickled into every Ray
+Train worker, so it holds only plain, picklable settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlp.datasets.downstream import EpochSampler
+from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.models import create_model
+from vlp.models.checkpoints import CheckpointError
+from vlp.models.downstream import DownstreamModel, build_head
+from vlp.platform.finetune import checkpoint as ckpt
+from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
+from vlp.platform.finetune.eval_runner import EvalRunner
+
+
+class SingleTask:
+    """The task sampler of a finetune: always the benchmark."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def next(self) -> str:
+        return self.name
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class FinetuneBatches:
+    """This rank's training batches of one benchmark; resumable from two integers."""
+
+    def __init__(self, data: Any, indices: np.ndarray, batch_size: int, seed: int,
+                 rank: int, world_size: int):
+        self.data, self.indices = data, indices
+        self.seed, self.rank = seed, rank
+        self.sampler = EpochSampler(len(indices), batch_size, seed, rank, world_size)
+
+    def next(self, task: str) -> dict[str, torch.Tensor]:
+        s = self.sampler
+        # negatives (retrieval) drawn from a stream keyed by the batch's place in the run
+        rng = np.random.default_rng([self.seed, self.rank, s.epoch, s.pos, 0xFE])
+        return self.data.batch(self.indices[s.next()], rng)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+
+@dataclass
+class FinetuneComponents:
+    benchmark: str
+    ctx: BenchmarkContext
+    init: str                      # "checkpoint" | "random" | "minilm"
+    checkpoint: str = ""
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    dropout: float = 0.1
+    predictions_dir: str = ""
+    zero_shot: bool = False        # no head training: retrieval scored by the pretrained ITM
+
+    # ---- Components protocol --------------------------------------------------------------
+
+    def datasets(self, cfg: Any) -> None:
+        return None   # each worker reads its benchmark's Arrow tables itself (small, local)
+
+    def build_model(self, cfg: Any, tasks: list[str]) -> DownstreamModel:
+        bench = get_benchmark(self.benchmark)
+        family = self.ctx.family
+        vocab = load_tokenizer(self.ctx.data.tokenizer_path).vocab_size
+        overrides = {"transformer.hidden_dropout": self.dropout,
+                     "transformer.attention_dropout": self.dropout}
+        base, _, _ = create_model(family.name, ["itm"],
+                                  init="minilm" if self.init == "minilm" else "random",
+                                  region_feat_dim=self.ctx.data.feature_dim or 2048,
+                                  num_classes=2, vocab_size=vocab, overrides=overrides)
+        itm = None
+        if self.init == "checkpoint":
+            weights = ckpt.read(self.checkpoint)
+            ckpt.check_fits(weights, family.name, base.feat_dim, vocab)
+            ckpt.load_into(base, weights)
+            if "heads.itm.weight" in weights.state:
+                itm = base.heads["itm"]
+        if self.zero_shot:
+            if itm is None:
+                raise CheckpointError(f"zero-shot retrieval scores with the pretrained ITM head; "
+                                      f"{self.checkpoint} has none (pretrain with itm)")
+            head = build_head("match-scorer", name=self.benchmark,
+                              hidden=family.transformer.hidden_size, itm_head=itm)
+        else:
+            head = bench.build_head(self.ctx, base.backbone, itm)
+        return DownstreamModel(base.backbone, head)
+
+    def build_batch_source(self, cfg: Any, stage: Any, stage_index: int, worker: Any
+                           ) -> FinetuneBatches:
+        bench = get_benchmark(self.benchmark)
+        data = bench.train_data(self.ctx)
+        indices = bench.train_indices(data)
+        return FinetuneBatches(data, indices, self.batch_size, self.ctx.seed, worker.rank,
+                               worker.world_size)
+
+    def build_task_sampler(self, mix: dict[str, float], seed: int) -> SingleTask:
+        return SingleTask(self.benchmark)
+
+    # ---- evaluation (called by the loop on every worker once training completes) ----------
+
+    def after_training(self, cfg: Any, model: torch.nn.Module, worker: Any) -> dict | None:
+        bench = get_benchmark(self.benchmark)
+        data = bench.eval_data(self.ctx)
+        runner = EvalRunner(model, worker.rank, worker.world_size, self.eval_batch_size,
+                            worker.device)
+        result = bench.evaluate(self.ctx, data, runner)
+        if result is None:      # not rank 0
+            return None
+        out = {"metrics": result.metrics, "eval_split": self.ctx.eval_split,
+               "eval_examples": len(data), "predictions": None}
+        if self.predictions_dir:
+            out["predictions"] = write_json(
+                Path(self.predictions_dir) / f"{self.benchmark}-{self.ctx.eval_split}.json",
+                {"benchmark": self.benchmark, "split": self.ctx.eval_split,
+                 "metrics": result.metrics, "predictions": result.predictions})
+        return out
+
+    def with_(self, **changes) -> "FinetuneComponents":
+        return dataclasses.replace(self, **changes)
+
+
+def write_json(path: Path, obj: Any) -> str:
+    """Atomic: a finished-looking file is always complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+    return str(path)

@@ -1,0 +1,151 @@
+"""The finetuning config: which checkpoint, which world, which benchmarks, how to train.
+
+    cfg = load_finetune_config("jobs/configs/finetune.yaml",
+                               overrides=["benchmarks=[vqa,nlvr2]", "settings.nlvr2.options.variant=pair"])
+
+Per-benchmark settings (``settings.<benchmark>``) override the benchmark's defaults (steps,
+batch size, learning rate) and carry its own options, checked by the benchmark's typed
+options class: an unknown benchmark, setting or option is an error naming its key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from vlp.platform.config_loader import ConfigError, bounded, load_config
+from vlp.platform.experiment_config import ScalingSection, _NAME
+from vlp.platform.finetune.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
+
+META_SUM_BENCHMARKS = ["vqa", "retrieval", "nlvr2", "refcoco+"]   # UNITER Table 3
+
+
+@dataclass
+class FtRunSection:
+    name: str = "finetune"         # runs are <output_dir>/<name>-<benchmark>
+    output_dir: str = "runs"
+    seed: int = bounded(0, ge=0)
+    max_failures: int = bounded(0, ge=-1)
+
+    def validate(self):
+        if not _NAME.match(self.name):
+            yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
+
+
+@dataclass
+class FtModelSection:
+    family: str = "uniter-tiny"
+    # checkpoint: pretrained weights from ``checkpoint``; random: no pretraining (UNITER Table 3
+    # line 1); minilm: the packaged text-only BERT weights (Table 3 line 2)
+    init: Literal["checkpoint", "random", "minilm"] = "checkpoint"
+    checkpoint: str = ""           # a pretraining checkpoint / run folder / state-dict file
+    tokenizer: str = ""            # folder or file; "" = the packaged uncased vocab
+
+    def validate(self):
+        from vlp.models import FAMILIES
+
+        if self.family not in FAMILIES:
+            yield "family", f"unknown model family {self.family!r}; known: {', '.join(FAMILIES)}"
+        if self.init == "checkpoint" and not self.checkpoint:
+            yield "checkpoint", "required with model.init: checkpoint (or set model.init: random)"
+        if self.init != "checkpoint" and self.checkpoint:
+            yield "checkpoint", f"only used with model.init: checkpoint (init is {self.init!r})"
+
+
+@dataclass
+class BenchmarkSettings:
+    steps: int = bounded(0, ge=0)          # 0 = the benchmark's default
+    batch_size: int = bounded(0, ge=0)     # examples per worker per step; 0 = default
+    lr: float = bounded(0.0, ge=0)         # 0 = default
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FtTrainSection:
+    steps_scale: float = bounded(1.0, gt=0)        # multiplies every benchmark's steps
+    warmup_fraction: float = bounded(0.1, ge=0, lt=1)
+    weight_decay: float = bounded(0.01, ge=0)
+    betas: tuple[float, float] = bounded((0.9, 0.98), ge=0, lt=1)
+    grad_clip: float = bounded(2.0, ge=0)          # UNITER finetuning clips at 2.0
+    dropout: float = bounded(0.1, ge=0, lt=1)      # backbone hidden/attention dropout
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    zero_stage: Literal[0, 1, 2] = 2
+    log_every: int = bounded(50, gt=0)
+    extensions_dir: str = ""
+
+
+@dataclass
+class FtEvalSection:
+    split: Literal["val", "test"] = "val"          # UNITER Table 3 reports val / dev splits
+    batch_size: int = bounded(128, gt=0)           # rows per forward pass
+
+
+@dataclass
+class FtMlflowSection:
+    enabled: bool = True
+    tracking_uri: str = ""     # "" = the pretraining run's store if found, else the embedded one
+    experiment: str = "vlp-finetune"   # used when there is no parent run to nest under
+    parent_run_id: str = ""    # "" = the run that wrote the checkpoint, when it can be found
+    check_timeout_s: float = bounded(3.0, gt=0)
+
+
+@dataclass
+class FinetuneConfig:
+    run: FtRunSection = field(default_factory=FtRunSection)
+    model: FtModelSection = field(default_factory=FtModelSection)
+    world: str = ""                                # a vlp world folder (manifest.json)
+    benchmarks: list[str] = field(default_factory=lambda: list(META_SUM_BENCHMARKS))
+    settings: dict[str, BenchmarkSettings] = field(default_factory=dict)
+    train: FtTrainSection = field(default_factory=FtTrainSection)
+    eval: FtEvalSection = field(default_factory=FtEvalSection)
+    scaling: ScalingSection = field(default_factory=lambda: ScalingSection(num_workers=1))
+    mlflow: FtMlflowSection = field(default_factory=FtMlflowSection)
+
+    def validate(self):
+        if not self.world:
+            yield "world", "expected a world folder (with manifest.json)"
+        if not self.benchmarks:
+            yield "benchmarks", f"expected at least one of {', '.join(BENCHMARKS)}"
+        for i, name in enumerate(self.benchmarks):
+            try:
+                get_benchmark(name)
+            except UnknownBenchmark as e:
+                yield f"benchmarks.{i}", str(e)
+        if len(set(self.benchmarks)) != len(self.benchmarks):
+            yield "benchmarks", f"a benchmark is listed twice: {self.benchmarks}"
+        for name, s in self.settings.items():
+            if name not in BENCHMARKS:
+                yield f"settings.{name}", f"unknown benchmark; known: {', '.join(BENCHMARKS)}"
+                continue
+            try:
+                get_benchmark(name).options(s.options, f"settings.{name}.options")
+            except ConfigError as e:
+                yield from e.problems
+
+    # ---- per benchmark ------------------------------------------------------------------
+
+    def settings_for(self, name: str) -> tuple[int, int, float, Any]:
+        """(steps, batch size, lr, typed options) of one benchmark, defaults filled in."""
+        bench = get_benchmark(name)
+        s = self.settings.get(name, BenchmarkSettings())
+        steps = max(1, round((s.steps or bench.defaults.steps) * self.train.steps_scale))
+        return (steps, s.batch_size or bench.defaults.batch_size, s.lr or bench.defaults.lr,
+                bench.options(s.options, f"settings.{name}.options"))
+
+    def resolved_paths(self) -> "FinetuneConfig":
+        import dataclasses
+
+        def absolute(p: str) -> str:
+            return str(Path(p).expanduser().resolve()) if p else p
+        return dataclasses.replace(
+            self, world=absolute(self.world),
+            run=dataclasses.replace(self.run, output_dir=absolute(self.run.output_dir)),
+            model=dataclasses.replace(self.model, checkpoint=absolute(self.model.checkpoint),
+                                      tokenizer=absolute(self.model.tokenizer)))
+
+
+def load_finetune_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                         data: dict | None = None) -> FinetuneConfig:
+    """Load, override and validate; ``ConfigError`` names every bad key."""
+    return load_config(FinetuneConfig, path, overrides, data=data)

@@ -1,0 +1,169 @@
+"""Finetune + evaluate a checkpoint on a list of benchmarks; Meta-Sum.
+
+    report = finetune_and_evaluate("runs/pretrain/checkpoint_step00001000",
+                                   ["vqa", "retrieval", "nlvr2", "refcoco+"],
+                                   world="runs/demo/world", family="uniter-tiny")
+    report.meta_sum, report.scores["vqa"], report.benchmarks["nlvr2"].metrics
+
+Each benchmark is one run of the platform's Ray Train + DeepSpeed loop (``FinetuneComponents``)
+and one MLflow child run; evaluation happens on the same workers right after training.
+``checkpoint=None`` finetunes a fresh initialisation ("no pretraining", UNITER Table 3 line 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from vlp.platform.config_loader import flatten, from_dict
+from vlp.platform.evaluation.metrics import META_SUM_PARTS, meta_sum
+from vlp.platform.experiment_config import ExperimentConfig
+from vlp.platform.finetune import tracking
+from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
+from vlp.platform.finetune.components import FinetuneComponents
+from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
+from vlp.platform.finetune.preflight import Prepared, prepare
+from vlp.platform.pretrain import run_pretraining
+from vlp.platform.tracking import check_reachable
+
+
+@dataclass
+class BenchmarkReport:
+    name: str
+    metrics: dict[str, float]
+    steps: int
+    seconds: float
+    run_dir: str
+    mlflow_run_id: str | None = None
+    predictions: str | None = None
+    eval_split: str = ""
+    eval_examples: int = 0
+
+
+@dataclass
+class DownstreamReport:
+    scores: dict[str, float]                 # Meta-Sum parts that were run: vqa, ir, tr, ...
+    meta_sum: float | None                   # all five parts run; else None
+    benchmarks: dict[str, BenchmarkReport] = field(default_factory=dict)
+    parent_run_id: str | None = None
+    tracking_uri: str | None = None
+
+    def lines(self) -> list[str]:
+        """One figure per line (``name value``)."""
+        out = [f"{k} {v:.2f}" for k, v in self.scores.items()]
+        if self.meta_sum is not None:
+            out.append(f"meta_sum {self.meta_sum:.2f}")
+        for b in self.benchmarks.values():
+            out += [f"{b.name}.{k} {v:.2f}" for k, v in b.metrics.items()]
+        return out
+
+
+def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, world: str,
+                          family: str = "uniter-tiny", run_name: str = "finetune",
+                          output_dir: str = "runs", parent_run_id: str | None = None,
+                          overrides: Iterable[str] = (), seed: int = 0,
+                          num_workers: int = 1, tracking_uri: str = "",
+                          mlflow: bool = True) -> DownstreamReport:
+    """The sweep's entry point: finetune ``checkpoint`` (None = a fresh random init) on each
+    of ``benchmarks`` and evaluate it; per-benchmark scores and Meta-Sum. ``overrides`` are
+    ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``)."""
+    data = {"run": {"name": run_name, "output_dir": output_dir, "seed": seed},
+            "model": {"family": family, "init": "checkpoint" if checkpoint else "random",
+                      "checkpoint": checkpoint or ""},
+            "world": world, "benchmarks": list(benchmarks),
+            "scaling": {"num_workers": num_workers},
+            "mlflow": {"enabled": mlflow, "tracking_uri": tracking_uri,
+                       "parent_run_id": parent_run_id or ""}}
+    return run_finetune(load_finetune_config(data=data, overrides=overrides))
+
+
+def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
+    cfg = cfg.resolved_paths()
+    prepared = prepare(cfg)                                   # fails here, before any worker
+    parent = None
+    if cfg.mlflow.enabled:
+        if cfg.mlflow.tracking_uri:
+            check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+        parent = tracking.resolve_parent(
+            tracking_uri=cfg.mlflow.tracking_uri, experiment=cfg.mlflow.experiment,
+            run_name=cfg.run.name, output_dir=cfg.run.output_dir,
+            parent_run_id=cfg.mlflow.parent_run_id,
+            checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
+    reports = {}
+    for name in cfg.benchmarks:
+        reports[name] = finetune_one(cfg, name, prepared, parent)
+    scores = meta_parts(reports)
+    total = meta_sum(scores) if all(p in scores for p in META_SUM_PARTS) else None
+    if parent is not None:
+        tracking.log_summary(parent, scores, total)
+    return DownstreamReport(scores, total, reports, parent.run_id if parent else None,
+                            parent.tracking_uri if parent else None)
+
+
+def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
+                 parent: tracking.Parent | None) -> BenchmarkReport:
+    steps, batch_size, lr, options = cfg.settings_for(name)
+    components = components_for(cfg, name, prepared, batch_size, options)
+    exp = experiment_config(cfg, name, steps, lr, parent)
+    start = time.perf_counter()
+    result = run_pretraining(exp, components, parent_run_id=parent.run_id if parent else None)
+    after = result.return_value.get("after_training") or {}
+    if not after:
+        raise RuntimeError(f"finetune {name}: training stopped at step {result.final_step} of "
+                           f"{steps}; no evaluation ran")
+    report = BenchmarkReport(name, dict(after["metrics"]), steps, time.perf_counter() - start,
+                             result.run_dir, result.mlflow_run_id, after.get("predictions"),
+                             after.get("eval_split", ""), after.get("eval_examples", 0))
+    if parent is not None and result.mlflow_run_id:
+        params = {f"finetune.{k}": v for k, v in flatten({
+            "benchmark": name, "init": cfg.model.init, "checkpoint": cfg.model.checkpoint,
+            "checkpoint_step": prepared.checkpoint_step, "batch_size": batch_size,
+            "eval_split": cfg.eval.split, "options": dataclasses.asdict(options)}).items()}
+        tracking.log_benchmark(parent.tracking_uri, result.mlflow_run_id, params,
+                               report.metrics, report.predictions)
+    return report
+
+
+def components_for(cfg: FinetuneConfig, name: str, prepared: Prepared, batch_size: int,
+                   options: Any, zero_shot: bool = False) -> FinetuneComponents:
+    ctx = BenchmarkContext(prepared.data, options, prepared.family, cfg.eval.split, cfg.run.seed)
+    return FinetuneComponents(
+        benchmark=name, ctx=ctx, init=cfg.model.init, checkpoint=cfg.model.checkpoint,
+        batch_size=batch_size, eval_batch_size=cfg.eval.batch_size, dropout=cfg.train.dropout,
+        predictions_dir=str(Path(cfg.run.output_dir) / f"{cfg.run.name}-{name}" / "predictions"),
+        zero_shot=zero_shot)
+
+
+def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
+                      parent: tracking.Parent | None) -> ExperimentConfig:
+    """The training loop's config for one finetune."""
+    t = cfg.train
+    return from_dict(ExperimentConfig, {
+        "run": {"name": f"{cfg.run.name}-{name}", "output_dir": cfg.run.output_dir,
+                "seed": cfg.run.seed, "max_failures": cfg.run.max_failures},
+        "model": {"family": cfg.model.family},
+        "data": {"sources": {"world": {"path": cfg.world}}},
+        "tasks": {name: 1.0},
+        "train": {"steps": steps, "precision": t.precision, "zero_stage": t.zero_stage,
+                  "log_every": min(t.log_every, steps), "extensions_dir": t.extensions_dir},
+        "optimizer": {"lr": lr, "betas": list(t.betas), "weight_decay": t.weight_decay,
+                      "grad_clip": t.grad_clip,
+                      "warmup_steps": min(int(t.warmup_fraction * steps), steps - 1)},
+        "scaling": dataclasses.asdict(cfg.scaling),
+        "checkpoint": {"interval": steps, "keep": 1},
+        "mlflow": {"enabled": parent is not None,
+                   "tracking_uri": parent.tracking_uri if parent else "",
+                   "experiment": parent.experiment if parent else cfg.mlflow.experiment},
+    })
+
+
+def meta_parts(reports: dict[str, BenchmarkReport]) -> dict[str, float]:
+    """Meta-Sum part → score, from each benchmark's declared ``meta_parts``."""
+    out = {}
+    for name, r in reports.items():
+        for part, key in get_benchmark(name).meta_parts.items():
+            out[part] = r.metrics[key]
+    return out

@@ -1,0 +1,106 @@
+"""Where finetune runs go in MLflow: nested under the pretraining run that wrote the
+checkpoint (found by its run key in that run's store), under a given parent (a sweep
+trial), or under a parent run of their own that holds Meta-Sum.
+
+    pretraining run (or sweep trial)
+      ├── finetune <name>-vqa        metrics, predictions/vqa-val.json
+      ├── finetune <name>-retrieval  ...
+      └── ...                        parent gets downstream.<part> and downstream.meta_sum
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlp.platform.tracking import RUN_KEY_TAG, MlflowRun, embedded_tracking_uri, run_key
+
+TRAINER_META = "vlp_trainer.json"
+
+
+@dataclass
+class Parent:
+    tracking_uri: str
+    run_id: str
+    experiment: str
+    owned: bool          # we created it (no pretraining run to nest under)
+
+
+def pretraining_run_of(checkpoint: str, tracking_uri: str = "") -> tuple[str, str] | None:
+    """(tracking URI, run id) of the pretraining run that wrote ``checkpoint``, when it is a
+    platform checkpoint (``<output_dir>/<run>/checkpoint_*``) whose run can be found."""
+    p = Path(checkpoint)
+    if p.is_file():
+        p = p.parent.parent if p.parent.name.startswith("step") else p.parent
+    if not (p / TRAINER_META).is_file():
+        found = sorted(p.glob(f"checkpoint_*/{TRAINER_META}"))
+        if not found:
+            return None
+        p = found[-1].parent
+    run_dir = p.parent
+    output_dir = run_dir.parent
+    uri = tracking_uri
+    if not uri:
+        if not (output_dir / "mlflow.db").is_file():
+            return None
+        uri = embedded_tracking_uri(output_dir)
+    key = run_key(str(output_dir), run_dir.name)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    if not ids:
+        return None
+    runs = client.search_runs(ids, filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+                              max_results=1)
+    return (uri, runs[0].info.run_id) if runs else None
+
+
+def resolve_parent(*, tracking_uri: str, experiment: str, run_name: str, output_dir: str,
+                   parent_run_id: str = "", checkpoint: str = "") -> Parent:
+    """The run to nest finetunes under (see module doc)."""
+    from mlflow.tracking import MlflowClient
+
+    if parent_run_id:
+        uri = tracking_uri or embedded_tracking_uri(output_dir)
+        run = MlflowClient(uri).get_run(parent_run_id)
+        exp = MlflowClient(uri).get_experiment(run.info.experiment_id).name
+        return Parent(uri, parent_run_id, exp, owned=False)
+    if checkpoint:
+        found = pretraining_run_of(checkpoint, tracking_uri)
+        if found:
+            uri, rid = found
+            client = MlflowClient(uri)
+            exp = client.get_experiment(client.get_run(rid).info.experiment_id).name
+            return Parent(uri, rid, exp, owned=False)
+    uri = tracking_uri or embedded_tracking_uri(output_dir)
+    run = MlflowRun.open(uri, experiment, run_name=run_name,
+                         key=run_key(output_dir, run_name, "finetune"),
+                         tags={"vlp.job": "finetune"})
+    return Parent(uri, run.run_id, experiment, owned=True)
+
+
+def log_benchmark(uri: str, run_id: str, params: dict[str, str], metrics: dict[str, float],
+                  predictions: str | None) -> None:
+    """A finished finetune's settings, scores and predictions file, into its own run."""
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowRun(MlflowClient(uri), run_id, "", uri)
+    run.log_params(params)
+    run.log_metrics(metrics, step=0)
+    run.set_tags({"vlp.job": "finetune"})
+    if predictions:
+        run.log_artifact(predictions, "predictions")
+
+
+def log_summary(parent: Parent, scores: dict[str, float], meta_sum: float | None) -> None:
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowRun(MlflowClient(parent.tracking_uri), parent.run_id, "", parent.tracking_uri)
+    metrics = {f"downstream.{k}": v for k, v in scores.items()}
+    if meta_sum is not None:
+        metrics["downstream.meta_sum"] = meta_sum
+    if metrics:
+        run.log_metrics(metrics, step=0)
+    if parent.owned:
+        run.finish("FINISHED")

@@ -1,0 +1,95 @@
+"""Zero-shot evaluation (UNITER Table 4 "ZS", ImageBERT Table 1): retrieval scored straight
+from the pretrained ITM head, no finetuning — on the same Ray Train workers and the same
+sharded evaluation as a finetune, through an evaluation-only worker function (no optimizer,
+no checkpoint)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from vlp.platform.finetune import tracking
+from vlp.platform.finetune.config import FinetuneConfig
+from vlp.platform.finetune.preflight import prepare
+from vlp.platform.finetune.run import BenchmarkReport, components_for
+from vlp.platform.protocols import WorkerInfo
+
+ZERO_SHOT_BENCHMARKS = ("retrieval",)
+
+
+def eval_loop_per_worker(config: dict[str, Any]) -> dict | None:
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    components = config["components"]
+    ctx = ray.train.get_context()
+    device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
+    torch.manual_seed(config["seed"])
+    model = components.build_model(None, []).to(device)
+    info = WorkerInfo(ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank(),
+                      device, config["seed"])
+    return components.after_training(None, model, info)
+
+
+def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
+    """Zero-shot scores of ``cfg.model.checkpoint`` on ``cfg.benchmarks`` (retrieval)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    cfg = cfg.resolved_paths()
+    bad = [b for b in cfg.benchmarks if b not in ZERO_SHOT_BENCHMARKS]
+    if bad:
+        raise ValueError(f"zero-shot evaluation exists for {list(ZERO_SHOT_BENCHMARKS)} (scored "
+                         f"by the pretrained ITM head), not {bad}")
+    if cfg.model.init != "checkpoint":
+        raise ValueError("zero-shot evaluation needs a pretrained checkpoint (--checkpoint)")
+    prepared = prepare(cfg)
+    parent = None
+    if cfg.mlflow.enabled:
+        parent = tracking.resolve_parent(
+            tracking_uri=cfg.mlflow.tracking_uri, experiment=cfg.mlflow.experiment,
+            run_name=cfg.run.name, output_dir=cfg.run.output_dir,
+            parent_run_id=cfg.mlflow.parent_run_id, checkpoint=cfg.model.checkpoint)
+    out = {}
+    for name in cfg.benchmarks:
+        _, batch_size, _, options = cfg.settings_for(name)
+        components = components_for(cfg, name, prepared, batch_size, options, zero_shot=True)
+        components = dataclasses.replace(components, predictions_dir=str(
+            Path(cfg.run.output_dir) / f"{cfg.run.name}-zero-shot-{name}" / "predictions"))
+        s = cfg.scaling
+        start = time.perf_counter()
+        result = TorchTrainer(
+            eval_loop_per_worker,
+            train_loop_config={"components": components, "use_gpu": s.use_gpu,
+                               "seed": cfg.run.seed},
+            scaling_config=ray.train.ScalingConfig(
+                num_workers=s.num_workers, use_gpu=s.use_gpu,
+                resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu
+                                                                   else {})}),
+            run_config=ray.train.RunConfig(name=f"{cfg.run.name}-zero-shot-{name}",
+                                           storage_path=cfg.run.output_dir),
+        ).fit()
+        value = result.return_value or {}
+        report = BenchmarkReport(f"{name}-zero-shot", dict(value["metrics"]), 0,
+                                 time.perf_counter() - start, str(Path(cfg.run.output_dir)),
+                                 predictions=value.get("predictions"),
+                                 eval_split=value.get("eval_split", ""),
+                                 eval_examples=value.get("eval_examples", 0))
+        if parent is not None:
+            from vlp.platform.tracking import MlflowRun
+
+            child = MlflowRun.open(parent.tracking_uri, parent.experiment,
+                                   run_name=f"{cfg.run.name}-zero-shot-{name}",
+                                   parent_run_id=parent.run_id)
+            tracking.log_benchmark(parent.tracking_uri, child.run_id, {
+                "zero_shot.benchmark": name, "zero_shot.checkpoint": cfg.model.checkpoint,
+                "zero_shot.eval_split": cfg.eval.split}, report.metrics, report.predictions)
+            child.finish("FINISHED")
+            report.mlflow_run_id = child.run_id
+        out[name] = report
+    if parent is not None and parent.owned:
+        tracking.log_summary(parent, {}, None)
+    return out
