@@ -36,7 +36,8 @@ class PretrainModel(Protocol):
 class BatchSource(Protocol):
     """This worker's batches. ``next(task)`` returns a batch prepared for ``task`` (masked for
     it) as ``dict[str, Tensor]`` with the keys of ``vlp/datasets/batch_spec.py``, including the
-    bookkeeping scalars ``num_examples`` and ``input_units``."""
+    bookkeeping scalars ``num_examples`` and ``input_units``. An optional ``close()`` is called
+    when the loop is done with it (end of a stage, end of training, failure)."""
 
     def next(self, task: str) -> dict[str, torch.Tensor]:
         ...

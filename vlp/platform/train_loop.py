@@ -82,11 +82,18 @@ class _Worker:
         module = self.engine.module
         self.engine.destroy()   # removes ZeRO's gradient hooks from the shared parameters
         self.engine = None
+        self._close_source()
         state.stage += 1
         self._build_stage(module, state.stage)
         state.sampler = self.sampler.state_dict()
         self._say(f"stage {state.stage} '{self.plan[state.stage].name}' starts at step "
                   f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
+
+    def _close_source(self) -> None:
+        """Batch sources may hold reader threads (``PretrainBatches.close``)."""
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
 
     def _setup(self) -> TrainerState:
         import ray.train
@@ -143,6 +150,8 @@ class _Worker:
             if self.tracker:
                 self.tracker.flush_quietly()
             raise
+        finally:
+            self._close_source()
         completed = state.step >= self.total
         after = self._after_training() if completed else None
         if self.tracker:
