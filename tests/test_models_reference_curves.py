@@ -30,6 +30,12 @@ STEPS, SEED, LR = 50, 0, 2e-3
 FEAT_DIM, NUM_CLASSES = 64, 20  # synthetic-world sizes
 VOCAB = 2048  # the 30522-row embedding table would dominate a tiny model's step time (5×)
 RTOL, ATOL = 2e-3, 2e-4  # CPU float32, one thread: run-to-run identical; allow BLAS drift
+# SOHO's curves go through the visual dictionary's argmin: a last-bit difference in the conv
+# kernels (another CPU's SIMD width, another thread count) flips an assignment now and then
+# and the per-step curve drifts (measured: 0.11 absolute on mvm with 2 threads instead of 1).
+# Its 10-step window means stay within 1.1%, while a real change moves them 17–23% (dictionary
+# momentum 0.4 → 0.6 on mvm; dropout off): compare those with 5%.
+WINDOW, WINDOW_RTOL = 10, 5e-2
 
 
 def loss_curve(family: str, task: str, steps: int = STEPS) -> list[float]:
@@ -70,8 +76,14 @@ def test_matches_stored_reference_curves(curves):
     stored = json.loads(CURVES_FILE.read_text())
     assert stored["steps"] == STEPS and sorted(stored["curves"]) == sorted(curves)
     for name, curve in curves.items():
-        torch.testing.assert_close(torch.tensor(curve), torch.tensor(stored["curves"][name]),
-                                   rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+        ours, ref = torch.tensor(curve), torch.tensor(stored["curves"][name])
+        if FAMILIES[name.split("/")[0]].visual.input_kind == "pixels":
+            ours, ref = ours.view(-1, WINDOW).mean(1), ref.view(-1, WINDOW).mean(1)
+            torch.testing.assert_close(ours, ref, rtol=WINDOW_RTOL, atol=ATOL,
+                                       msg=lambda m: f"{name} (10-step means): {m}")
+        else:
+            torch.testing.assert_close(ours, ref, rtol=RTOL, atol=ATOL,
+                                       msg=lambda m: f"{name}: {m}")
 
 
 def write_reference_curves() -> None:
