@@ -76,3 +76,17 @@ def test_agreement_across_two_ranks(tmp_path):
         assert r["nan"] is False                                  # rank 1's NaN, seen by both
         assert "ranks disagree at step 5" in r["mismatch"]
         assert "seeded identically on every rank" in r["mismatch"]
+
+
+def test_resume_problem_refuses_checkpoints_of_another_experiment():
+    from vlp.platform.checkpointing import resume_problem
+
+    stages = [("web", 15), ("indomain", 15)]
+    meta = {"step": 20, "stage": 1, "stages": [["web", 15], ["indomain", 15]], "world_size": 2}
+    assert resume_problem(meta, stages, 2) is None
+    assert resume_problem(meta, [("web", 15), ("indomain", 40)], 2) is None   # train longer
+    assert "does not fit" in resume_problem(meta, [("web", 15), ("indomain", 4)], 2)
+    assert "does not fit" in resume_problem(meta, [("web", 15), ("coco", 15)], 2)
+    assert "does not fit" in resume_problem(meta, [("web", 20), ("indomain", 15)], 2)
+    assert "does not fit" in resume_problem(meta, [("web", 30)], 2)
+    assert "written by 2 workers" in resume_problem(meta, stages, 1)

@@ -154,3 +154,13 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, root):
     assert {m.step for m in history} == set(range(1, STEPS + 1))
     for m in history:
         assert m.value == pytest.approx(want[m.step], rel=1e-6, abs=1e-7), m.step
+
+
+def test_a_changed_experiment_under_the_same_name_is_refused_before_compute(straight, root):
+    from vlp.platform.pretrain import preflight, resolve
+
+    with pytest.raises(ValueError, match="does not fit this config's stages"):
+        preflight(resolve(toy_config(root, "straight", "stages.0.steps=20")))
+    with pytest.raises(ValueError, match="written by 2 workers"):
+        preflight(resolve(toy_config(root, "straight", "scaling.num_workers=1")))
+    preflight(resolve(toy_config(root, "straight")))      # the same experiment: fine

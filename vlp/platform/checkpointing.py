@@ -88,7 +88,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---- save / load ----------------------------------------------------------------------------
 
 def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
-         batch_source_state: dict[str, Any]) -> str:
+         batch_source_state: dict[str, Any], stages: list[tuple[str, int]] = ()) -> str:
     """Every rank calls this (DeepSpeed saves collectively). Returns the tag."""
     folder = Path(folder)
     tag = step_tag(state.step)
@@ -98,7 +98,8 @@ def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
                folder / rank_file(rank))
     if rank == 0:
         meta = {"step": state.step, "stage": state.stage, "tag": tag,
-                "world_size": state.world_size, "examples_seen": state.examples_seen}
+                "stages": [[n, int(k)] for n, k in stages], "world_size": state.world_size,
+                "examples_seen": state.examples_seen}
         (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return tag
 
@@ -110,6 +111,41 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_size: int
+                   ) -> str | None:
+    """Why the checkpoint described by ``meta`` cannot continue a run with these stages
+    (name, steps) on ``world_size`` workers; None if it can. Ray resumes every re-run with the
+    same run name, so a changed experiment must be refused rather than trained as a mixture:
+    the stages already done must be the same, the current one may only be lengthened or
+    shortened to no less than the step reached (its schedule then follows the new length)."""
+    k, step = meta["stage"], meta["step"]
+    old = [tuple(s) for s in meta.get("stages", [])]
+    new = [tuple(s) for s in stages]
+    ends = [sum(s for _, s in new[:i + 1]) for i in range(len(new))]
+    if (k >= len(new) or old[:k] != new[:k] or (old and old[k][0] != new[k][0])
+            or step > ends[k]):
+        return (f"the checkpoint to resume (step {step} in stage {k} of "
+                f"{', '.join(f'{n}: {s}' for n, s in old) or '?'}) does not fit this config's "
+                f"stages ({', '.join(f'{n}: {s}' for n, s in new)}): a re-run with the same "
+                f"run.name resumes that job; give a changed experiment a new run.name")
+    if meta["world_size"] != world_size:
+        return (f"the checkpoint to resume was written by {meta['world_size']} workers; exact "
+                f"resume needs the same number (scaling.num_workers={meta['world_size']}), "
+                f"got {world_size}")
+    return None
+
+
+def latest_meta(run_dir: str | Path) -> dict[str, Any] | None:
+    """The trainer meta of the newest vlp checkpoint in a Ray run folder, if any."""
+    best = None
+    for folder in Path(run_dir).glob("checkpoint_*"):
+        if (folder / META_FILE).exists():
+            meta = read_meta(folder)
+            if best is None or meta["step"] > best["step"]:
+                best = meta
+    return best
+
+
 def load(engine: Any, folder: str | Path, rank: int, world_size: int
          ) -> tuple[TrainerState, dict[str, Any]]:
     """Restore the engine; return the trainer state and this rank's batch-source state. RNG
@@ -117,10 +153,6 @@ def load(engine: Any, folder: str | Path, rank: int, world_size: int
     consumes randomness)."""
     folder = Path(folder)
     meta = read_meta(folder)
-    if meta["world_size"] != world_size:
-        raise RuntimeError(
-            f"checkpoint {folder} was written by {meta['world_size']} workers; exact resume "
-            f"needs the same number (scaling.num_workers={meta['world_size']}), got {world_size}")
     load_path, client_state = engine.load_checkpoint(
         str(folder), tag=meta["tag"], load_module_strict=True, load_optimizer_states=True,
         load_lr_scheduler_states=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vlp.platform import checkpointing
 from vlp.platform.config_loader import to_dict
 from vlp.platform.engine import deepspeed_config, extensions_dir
 from vlp.platform.experiment_config import ExperimentConfig
@@ -68,11 +69,18 @@ def tracking_spec(cfg: ExperimentConfig, parent_run_id: str | None = None) -> di
 
 def preflight(cfg: ExperimentConfig) -> None:
     """Checks that need no cluster: tracking reachable (short timeout), output folder
-    writable. Raises with the cause named."""
+    writable, and a checkpoint that this run would resume fits the config. Raises with the
+    cause named."""
     root = Path(cfg.run.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     if cfg.mlflow.enabled:
         check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+    meta = checkpointing.latest_meta(root / cfg.run.name)
+    if meta is not None:
+        problem = checkpointing.resume_problem(
+            meta, [(s.name, s.steps) for s in cfg.stage_plan()], cfg.scaling.num_workers)
+        if problem:
+            raise ValueError(f"run {cfg.run.name!r} in {root}: {problem}")
 
 
 def run_pretraining(cfg: ExperimentConfig, components: Components, *,
@@ -102,6 +110,9 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             callbacks=callbacks or None),
         datasets=components.datasets(cfg) or None,
+        # optional Components.dataset_config(cfg): Ray Train's ingest options (a
+        # ray.train.DataConfig, e.g. preserve_order for deterministic streams)
+        dataset_config=getattr(components, "dataset_config", lambda c: None)(cfg),
     )
     try:
         result = trainer.fit()

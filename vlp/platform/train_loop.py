@@ -89,6 +89,12 @@ class _Worker:
         self._say(f"stage {state.stage} '{self.plan[state.stage].name}' starts at step "
                   f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
 
+    def _check_plan(self, meta: dict[str, Any]) -> None:
+        problem = checkpointing.resume_problem(meta, [(s.name, s.steps) for s in self.plan],
+                                               self.world)
+        if problem:
+            raise RuntimeError(problem)
+
     def _close_source(self) -> None:
         """Batch sources may hold reader threads (``PretrainBatches.close``)."""
         close = getattr(self.source, "close", None)
@@ -112,6 +118,7 @@ class _Worker:
             return state
         with ckpt.as_directory() as folder:
             meta = checkpointing.read_meta(folder)
+            self._check_plan(meta)
             self._build_stage(model, meta["stage"])
             state, per_rank = checkpointing.load(self.engine, folder, self.rank, self.world)
         self.sampler.load_state_dict(state.sampler)
@@ -275,7 +282,8 @@ class _Worker:
         state.sampler = self.sampler.state_dict()
         name = _checkpoint_dir_name(step)
         with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
-            checkpointing.save(self.engine, tmp, state, self.rank, self.source.state_dict())
+            checkpointing.save(self.engine, tmp, state, self.rank, self.source.state_dict(),
+                               stages=[(s.name, s.steps) for s in self.plan])
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=name)
         if self.tracker:
