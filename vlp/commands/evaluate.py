@@ -23,14 +23,12 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vlp.platform.finetune import load_finetune_config
-    from vlp.platform.finetune.session import ensure_ray
     from vlp.platform.finetune.zero_shot import evaluate_zero_shot
 
     if not args.checkpoint or args.checkpoint.lower() == "none":
         raise ValueError("--checkpoint PATH is required: zero-shot scores a pretrained ITM head")
     args.benchmarks = args.benchmarks or "retrieval"
     cfg = load_finetune_config(args.config, overrides(args))
-    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
     for name, report in evaluate_zero_shot(cfg).items():
         for k, v in report.metrics.items():
             print(f"{name}.zero_shot.{k} {v:.2f}")

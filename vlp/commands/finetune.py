@@ -102,10 +102,8 @@ def run(args: argparse.Namespace) -> int:
         list_benchmarks()
         return 0
     from vlp.platform.finetune import load_finetune_config, run_finetune
-    from vlp.platform.finetune.session import ensure_ray
 
     cfg = load_finetune_config(args.config, overrides(args))
-    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
     report = run_finetune(cfg)
     print("\n".join(report.lines()))
     return 0

@@ -16,6 +16,7 @@ too, because word ids would index the wrong rows.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,7 @@ def read(path: str | Path) -> PretrainedWeights:
     return PretrainedWeights(str(file), read_state_dict(file))
 
 
+@lru_cache(maxsize=64)
 def backbone_shapes(family: str, feat_dim: int, vocab_size: int | None = None
                     ) -> dict[str, tuple[int, ...]]:
     """Backbone tensor shapes of ``family`` (built on the meta device: no memory)."""

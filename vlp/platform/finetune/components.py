@@ -137,7 +137,8 @@ class FinetuneComponents:
                "eval_examples": len(data), "predictions": None}
         if self.predictions_dir:
             out["predictions"] = write_json(
-                Path(self.predictions_dir) / f"{self.benchmark}-{self.ctx.eval_split}.json",
+                Path(self.predictions_dir) / f"{self.benchmark.replace('+', 'plus')}-"
+                                             f"{self.ctx.eval_split}.json",
                 {"benchmark": self.benchmark, "split": self.ctx.eval_split,
                  "metrics": result.metrics, "predictions": result.predictions})
         return out

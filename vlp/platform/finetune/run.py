@@ -26,6 +26,7 @@ from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
 from vlp.platform.finetune.components import FinetuneComponents
 from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
+from vlp.platform.finetune.session import ensure_ray
 from vlp.platform.pretrain import run_pretraining
 from vlp.platform.tracking import check_reachable
 
@@ -82,7 +83,7 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
 
 def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
     cfg = cfg.resolved_paths()
-    prepared = prepare(cfg)                                   # fails here, before any worker
+    prepared = prepare(cfg)                        # bad inputs fail here, before Ray starts
     parent = None
     if cfg.mlflow.enabled:
         if cfg.mlflow.tracking_uri:
@@ -92,6 +93,9 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             run_name=cfg.run.name, output_dir=cfg.run.output_dir,
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
+    for name in cfg.benchmarks:   # every run's loop config is checked before the first starts
+        experiment_config(cfg, name, *cfg.settings_for(name)[:1], 1e-4, parent)
+    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
     reports = {}
     for name in cfg.benchmarks:
         reports[name] = finetune_one(cfg, name, prepared, parent)
@@ -133,7 +137,7 @@ def components_for(cfg: FinetuneConfig, name: str, prepared: Prepared, batch_siz
     return FinetuneComponents(
         benchmark=name, ctx=ctx, init=cfg.model.init, checkpoint=cfg.model.checkpoint,
         batch_size=batch_size, eval_batch_size=cfg.eval.batch_size, dropout=cfg.train.dropout,
-        predictions_dir=str(Path(cfg.run.output_dir) / f"{cfg.run.name}-{name}" / "predictions"),
+        predictions_dir=str(Path(cfg.run.output_dir) / run_name(cfg, name) / "predictions"),
         zero_shot=zero_shot)
 
 
@@ -142,7 +146,7 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
     """The training loop's config for one finetune."""
     t = cfg.train
     return from_dict(ExperimentConfig, {
-        "run": {"name": f"{cfg.run.name}-{name}", "output_dir": cfg.run.output_dir,
+        "run": {"name": run_name(cfg, name), "output_dir": cfg.run.output_dir,
                 "seed": cfg.run.seed, "max_failures": cfg.run.max_failures},
         "model": {"family": cfg.model.family},
         "data": {"sources": {"world": {"path": cfg.world}}},
@@ -158,6 +162,11 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
                    "tracking_uri": parent.tracking_uri if parent else "",
                    "experiment": parent.experiment if parent else cfg.mlflow.experiment},
     })
+
+
+def run_name(cfg: FinetuneConfig, benchmark: str) -> str:
+    """``<name>-<benchmark>`` as a folder name ('+' is not one: refcoco+ → refcocoplus)."""
+    return f"{cfg.run.name}-{benchmark.replace('+', 'plus')}"
 
 
 def meta_parts(reports: dict[str, BenchmarkReport]) -> dict[str, float]:

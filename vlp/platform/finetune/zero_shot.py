@@ -13,7 +13,8 @@ from typing import Any
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.config import FinetuneConfig
 from vlp.platform.finetune.preflight import prepare
-from vlp.platform.finetune.run import BenchmarkReport, components_for
+from vlp.platform.finetune.session import ensure_ray
+from vlp.platform.finetune.run import BenchmarkReport, components_for, run_name
 from vlp.platform.protocols import WorkerInfo
 
 ZERO_SHOT_BENCHMARKS = ("retrieval",)
@@ -47,6 +48,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     if cfg.model.init != "checkpoint":
         raise ValueError("zero-shot evaluation needs a pretrained checkpoint (--checkpoint)")
     prepared = prepare(cfg)
+    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
     parent = None
     if cfg.mlflow.enabled:
         parent = tracking.resolve_parent(
@@ -58,7 +60,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
         _, batch_size, _, options = cfg.settings_for(name)
         components = components_for(cfg, name, prepared, batch_size, options, zero_shot=True)
         components = dataclasses.replace(components, predictions_dir=str(
-            Path(cfg.run.output_dir) / f"{cfg.run.name}-zero-shot-{name}" / "predictions"))
+            Path(cfg.run.output_dir) / f"{run_name(cfg, 'zero-shot-' + name)}" / "predictions"))
         s = cfg.scaling
         start = time.perf_counter()
         result = TorchTrainer(
@@ -69,7 +71,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
                 num_workers=s.num_workers, use_gpu=s.use_gpu,
                 resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu
                                                                    else {})}),
-            run_config=ray.train.RunConfig(name=f"{cfg.run.name}-zero-shot-{name}",
+            run_config=ray.train.RunConfig(name=f"{run_name(cfg, 'zero-shot-' + name)}",
                                            storage_path=cfg.run.output_dir),
         ).fit()
         value = result.return_value or {}
@@ -82,7 +84,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
             from vlp.platform.tracking import MlflowRun
 
             child = MlflowRun.open(parent.tracking_uri, parent.experiment,
-                                   run_name=f"{cfg.run.name}-zero-shot-{name}",
+                                   run_name=f"{run_name(cfg, 'zero-shot-' + name)}",
                                    parent_run_id=parent.run_id)
             tracking.log_benchmark(parent.tracking_uri, child.run_id, {
                 "zero_shot.benchmark": name, "zero_shot.checkpoint": cfg.model.checkpoint,

@@ -1,0 +1,101 @@
+"""Evaluation sharded over workers equals the single-process evaluation: the retrieval score
+matrix (every text × every image) with 2 real gloo ranks, and the shard/gather order for
+any world size; metric wiring of every benchmark's evaluate on a tiny model."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from vlp.datasets.downstream import data_config_for
+from vlp.models import create_model
+from vlp.models.downstream import DownstreamModel, build_head
+from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
+from vlp.platform.finetune.benchmarks.retrieval import score_matrix
+from vlp.platform.finetune.eval_runner import EvalRunner
+
+torch.set_num_threads(1)
+
+
+def retrieval_model() -> DownstreamModel:
+    torch.manual_seed(0)
+    base, _, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
+    return DownstreamModel(base.backbone, build_head("match-scorer", name="retrieval",
+                                                     hidden=64, itm_head=base.heads["itm"]))
+
+
+def _rank_main(rank: int, world: int, port: int, world_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from vlp.datasets.downstream.retrieval import RetrievalData
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    _, spec, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
+    data = RetrievalData(data_config_for(spec, world_dir), "val")
+    runner = EvalRunner(retrieval_model(), rank, world, batch_size=64)
+    scores = score_matrix(data, runner, pairs_per_batch=97)   # batches cross text boundaries
+    if rank == 0:
+        np.save(out, scores)
+    else:
+        assert scores is None
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_rank_retrieval_scores_equal_one_process(tiny_world, tmp_path):
+    from vlp.datasets.downstream.retrieval import RetrievalData
+
+    out = str(tmp_path / "scores.npy")
+    # fork: the ranks inherit the imported modules (spawn re-imports torch: ~20 s here)
+    torch.multiprocessing.start_processes(_rank_main, args=(2, _free_port(), str(tiny_world),
+                                                            out), nprocs=2, join=True,
+                                          start_method="fork")
+    distributed = np.load(out)
+    _, spec, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
+    data = RetrievalData(data_config_for(spec, str(tiny_world)), "val")
+    single = score_matrix(data, EvalRunner(retrieval_model()), pairs_per_batch=512)
+    assert distributed.shape == single.shape == (len(data), len(data.image_ids))
+    np.testing.assert_allclose(distributed, single, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_shards_concatenate_back_to_the_single_process_order(world):
+    n = 20
+    parts = [EvalRunner(None, rank, world).shard(n) for rank in range(world)]
+    assert np.concatenate(parts).tolist() == list(range(n))
+
+
+def test_every_benchmark_evaluates_on_a_tiny_model(tiny_world):
+    """The evaluate path of each registered benchmark (rank 0 of 1): metrics in percent and
+    one prediction per query."""
+    base, spec, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
+    data_cfg = data_config_for(spec, str(tiny_world))
+    expected = {"vqa": ["vqa_score"], "ve": ["ve_acc"], "nlvr2": ["nlvr2_acc"],
+                "retrieval": ["ir_r1", "ir_r5", "ir_r10", "tr_r1", "ir_mean", "tr_mean"],
+                "refcoco+": ["refcoco+_acc"], "refcoco+-gt": ["refcoco+-gt_acc"],
+                "vcr": ["q2a", "qa2r", "q2ar"]}
+    for name, keys in expected.items():
+        bench = get_benchmark(name)
+        ctx = BenchmarkContext(data_cfg, bench.options({}), base.family, "val", 0)
+        torch.manual_seed(0)
+        fresh, _, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
+        model = DownstreamModel(fresh.backbone, bench.build_head(ctx, fresh.backbone,
+                                                                 fresh.heads["itm"]))
+        data = bench.eval_data(ctx)
+        result = bench.evaluate(ctx, data, EvalRunner(model, batch_size=32))
+        for k in keys:
+            assert 0.0 <= result.metrics[k] <= 100.0, (name, k)
+        queries = len(data) + (len(data.image_ids) if name == "retrieval" else 0)
+        assert len(result.predictions) == queries
