@@ -72,6 +72,7 @@ def test_two_workers_zero2_two_stages_losses_fall_and_mlflow_holds_the_run(strai
     r = straight
     assert r.completed and r.final_step == STEPS
     assert r.checkpoint_path == str(root / "straight" / "checkpoint_step00000030")
+    assert r.return_value["checkpoint_path"] == r.checkpoint_path
     h = r.history
     assert [x["step"] for x in h] == list(range(1, STEPS + 1))
     assert [x["stage"] for x in h] == [0] * 15 + [1] * 15

@@ -167,7 +167,7 @@ class _Worker:
                 "final_step": state.step, "total_steps": self.total, "completed": completed,
                 "examples_seen": state.examples_seen, "input_units_seen": state.input_units_seen,
                 "skipped_batches": state.skipped_batches, "mlflow_run_id": state.mlflow_run_id,
-                "checkpoint_dir_name": _checkpoint_dir_name(state.step),
+                "checkpoint_path": str(Path(self.run_dir) / _checkpoint_dir_name(state.step)),
                 "parameters": self.n_params, "after_training": after}
 
     def _after_training(self) -> Any:
