@@ -108,20 +108,22 @@ def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int,
         first[sel] = blocks[b].region_start[rows]
         keys[sel] = blocks[b].image_key[rows]
     N = int(n.max())
-    feats = np.zeros((B * N, feature_dim), dtype=np.float32)
+    # gather the fp16 rows into the padded layout first, then cast the whole array at once
+    feats = np.zeros((B * N, feature_dim), dtype=np.float16)
     loc = np.zeros((B * N, loc_dim), dtype=np.float32)
-    soft = np.zeros((B * N, num_classes), dtype=np.float32) if need_soft else None
+    soft = np.zeros((B * N, num_classes), dtype=np.float16) if need_soft else None
     ex, pos = np.repeat(np.arange(B), n), ranges(n)
     src, dst = np.repeat(first, n) + pos, np.repeat(np.arange(B) * N, n) + pos
     for b in np.unique(refs.image_block):
         m = refs.image_block[ex] == b
-        feats[dst[m]] = fp16_to_f32(blocks[b].features[src[m]])
+        feats[dst[m]] = blocks[b].features[src[m]]
         loc[dst[m]] = blocks[b].region_loc[src[m]]
         if need_soft:
-            soft[dst[m]] = fp16_to_f32(blocks[b].soft_labels[src[m]])
-    feats, loc = feats.reshape(B, N, feature_dim), loc.reshape(B, N, loc_dim)
+            soft[dst[m]] = blocks[b].soft_labels[src[m]]
+    feats = fp16_to_f32(feats).reshape(B, N, feature_dim)
+    loc = loc.reshape(B, N, loc_dim)
     if need_soft:
-        soft = soft.reshape(B, N, num_classes)
+        soft = fp16_to_f32(soft).reshape(B, N, num_classes)
     out = {K.REGION_FEATS: feats, K.REGION_LOC: loc,
            K.REGION_MASK: (np.arange(N)[None, :] < n[:, None]).astype(np.int64),
            IMAGE_KEYS: keys}

@@ -90,6 +90,10 @@ class DataConfig:
     bucket_window: int = 4096         # examples sorted by length together (UNITER: 8192); the
                                       # window holds their images, so memory ∝ this
     bucketing: bool = True            # False: cut the window in random order (a baseline)
+    cache: Literal["auto", "always", "never"] = "auto"   # keep the transformed rows in Ray's
+                                      # object store after one pass: no per-epoch Ray Data
+                                      # restart (seconds); auto = when the shards take under a
+                                      # quarter of the object store
     read_rows: int = 32               # image rows per Arrow block handed to the batcher
     prefetch_blocks: int = 8          # blocks queued ahead of the batcher (bounds host memory)
     seed: int = 0
@@ -138,6 +142,8 @@ class DataConfig:
             yield "visual", f"expected 'regions' or 'pixels', got {self.visual!r}"
         if self.masking not in ("conditional", "joint"):
             yield "masking", f"expected 'conditional' or 'joint', got {self.masking!r}"
+        if self.cache not in ("auto", "always", "never"):
+            yield "cache", f"expected 'auto', 'always' or 'never', got {self.cache!r}"
         if not _finite(self.mask_prob) or not 0 < self.mask_prob < 1:
             yield "mask_prob", f"expected a probability in (0, 1), got {self.mask_prob!r}"
         if not _finite(self.itm_neg_prob) or not 0 <= self.itm_neg_prob <= 1:
@@ -243,6 +249,24 @@ class DataConfig:
             else:
                 out[f.name] = v
         return out
+
+
+def world_sources(world: str, names: list[str] | None = None,
+                  weights: Mapping[str, float] | None = None, domain: str | None = None
+                  ) -> tuple[SourceConfig, ...]:
+    """The pretraining sources of a vlp world (``manifest.json``): every in-/out-of-domain
+    source, or ``names``, or one ``domain`` ("in" / "out"); weight 1 unless given."""
+    from vlp.datasets.world import load_manifest
+
+    m = load_manifest(world)
+    names = names or m.pretraining_sources(domain)
+    missing = [n for n in names if n not in m.sources]
+    if missing:
+        raise DataConfigError([(f"sources.{n}", f"the world {world} has no source {n!r}; it "
+                                                f"has {', '.join(m.sources)}") for n in missing])
+    weights = weights or {}
+    return tuple(SourceConfig(n, str(m.path(m.sources[n].folder)), float(weights.get(n, 1.0)))
+                 for n in names)
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from vlp.datasets.batching import bucket_batches
 from vlp.datasets.collate import ExampleRefs
 from vlp.datasets.data_plan import DataPlan
-from vlp.datasets.image_block import ImageBlock
+from vlp.datasets.image_block import ImageBlock, gather_images
 from vlp.datasets.pixels import visual_tokens
 
 
@@ -95,17 +95,31 @@ class ExampleWindow:
 
     # ---- cutting ----------------------------------------------------------------------------
 
-    def cut(self, blocks: dict[int, ImageBlock], final: bool) -> list[ExampleRefs]:
+    def cut(self, blocks: dict[int, ImageBlock], final: bool, merged_id: int
+            ) -> tuple[list[ExampleRefs], ImageBlock | None]:
         """Bucket the pending items (and the carried ones) into batches. ``final`` (end of an
-        epoch) emits everything; otherwise fresh tails are carried into the next window."""
+        epoch) emits everything; otherwise fresh tails are carried into the next window.
+
+        Every image the batches and the carried items refer to is gathered into one block,
+        returned to be registered under ``merged_id``: batches and carry then refer only to
+        it, and the blocks the window was read from can be released."""
         items = Items.concat([self._carry] + self._pending)
         self._pending, self._carry, self.pending_examples = [], Items.empty(), 0
         if not len(items):
-            return []
+            return [], None
         if self.cfg.visual == "regions":
             refs, T, V, E, owner = self._pair_examples(blocks, items)
         else:
             refs, T, V, E, owner = self._pixel_examples(blocks, items)
+        n_ex = len(refs)
+        merged, index = gather_images(
+            blocks, np.concatenate([refs.text_block, refs.image_block, items.block]),
+            np.concatenate([refs.text_row, refs.image_row, items.row]))
+        refs = refs.with_(text_block=np.full(n_ex, merged_id), text_row=index[:n_ex],
+                          image_block=np.full(n_ex, merged_id),
+                          image_row=index[n_ex:2 * n_ex])
+        items = Items(np.full(len(items), merged_id, np.int64), index[2 * n_ex:], items.cap,
+                      items.aged)
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
                                         packed=self.cfg.visual == "regions",
                                         sort=self.cfg.bucketing, keep_tails=final)
@@ -123,7 +137,7 @@ class ExampleWindow:
         for b in batches:   # item indices → the examples they own
             ex = np.concatenate([order[starts[i]:starts[i + 1]] for i in b])
             out.append(refs.take(ex))
-        return out
+        return out, merged
 
     def _pair_examples(self, blocks, items: Items):
         T = np.empty(len(items), np.int64)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
 
-from vlp.datasets.arrow_views import binary_parts, flat_numpy, list_parts
+from vlp.datasets.arrow_views import binary_parts, flat_numpy, list_parts, ranges
 
 
 def image_key(image_id: str) -> int:
@@ -23,7 +24,7 @@ def image_key(image_id: str) -> int:
 
 @dataclass
 class ImageBlock:
-    table: pa.Table              # keeps the Arrow buffers alive
+    table: pa.Table | None       # keeps the Arrow buffers alive (None: a gathered copy)
     image_key: np.ndarray        # int64 [I]: image_key(image_id), equal ids → equal keys
     source_index: np.ndarray     # int64 [I]
     cap_start: np.ndarray        # int64 [I+1]: captions of image i are cap_start[i]:[i+1]
@@ -90,3 +91,72 @@ class ImageBlock:
             block.pixel_hw = np.stack([table.column("pixel_h").to_numpy(),
                                        table.column("pixel_w").to_numpy()], 1).astype(np.int64)
         return block
+
+
+def _take_spans(data: np.ndarray, start: np.ndarray, take: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``take`` of a ragged array (``data[start[i]:start[i+1]]`` is row i) → the
+    concatenated rows and their new start offsets."""
+    n = start[take + 1] - start[take]
+    out_start = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+    return data[np.repeat(start[take], n) + ranges(n)], out_start
+
+
+def gather_images(blocks: Mapping[int, ImageBlock], block_ids: np.ndarray, rows: np.ndarray
+                  ) -> tuple[ImageBlock, np.ndarray]:
+    """One contiguous block holding the images (``block_ids[i]``, ``rows[i]``), and for each
+    i its row in that block (equal pairs share a row).
+
+    The batcher gathers each window into one block: every batch of the window then reads
+    from one set of arrays (a batch drawn from dozens of small blocks cost a loop per block),
+    and the window's source blocks can be released."""
+    ident = block_ids.astype(np.int64) * (1 << 32) + rows
+    uniq, index = np.unique(ident, return_inverse=True)
+    ub, ur = uniq >> 32, uniq & ((1 << 32) - 1)
+    parts = [_take_rows(blocks[int(b)], ur[ub == b]) for b in np.unique(ub)]
+    return _concat(parts), index.astype(np.int64)   # uniq is sorted by (block, row)
+
+
+def _take_rows(blk: ImageBlock, rows: np.ndarray) -> ImageBlock:
+    caps_per_row = blk.cap_start[rows + 1] - blk.cap_start[rows]
+    cap_index = np.repeat(blk.cap_start[rows], caps_per_row) + ranges(caps_per_row)
+    tokens, tok_start = _take_spans(blk.tokens, blk.tok_start, cap_index)
+    out = ImageBlock(None, blk.image_key[rows], blk.source_index[rows],
+                     np.concatenate([[0], np.cumsum(caps_per_row)]).astype(np.int64),
+                     tok_start, tokens, 0, 0)
+    if blk.features is not None:
+        out.num_regions = blk.num_regions[rows]
+        out.features, out.region_start = _take_spans(blk.features, blk.region_start, rows)
+        out.region_loc, _ = _take_spans(blk.region_loc, blk.region_start, rows)
+        if blk.soft_labels is not None:
+            out.soft_labels, _ = _take_spans(blk.soft_labels, blk.region_start, rows)
+    if blk.pixel_data is not None:
+        out.pixel_data, out.pixel_start = _take_spans(blk.pixel_data, blk.pixel_start, rows)
+        out.pixel_hw = blk.pixel_hw[rows]
+    return out
+
+
+def _concat(parts: list[ImageBlock]) -> ImageBlock:
+    if len(parts) == 1:
+        return parts[0]
+
+    def cat(name):
+        return np.concatenate([getattr(p, name) for p in parts])
+
+    def starts(name):
+        offs = np.cumsum([0] + [getattr(p, name)[-1] for p in parts[:-1]])
+        return np.concatenate([getattr(p, name)[:-1] + o for p, o in zip(parts, offs)]
+                              + [[offs[-1] + getattr(parts[-1], name)[-1]]]).astype(np.int64)
+
+    out = ImageBlock(None, cat("image_key"), cat("source_index"), starts("cap_start"),
+                     starts("tok_start"), cat("tokens"), 0, 0)
+    first = parts[0]
+    if first.features is not None:
+        out.num_regions, out.region_start = cat("num_regions"), starts("region_start")
+        out.features, out.region_loc = cat("features"), cat("region_loc")
+        if first.soft_labels is not None:
+            out.soft_labels = cat("soft_labels")
+    if first.pixel_data is not None:
+        out.pixel_data, out.pixel_start = cat("pixel_data"), starts("pixel_start")
+        out.pixel_hw = cat("pixel_hw")
+    return out

@@ -17,7 +17,18 @@ epoch until all ranks get there, while budget batching gives ranks different bat
 epoch; a rank that finished its epoch would wait for one still stepping, which waits for it
 in the gradient all-reduce: a deadlock. With ``recycle_at_epoch_end`` a rank blocked at the
 epoch barrier re-serves random batches of its last window until the barrier opens (counted in
-``stats["recycled_batches"]``).
+``stats["recycled_batches"]``). With ``epoch_sync`` instead (a cross-rank agreement, e.g. an
+all-reduce), every rank ends the epoch at the same step: the first rank to run out says so
+before its batch, and the others drop the batches they have left of that epoch
+(``stats["epoch_tail_dropped"]``, a few per epoch) — what makes a multi-worker stream
+deterministic.
+
+Exact resume: the window's randomness is seeded per epoch and each batch's (ITM negatives,
+masking) by its place in the epoch, so a batch depends on the stream and the seed, not on
+the tasks of the batches before it. ``state_dict`` records the epoch and the batches served
+in it; a restored loader reads that epoch again and skips those batches without collating
+them. It continues exactly when the stream is the same every time (the local reader; Ray
+Data with ``build_dataset(reshuffle_files=False)`` and ``preserve_order``).
 """
 
 from __future__ import annotations
@@ -53,19 +64,24 @@ RESERVOIR_BATCHES = 64       # batches of the last window kept for recycling
 
 class PretrainBatches:
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
-                 rank: int = 0, recycle_at_epoch_end: bool = False, with_ids: bool = False):
+                 rank: int = 0, recycle_at_epoch_end: bool = False, with_ids: bool = False,
+                 epoch_sync: Callable[[bool], bool] | None = None):
         self.plan = plan
         self.cfg = plan.config
         self.rank = rank
         self._blocks_fn = blocks
         self._recycle = recycle_at_epoch_end
+        self._sync = epoch_sync     # (this rank's epoch exhausted) → whether any rank's is
         self._with_ids = with_ids   # add example_image_key / example_text_key (evaluation, tests)
-        self.rng = np.random.default_rng([self.cfg.seed, rank, 0x5EED])
+        self.rng = np.random.default_rng([self.cfg.seed, rank, 0x5EED])   # recycling picks
         self.tok = load_tokenizer(plan.tokenizer_path or None)
         self.ctx = mask_context(self.cfg.mask_prob, self.tok)
-        self.window = ExampleWindow(plan, self.rng)
+        self.window = ExampleWindow(plan, self._window_rng(0))
         self.stats: Counter = Counter()
-        self.epoch = 0
+        self.epoch = 0                 # the epoch of the last batch served
+        self.served_in_epoch = 0       # batches of ``epoch`` served so far
+        self._skip = 0                 # restored: batches of ``epoch`` to pass over
+        self._ended = -1               # the last epoch whose end the stream has delivered
         self._reader: BlockReader | None = None
         self._live: dict[int, ImageBlock] = {}
         self._next_block_id = 0
@@ -82,8 +98,11 @@ class PretrainBatches:
         if self.cfg.visual not in policy.visual:
             raise ValueError(f"task {task!r} needs visual input {sorted(policy.visual)}, the "
                              f"pipeline produces {self.cfg.visual!r}")
-        refs, blocks = self._next_refs()
-        batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, self.rng,
+        self._skip_served()
+        if self._sync is not None and self._sync(self._epoch_exhausted()):
+            self.stats["epoch_tail_dropped"] += self._finish_epoch()
+        refs, blocks, rng = self._take()
+        batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, rng,
                            self.stats, with_ids=self._with_ids)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
@@ -101,18 +120,21 @@ class PretrainBatches:
             yield task, self.next(task)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the stream stands: the epoch of the last batch served. A Ray Data stream
-        cannot seek, so a restored loader restarts at the beginning of that epoch (the task
-        sampler resumes exactly)."""
-        return {"epoch": self.epoch, "stats": dict(self.stats)}
+        """Where the stream stands: the epoch of the last batch served and how many of its
+        batches were served. A Ray Data stream cannot seek: a restored loader reads that
+        epoch from its start and passes over those batches (see the module docstring)."""
+        return {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
+                "stats": dict(self.stats)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._reader is not None:
             raise RuntimeError("load_state_dict must come before the first next()")
         self.epoch = self._reading_epoch = int(state["epoch"])
+        self._ended = self.epoch - 1
+        self.served_in_epoch = 0
+        self._skip = int(state.get("served_in_epoch", 0))
         self.stats = Counter(state.get("stats", {}))
-        self.rng = np.random.default_rng([self.cfg.seed, self.rank, 0x5EED, self.epoch])
-        self.window.rng = self.rng
+        self.window.rng = self._window_rng(self.epoch)
 
     def close(self) -> None:
         if self._reader is not None:
@@ -130,35 +152,97 @@ class PretrainBatches:
                                    self.epoch)
         self._reader.start()
 
-    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock]]:
+    def _window_rng(self, epoch: int) -> np.random.Generator:
+        return np.random.default_rng([self.cfg.seed, self.rank, 0x5EED, epoch])
+
+    def _take(self) -> tuple[ExampleRefs, dict[int, ImageBlock], np.random.Generator]:
+        """The next batch's refs, the blocks they index, and the generator for its ITM
+        negatives and masking: keyed by the batch's place in its epoch."""
+        refs, blocks, epoch = self._next_refs()
+        if epoch is None:                      # recycled at an epoch barrier
+            return refs, blocks, self.rng
+        if epoch != self.epoch:
+            self.epoch, self.served_in_epoch = epoch, 0
+        rng = np.random.default_rng([self.cfg.seed, self.rank, 0xBA7C, epoch,
+                                     self.served_in_epoch])
+        self.served_in_epoch += 1
+        return refs, blocks, rng
+
+    def _skip_served(self) -> None:
+        """After a restore: pass over the batches of the epoch served before the checkpoint
+        (formed again, since the window depends on everything read before, but not
+        collated or masked)."""
+        while self._skip:
+            epoch = self.epoch
+            self._take()
+            if self.epoch != epoch:
+                raise RuntimeError(
+                    f"cannot resume the data stream exactly: epoch {epoch} now has fewer "
+                    f"batches than the {self.served_in_epoch + self._skip} served before the "
+                    f"checkpoint (the data, seed or number of workers changed?)")
+            self._skip -= 1
+            self.stats["resume_skipped"] += 1
+
+    def _epoch_exhausted(self) -> bool:
+        """Whether every batch of ``epoch`` has been served. Reads this rank's stream up to
+        the epoch's end if need be, never past it: at a streaming split the next epoch
+        starts only when every rank asks for it."""
+        if self._reader is None:
+            self._start()
+        while not self._ready:
+            if self._ended >= self.epoch:
+                return True
+            self._pull()
+        return self._ready[0][1] != self.epoch
+
+    def _finish_epoch(self) -> int:
+        """End ``epoch`` here: read its stream to the end and drop its batches not served,
+        so that the next batch is the next epoch's first. Returns the batches dropped."""
+        while self._ended < self.epoch:
+            self._pull()
+        dropped = sum(1 for _, e in self._ready if e == self.epoch)
+        self._ready = deque((r, e) for r, e in self._ready if e != self.epoch)
+        self.epoch += 1
+        self.served_in_epoch = 0
+        return dropped
+
+    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock], int | None]:
+        """The next batch's refs, the blocks they index and its epoch (None: recycled)."""
         if self._reader is None:
             self._start()
         waited_since = None
         while not self._ready:
-            try:
-                kind, payload, extra = self._reader.queue.get(timeout=0.05)
-            except queue.Empty:
-                now = time.monotonic()
-                waited_since = waited_since or now
-                if (self._recycle and self._reservoir and self._reader.at_epoch_start
-                        and now - waited_since > RECYCLE_GRACE_S):
-                    refs, blocks = self._reservoir[self.rng.integers(len(self._reservoir))]
-                    self.stats["recycled_batches"] += 1
-                    return refs, blocks
+            if self._pull(timeout=0.05):
+                waited_since = None
                 continue
-            waited_since = None
-            if kind == ERROR:
-                raise RuntimeError(f"reading the data stream failed: {payload!r}") from payload
-            if kind == BLOCK:
-                self._reading_epoch = extra
-                self._ingest(payload)
-                if self.window.pending_examples >= self.cfg.bucket_window:
-                    self._cut(final=False)
-            elif kind == EPOCH_END:
-                self._cut(final=True)
-                self._end_epoch(payload)
-        refs, self.epoch = self._ready.popleft()
-        return refs, self._live
+            now = time.monotonic()
+            waited_since = waited_since or now
+            if (self._recycle and self._reservoir and self._reader.at_epoch_start
+                    and now - waited_since > RECYCLE_GRACE_S):
+                refs, blocks = self._reservoir[self.rng.integers(len(self._reservoir))]
+                self.stats["recycled_batches"] += 1
+                return refs, blocks, None
+        refs, epoch = self._ready.popleft()
+        return refs, self._live, epoch
+
+    def _pull(self, timeout: float | None = None) -> bool:
+        """Take one item from the reader (blocks, epoch ends); False if none came within
+        ``timeout`` seconds."""
+        try:
+            kind, payload, extra = self._reader.queue.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if kind == ERROR:
+            raise RuntimeError(f"reading the data stream failed: {payload!r}") from payload
+        if kind == BLOCK:
+            self._reading_epoch = extra
+            self._ingest(payload)
+            if self.window.pending_examples >= self.cfg.bucket_window:
+                self._cut(final=False)
+        elif kind == EPOCH_END:
+            self._cut(final=True)
+            self._end_epoch(payload)
+        return True
 
     def _ingest(self, block: ImageBlock) -> None:
         bid = self._next_block_id
@@ -171,17 +255,20 @@ class PretrainBatches:
         self.stats["region_fallback_images"] += block.n_fallback
 
     def _cut(self, final: bool) -> None:
-        batches = self.window.cut(self._live, final)
+        merged_id = self._next_block_id
+        self._next_block_id += 1
+        batches, merged = self.window.cut(self._live, final, merged_id)
+        if merged is None:
+            return
+        # batches and carried items now refer only to the merged window block: release the
+        # blocks it was gathered from (older windows stay alive while their batches queue)
+        self._live = {b: blk for b, blk in self._live.items()
+                      if b in self.window.referenced_blocks()
+                      or any(b == r.image_block[0] for r, _ in self._ready)}
+        self._live[merged_id] = merged
         self._ready.extend((b, self._reading_epoch) for b in batches)
-        # keep the blocks the queued batches, the carried items and the reservoir refer to
         if batches:
-            snapshot = {b: self._live[b] for r in batches
-                        for b in np.unique(np.concatenate([r.text_block, r.image_block]))}
-            self._reservoir = [(r, snapshot) for r in batches[:RESERVOIR_BATCHES]]
-        keep = self.window.referenced_blocks()
-        for r, _ in self._ready:
-            keep.update(int(b) for b in np.unique(np.concatenate([r.text_block, r.image_block])))
-        self._live = {b: blk for b, blk in self._live.items() if b in keep}
+            self._reservoir = [(r, {merged_id: merged}) for r in batches[:RESERVOIR_BATCHES]]
 
     def _end_epoch(self, epoch: int) -> None:
         if self._epoch_examples == 0:
@@ -191,6 +278,8 @@ class PretrainBatches:
                 f"all source weights 0)")
         log.info("rank %d read epoch %d: %s", self.rank, epoch, dict(self.stats))
         self._epoch_examples = 0
+        self._ended = epoch
+        self.window.rng = self._window_rng(epoch + 1)   # nothing is carried across epochs
 
 
 # ---- one task batch (shared with the fixed-size Ray collate) ---------------------------------

@@ -1,0 +1,203 @@
+"""Throughput of the pretraining data pipeline against a raw pyarrow scan of the same shards.
+
+    python jobs/benchmarks/pipeline_throughput.py [--world DIR] [--scale demo] [--epochs 3]
+        [--feature-dim 2048] [--cache auto|always|never]
+
+``--feature-dim`` rewrites the world's pretraining shards with random region features of that
+width (BUTD's 2048: reading then costs what it costs on real data; cached next to the world).
+
+Three measurements of the same shards in one run, each in examples ((image, caption) pairs)
+per second:
+
+- ``raw_scan``: pyarrow reads the columns the pipeline reads, file by file, and counts the
+  pairs (no decoding, no tokenization): the floor of any reader.
+- ``local``: the whole pipeline in this one process, without Ray (pyarrow → tokenize +
+  region selection → window + bucketing → ITM / masking for the drawn task → tensors).
+- ``ray``: the whole pipeline with Ray Data (read + map as Ray tasks) feeding the batcher in
+  this process, as a Ray Train worker consumes it. Steady state per epoch = examples served /
+  (last batch − first block of the epoch); Ray Data's start-up (to the first block) and the
+  restart gap between epochs are reported apart.
+
+The task of each batch is drawn from UNITER's in-domain mix (itm:mlm:mrfr:mrc-kl = 2:2:1:1).
+Prints settings, then one figure per line (``name value unit``), the ratio last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
+
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from vlp.datasets import batch_spec as K  # noqa: E402
+from vlp.datasets.data_config import DataConfig, world_sources  # noqa: E402
+from vlp.datasets.data_plan import plan_data  # noqa: E402
+from vlp.datasets.local_stream import local_batches  # noqa: E402
+from vlp.datasets.pretrain_batches import PretrainBatches  # noqa: E402
+from vlp.datasets.task_sampler import TaskSampler  # noqa: E402
+
+MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}
+
+
+def figure(name: str, value: float, unit: str = "") -> None:
+    print(f"{name} {value:.4g} {unit}".rstrip(), flush=True)
+
+
+def ensure_world(path: Path | None, scale: str) -> Path:
+    if path is not None:
+        return path
+    from vlp.datasets.synth import generate_world
+    path = Path.home() / ".cache" / "vlp" / "bench-worlds" / f"{scale}-seed0"
+    if not (path / "manifest.json").is_file():
+        print(f"# generating the {scale} world into {path}", flush=True)
+        generate_world(path, scale=scale, seed=0, overwrite=True)
+    return path
+
+
+def widen_world(world: Path, dim: int) -> Path:
+    """A copy of the world's pretraining shards with random ``dim``-wide fp16 features."""
+    import numpy as np
+    import pyarrow as pa
+
+    from vlp.datasets.arrow_views import binary_array
+    from vlp.datasets.shards import read_image_shard, write_image_shard
+    from vlp.datasets.world import load_manifest
+    out = world.parent / f"{world.name}-d{dim}"
+    if (out / "manifest.json").is_file():
+        return out
+    print(f"# writing {dim}-d features into {out}", flush=True)
+    m = load_manifest(world)
+    rng = np.random.default_rng(0)
+    for name in m.pretraining_sources():
+        for f in m.image_files(name):
+            table, info = read_image_shard(f, check_values=False)
+            n = table.column("num_boxes").to_numpy().astype(np.int64)
+            feats = rng.standard_normal(int(n.sum()) * dim, dtype=np.float32).astype("<f2")
+            off = np.concatenate([[0], np.cumsum(n)]) * dim * 2
+            table = table.set_column(table.schema.get_field_index("features"), "features",
+                                     binary_array(off, feats.view(np.uint8)))
+            write_image_shard(out / f.relative_to(world), table.replace_schema_metadata(None),
+                              feature_extractor=f"random-d{dim}", feature_dim=dim,
+                              num_classes=info.num_classes)
+    manifest = m.to_json()
+    manifest.update(feature_dim=dim, tasks={}, sources={
+        k: v for k, v in manifest["sources"].items() if k in m.pretraining_sources()})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+def raw_scan(plan, repeats: int) -> float:
+    best = 0.0
+    for _ in range(repeats):
+        t, pairs = time.perf_counter(), 0
+        for f in plan.files:
+            for rb in pq.ParquetFile(f).iter_batches(batch_size=1024,
+                                                    columns=list(plan.read_columns)):
+                pairs += pc.sum(pc.list_value_length(rb.column("captions"))).as_py() or 0
+        best = max(best, pairs / (time.perf_counter() - t))
+    return best
+
+
+def local_rate(plan, epochs: int) -> float:
+    src, sampler = local_batches(plan), TaskSampler(MIX, seed=0)
+    src.next(sampler.next())   # warm-up: tokenizer load, first window
+    t, n, start_epoch = time.perf_counter(), 0, src.epoch
+    while src.epoch < start_epoch + epochs:
+        n += int(src.next(sampler.next())[K.NUM_EXAMPLES])
+    src.close()
+    return n / (time.perf_counter() - t)
+
+
+class TimedBlocks:
+    """Wraps ``blocks(epoch)`` to record when each epoch's first and last block arrive."""
+
+    def __init__(self, blocks):
+        self.blocks, self.first, self.last = blocks, {}, {}
+
+    def __call__(self, epoch):
+        for table in self.blocks(epoch):
+            now = time.perf_counter()
+            self.first.setdefault(epoch, now)
+            self.last[epoch] = now
+            yield table
+
+
+def ray_rates(plan, epochs: int, num_cpus: int) -> dict[str, float]:
+    import ray
+
+    from vlp.datasets.pipeline import build_dataset, shard_blocks
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        t0 = time.perf_counter()
+        ds = build_dataset(plan)
+        timed = TimedBlocks(shard_blocks(ds, plan))
+        src, sampler = PretrainBatches(plan, timed), TaskSampler(MIX, seed=0)
+        served: dict[int, int] = {}
+        last_batch: dict[int, float] = {}
+        while True:
+            b = src.next(sampler.next())
+            if src.epoch >= epochs:
+                break
+            served[src.epoch] = served.get(src.epoch, 0) + int(b[K.NUM_EXAMPLES])
+            last_batch[src.epoch] = time.perf_counter()
+        src.close()
+    finally:
+        ray.shutdown()
+    steady = [served[e] / (last_batch[e] - timed.first[e]) for e in range(epochs)]
+    out = {"startup_s": timed.first[0] - t0,
+           "steady_first_epoch": steady[0],
+           "steady_later_epochs": max(steady[1:]) if epochs > 1 else steady[0]}
+    if epochs > 1:
+        out["restart_gap_s"] = sum(timed.first[e + 1] - timed.last[e]
+                                   for e in range(epochs - 1)) / (epochs - 1)
+        total = sum(served.values()) / (last_batch[epochs - 1] - timed.first[0])
+        out["all_epochs_with_restarts"] = total
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=Path, default=None, help="a vlp world (default: demo)")
+    p.add_argument("--scale", default="demo", help="scale to generate when --world is not set")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-units", type=int, default=4096)
+    p.add_argument("--num-cpus", type=int, default=2, help="Ray's logical CPUs")
+    p.add_argument("--skip-local", action="store_true")
+    p.add_argument("--feature-dim", type=int, default=0, help="rewrite features this wide")
+    p.add_argument("--cache", default="auto", choices=["auto", "always", "never"])
+    args = p.parse_args(argv)
+
+    world = ensure_world(args.world, args.scale)
+    if args.feature_dim:
+        world = widen_world(world, args.feature_dim)
+    cfg = DataConfig(sources=world_sources(str(world)), batch_units=args.batch_units,
+                     cache=args.cache)
+    plan = plan_data(cfg, MIX)
+    print(f"# world {world}; {plan.summary()}")
+    print(f"# D={plan.feature_dim} C={plan.num_classes} batch_units={cfg.batch_units} "
+          f"bucket_window={cfg.bucket_window} cache={cfg.cache} mix={MIX}")
+    raw = raw_scan(plan, repeats=3)
+    figure("raw_scan_pairs_per_s", raw, "pairs/s")
+    if not args.skip_local:
+        figure("local_pipeline_pairs_per_s", local_rate(plan, args.epochs), "pairs/s")
+    r = ray_rates(plan, args.epochs, args.num_cpus)
+    figure("ray_data_startup_s", r["startup_s"], "s")
+    if "restart_gap_s" in r:
+        figure("ray_epoch_restart_gap_s", r["restart_gap_s"], "s")
+        figure("ray_pipeline_pairs_per_s_incl_restarts", r["all_epochs_with_restarts"],
+               "pairs/s")
+    figure("ray_pipeline_pairs_per_s_first_epoch", r["steady_first_epoch"], "pairs/s")
+    figure("ray_pipeline_pairs_per_s_steady", r["steady_later_epochs"], "pairs/s")
+    figure("ratio_ray_pipeline_steady_to_raw_scan", r["steady_later_epochs"] / raw)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
