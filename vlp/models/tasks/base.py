@@ -16,7 +16,10 @@ from typing import ClassVar, Mapping
 import torch
 from torch import nn
 
+from vlp.datasets import batch_spec as bs
+
 from ..backbone import EncoderOutput, VLBackbone
+from ..batch_access import positive_pairs, require
 
 Batch = Mapping[str, torch.Tensor]
 
@@ -77,9 +80,6 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def masked_regions(enc: EncoderOutput, batch: Batch, who: str) -> torch.Tensor:
     """bool [B, N]: regions whose loss counts — masked, real, and in a true pair."""
-    from vlp.datasets import batch_spec as bs  # local: keeps this module's imports minimal
-
-    from ..batch_access import positive_pairs, require
     masked = require(batch, bs.REGION_MASKED, who).bool()
     positive = positive_pairs(batch, masked.shape[0], masked.device)
     return masked & enc.region_mask & positive[:, None]
