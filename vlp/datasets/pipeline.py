@@ -46,17 +46,17 @@ CACHE_BLOCK_ROWS = 256
 
 def build_dataset(plan: DataPlan, *, reshuffle_files: bool = True) -> ray.data.Dataset:
     """Shards of every source with a positive weight → tokenized, region-selected image rows.
-    File order is reshuffled every epoch (seeded); the map runs as tasks, not actors.
+    The map runs as tasks, not actors.
 
-    ``reshuffle_files=False``: every epoch streams the files (or cached blocks) in the same
-    seeded order. With Ray Data's ``preserve_order`` each rank of a streaming split then gets
-    the same blocks in every execution, also in a restarted run (where Ray numbers executions
-    from 0 again): what exact resume needs (``vlp.platform.pretrain_components``).
+    ``reshuffle_files``: a new (seeded) file order every epoch; False keeps one seeded order
+    for every execution — with Ray Data's ``preserve_order`` each rank then receives the same
+    blocks every epoch and in a restarted run (deterministic streams, exact resume).
 
-    With ``cache`` (auto: when the shards take under a quarter of the object store) the rows
+    With ``cache`` (auto: when the rows take under a quarter of the object store) the rows
     are computed once here and kept in the object store; each epoch then only reorders the
-    blocks, instead of restarting the read (2–7 s per epoch on a 2-core machine). The rows
-    are deterministic, so caching changes no example; all randomness is worker-side."""
+    blocks (unless ``reshuffle_files`` is False), instead of restarting the read (2–7 s per
+    epoch on a 2-core machine). The rows are deterministic, so caching changes no example;
+    all the randomness is worker-side."""
     cfg = plan.config
     shuffle = ray.data.FileShuffleConfig(seed=cfg.seed, reseed_after_execution=reshuffle_files)
     ds = ray.data.read_parquet(plan.files, include_paths=True, shuffle=shuffle)
@@ -65,7 +65,10 @@ def build_dataset(plan: DataPlan, *, reshuffle_files: bool = True) -> ray.data.D
     ds = ds.map_batches(ImageRowTransform(plan), batch_format="pyarrow", batch_size=None,
                         zero_copy_batch=True)
     if _should_cache(plan):
-        ds = ds.materialize()
+        # small corpora arrive as one block (Ray bins small files into one read task):
+        # blocks of ~CACHE_BLOCK_ROWS images give the per-epoch block shuffle something to do
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in plan.files)
+        ds = ds.repartition(max(1, -(-rows // CACHE_BLOCK_ROWS))).materialize()
         if reshuffle_files:
             ds = ds.randomize_block_order()
     return ds
