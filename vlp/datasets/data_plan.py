@@ -37,7 +37,8 @@ class SourcePlan:
     name: str
     files: tuple[str, ...]
     weight: float
-    examples: int       # pairs (regions) or captioned images (pixels) in the split
+    examples: int       # pairs (regions) or captioned images (pixels) in the split; counted
+                        # only to turn weights into rates (0 with a single weighted source)
     rate: float         # expected copies of each example per epoch
 
 
@@ -69,8 +70,9 @@ class DataPlan:
         return {f: i for i, s in enumerate(self.sources) for f in s.files}
 
     def summary(self) -> str:
-        lines = [f"{s.name}: {len(s.files)} shards, {s.examples} examples, weight {s.weight:g}"
-                 f" → rate {s.rate:.3f}" for s in self.sources]
+        lines = [f"{s.name}: {len(s.files)} shards, "
+                 + (f"{s.examples} examples, " if s.examples else "")
+                 + f"weight {s.weight:g} → rate {s.rate:.3f}" for s in self.sources]
         return "; ".join(lines)
 
 
