@@ -237,3 +237,39 @@ def test_match_score_from_itm_ranks_like_p_match():
         torch.testing.assert_close(model.predict(batch), logits[:, 1] - logits[:, 0])
     fresh = build_head("match-scorer", name="r", hidden=64)
     assert not fresh.from_itm and fresh.out.weight.std() < 0.05          # BERT init
+
+
+@pytest.mark.parametrize("family", ["imagebert-tiny", "vlbert-tiny", "soho-tiny"])
+def test_other_families_finetune_the_benchmarks_they_support(tiny_world, family):
+    """VL-BERT (segment C for images, sentence B for VCR answers), ImageBERT and SOHO (pixels:
+    pair layouts only, no regions to refer to) through the same components."""
+    from vlp.platform.finetune.config import load_finetune_config
+    from vlp.platform.finetune.preflight import prepare
+    from vlp.platform.finetune.run import components_for
+    from vlp.platform.protocols import WorkerInfo
+
+    soho = family.startswith("soho")
+    runs = [("vqa", "pair"), ("nlvr2", "pair-biattn" if soho else "triplet"), ("vcr", "")]
+    for bench, variant in runs:
+        cfg = load_finetune_config(data={
+            "world": str(tiny_world), "benchmarks": [bench], "mlflow": {"enabled": False},
+            "model": {"family": family, "init": "random"},
+            "settings": {"nlvr2": {"options": {"variant": variant or "pair"}}}}).resolved_paths()
+        _, _, _, options = cfg.settings_for(bench)
+        comp = components_for(cfg, bench, prepare(cfg), 3, options)
+        torch.manual_seed(0)
+        model = comp.build_model(None, [])
+        src = comp.build_batch_source(None, None, 0, WorkerInfo(0, 1, 0, torch.device("cpu"), 0))
+        out = model(src.next(bench), task=bench)
+        assert torch.isfinite(out["loss"]) and f"{bench}_loss" in out
+        out["loss"].backward()
+    if soho:
+        for bench, extra in (("nlvr2", {"options": {"variant": "triplet"}}), ("refcoco+", {})):
+            cfg = load_finetune_config(data={
+                "world": str(tiny_world), "benchmarks": [bench], "mlflow": {"enabled": False},
+                "model": {"family": family, "init": "random"}, "settings": {bench: extra}})
+            _, bs, _, options = cfg.settings_for(bench)
+            from vlp.platform.finetune.benchmarks import get_benchmark
+            with pytest.raises(ValueError, match="pair|regions"):
+                get_benchmark(bench).check(components_for(cfg, bench, prepare(cfg), bs,
+                                                          options).ctx)

@@ -84,7 +84,7 @@ def test_every_benchmark_evaluates_on_a_tiny_model(tiny_world):
     data_cfg = data_config_for(spec, str(tiny_world))
     expected = {"vqa": ["vqa_score"], "ve": ["ve_acc"], "nlvr2": ["nlvr2_acc"],
                 "retrieval": ["ir_r1", "ir_r5", "ir_r10", "tr_r1", "ir_mean", "tr_mean"],
-                "refcoco+": ["refcoco+_acc"], "refcoco+-gt": ["refcoco+-gt_acc"],
+                "refcoco+": ["refcocoplus_acc"], "refcoco+-gt": ["refcocoplus-gt_acc"],
                 "vcr": ["q2a", "qa2r", "q2ar"]}
     for name, keys in expected.items():
         bench = get_benchmark(name)

@@ -75,7 +75,8 @@ class ImageStore:
                     f"the model expects region features of width {cfg.feature_dim}, the image "
                     f"shards hold width {feature_dim} ({files[0]}): finetune a model built "
                     f"for this feature store")
-        columns = list(REGION_COLUMNS if cfg.visual == "regions" else PIXEL_COLUMNS)
+        columns = list(REGION_COLUMNS if cfg.visual == "regions"
+                       else PIXEL_COLUMNS + ("width", "height"))
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
         # downstream images carry no captions; empty lists let the row transform keep them
         empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))

@@ -106,7 +106,7 @@ class FinetuneComponents:
             if itm is None:
                 raise CheckpointError(f"zero-shot retrieval scores with the pretrained ITM head; "
                                       f"{self.checkpoint} has none (pretrain with itm)")
-            head = build_head("match-scorer", name=self.benchmark,
+            head = build_head("match-scorer", name=bench.task,
                               hidden=family.transformer.hidden_size, itm_head=itm)
         else:
             head = bench.build_head(self.ctx, base.backbone, itm)
@@ -121,7 +121,7 @@ class FinetuneComponents:
                                worker.world_size)
 
     def build_task_sampler(self, mix: dict[str, float], seed: int) -> SingleTask:
-        return SingleTask(self.benchmark)
+        return SingleTask(get_benchmark(self.benchmark).task)
 
     # ---- evaluation (called by the loop on every worker once training completes) ----------
 
@@ -137,8 +137,7 @@ class FinetuneComponents:
                "eval_examples": len(data), "predictions": None}
         if self.predictions_dir:
             out["predictions"] = write_json(
-                Path(self.predictions_dir) / f"{self.benchmark.replace('+', 'plus')}-"
-                                             f"{self.ctx.eval_split}.json",
+                Path(self.predictions_dir) / f"{bench.task}-{self.ctx.eval_split}.json",
                 {"benchmark": self.benchmark, "split": self.ctx.eval_split,
                  "metrics": result.metrics, "predictions": result.predictions})
         return out

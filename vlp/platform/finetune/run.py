@@ -22,7 +22,7 @@ from vlp.platform.config_loader import flatten, from_dict
 from vlp.platform.evaluation.metrics import META_SUM_PARTS, meta_sum
 from vlp.platform.experiment_config import ExperimentConfig
 from vlp.platform.finetune import tracking
-from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
+from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark, task_id
 from vlp.platform.finetune.components import FinetuneComponents
 from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
@@ -84,6 +84,10 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
 def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
     cfg = cfg.resolved_paths()
     prepared = prepare(cfg)                        # bad inputs fail here, before Ray starts
+    for name in cfg.benchmarks:   # every run's set-up is checked before the first starts
+        steps, batch_size, _, options = cfg.settings_for(name)
+        get_benchmark(name).check(components_for(cfg, name, prepared, batch_size, options).ctx)
+        experiment_config(cfg, name, steps, 1e-4, None)
     parent = None
     if cfg.mlflow.enabled:
         if cfg.mlflow.tracking_uri:
@@ -93,8 +97,6 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             run_name=cfg.run.name, output_dir=cfg.run.output_dir,
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
-    for name in cfg.benchmarks:   # every run's loop config is checked before the first starts
-        experiment_config(cfg, name, *cfg.settings_for(name)[:1], 1e-4, parent)
     ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
     reports = {}
     for name in cfg.benchmarks:
@@ -150,7 +152,7 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
                 "seed": cfg.run.seed, "max_failures": cfg.run.max_failures},
         "model": {"family": cfg.model.family},
         "data": {"sources": {"world": {"path": cfg.world}}},
-        "tasks": {name: 1.0},
+        "tasks": {get_benchmark(name).task: 1.0},
         "train": {"steps": steps, "precision": t.precision, "zero_stage": t.zero_stage,
                   "log_every": min(t.log_every, steps), "extensions_dir": t.extensions_dir},
         "optimizer": {"lr": lr, "betas": list(t.betas), "weight_decay": t.weight_decay,
@@ -166,7 +168,7 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
 
 def run_name(cfg: FinetuneConfig, benchmark: str) -> str:
     """``<name>-<benchmark>`` as a folder name ('+' is not one: refcoco+ → refcocoplus)."""
-    return f"{cfg.run.name}-{benchmark.replace('+', 'plus')}"
+    return f"{cfg.run.name}-{task_id(benchmark)}"
 
 
 def meta_parts(reports: dict[str, BenchmarkReport]) -> dict[str, float]:

@@ -97,7 +97,7 @@ def log_summary(parent: Parent, scores: dict[str, float], meta_sum: float | None
     from mlflow.tracking import MlflowClient
 
     run = MlflowRun(MlflowClient(parent.tracking_uri), parent.run_id, "", parent.tracking_uri)
-    metrics = {f"downstream.{k}": v for k, v in scores.items()}
+    metrics = {f"downstream.{k.replace('+', 'plus')}": v for k, v in scores.items()}
     if meta_sum is not None:
         metrics["downstream.meta_sum"] = meta_sum
     if metrics:

@@ -3,7 +3,7 @@
 from vlp.platform.finetune.benchmarks import nlvr2, refcoco, retrieval, vcr, ve, vqa  # noqa: F401
 from vlp.platform.finetune.benchmarks.base import (BENCHMARKS, Benchmark, BenchmarkContext,
                                                    EvalResult, TrainDefaults, UnknownBenchmark,
-                                                   get_benchmark)
+                                                   get_benchmark, task_id)
 
 __all__ = ["BENCHMARKS", "Benchmark", "BenchmarkContext", "EvalResult", "TrainDefaults",
-           "UnknownBenchmark", "get_benchmark"]
+           "UnknownBenchmark", "get_benchmark", "task_id"]

@@ -65,6 +65,12 @@ class Benchmark:
     meta_parts: ClassVar[dict[str, str]] = {}      # Meta-Sum part → metric key
     primary: ClassVar[str]                          # the headline metric key
 
+    @property
+    def task(self) -> str:
+        """The name the training loop, the head and MLflow use: MLflow keys and folder names
+        allow no '+' (``refcoco+`` → ``refcocoplus``)."""
+        return task_id(self.name)
+
     def options(self, raw: dict[str, Any] | None, key: str = "") -> Any:
         """Typed options; ``ConfigError`` naming ``<key>.<option>`` for a bad one."""
         try:
@@ -74,6 +80,10 @@ class Benchmark:
 
     def option_names(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self.Options)]
+
+    def check(self, ctx: BenchmarkContext) -> None:
+        """Raise (naming the cause) when the benchmark cannot run with this model and data;
+        called on the driver before any worker starts."""
 
     def train_data(self, ctx: BenchmarkContext) -> Any:
         raise NotImplementedError
@@ -92,6 +102,10 @@ class Benchmark:
     def evaluate(self, ctx: BenchmarkContext, data: Any, runner: EvalRunner) -> EvalResult | None:
         """Rank 0 returns the result; other ranks return None."""
         raise NotImplementedError
+
+
+def task_id(name: str) -> str:
+    return name.replace("+", "plus")
 
 
 class UnknownBenchmark(ValueError):

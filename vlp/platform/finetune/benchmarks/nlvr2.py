@@ -37,6 +37,10 @@ class Nlvr2(Benchmark):
             types = layout_types(ctx.family, "nlvr2-triplet")[1]["image_types"]
         return Nlvr2Data(ctx.data, split, ctx.options.variant, types)
 
+    def check(self, ctx):
+        if ctx.options.variant == "triplet":
+            layout_types(ctx.family, "nlvr2-triplet")   # SOHO: one image per sequence
+
     def train_data(self, ctx):
         return self._data(ctx, "train")
 
@@ -45,7 +49,7 @@ class Nlvr2(Benchmark):
 
     def build_head(self, ctx, backbone, itm_head):
         variant = ctx.options.variant
-        kw = dict(name=self.name, hidden=hidden_size(ctx), eps=layer_norm_eps(ctx))
+        kw = dict(name=self.task, hidden=hidden_size(ctx), eps=layer_norm_eps(ctx))
         if variant == "triplet":
             extend_for(backbone, "nlvr2-triplet")
         if variant == "pair-biattn":

@@ -20,6 +20,11 @@ class _RefCoco(Benchmark):
     defaults = TrainDefaults(steps=600, batch_size=32, lr=1e-4)
     boxes = "detected"
 
+    def check(self, ctx):
+        if ctx.data.visual != "regions":
+            raise ValueError(f"{self.name} scores image regions: family {ctx.family.name!r} "
+                             f"reads pixels (SOHO) and has none")
+
     def train_data(self, ctx):
         return RefExpData(ctx.data, "train", self.boxes)
 
@@ -30,7 +35,7 @@ class _RefCoco(Benchmark):
         return data.labelled
 
     def build_head(self, ctx, backbone, itm_head):
-        return build_head("region-scorer", name=self.name, hidden=hidden_size(ctx))
+        return build_head("region-scorer", name=self.task, hidden=hidden_size(ctx))
 
     def evaluate(self, ctx, data: RefExpData, runner) -> EvalResult | None:
         # scores are [rows, regions] with a region count per batch: keep only the argmax
@@ -40,7 +45,7 @@ class _RefCoco(Benchmark):
         pred = pred.astype(np.int64)
         boxes = np.stack([data.region_boxes(k)[p] for k, p in enumerate(pred)])
         acc = refexp_accuracy(boxes, data.target_boxes)
-        return EvalResult({f"{self.name}_acc": acc},
+        return EvalResult({f"{self.task}_acc": acc},
                           [{"ref_id": r, "region": int(p), "box": b.tolist()}
                            for r, p, b in zip(data.column("ref_id"), pred, boxes)])
 
@@ -50,8 +55,8 @@ class RefCocoDetected(_RefCoco):
     name = "refcoco+"
     description = "RefCOCO+ comprehension on detected boxes (accuracy, IoU > 0.5)"
     boxes = "detected"
-    meta_parts = {"refcoco+": "refcoco+_acc"}
-    primary = "refcoco+_acc"
+    meta_parts = {"refcoco+": "refcocoplus_acc"}
+    primary = "refcocoplus_acc"
 
 
 @register
@@ -59,4 +64,4 @@ class RefCocoGt(_RefCoco):
     name = "refcoco+-gt"
     description = "RefCOCO+ comprehension on ground-truth boxes (accuracy)"
     boxes = "gt"
-    primary = "refcoco+-gt_acc"
+    primary = "refcocoplus-gt_acc"

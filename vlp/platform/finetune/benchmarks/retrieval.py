@@ -61,7 +61,7 @@ class Retrieval(Benchmark):
 
     def build_head(self, ctx, backbone, itm_head):
         o = ctx.options
-        return build_head("match-scorer", name=self.name, hidden=hidden_size(ctx), loss=o.loss,
+        return build_head("match-scorer", name=self.task, hidden=hidden_size(ctx), loss=o.loss,
                           margin=o.margin, itm_head=itm_head)
 
     def evaluate(self, ctx, data: RetrievalData, runner) -> EvalResult | None:

@@ -42,7 +42,7 @@ class Vcr(Benchmark):
 
     def build_head(self, ctx, backbone, itm_head):
         extend_for(backbone, "vcr")
-        return build_head("choice-scorer", name=self.name, hidden=hidden_size(ctx))
+        return build_head("choice-scorer", name=self.task, hidden=hidden_size(ctx))
 
     def evaluate(self, ctx, data: VcrData, runner) -> EvalResult | None:
         q2a = runner.predict_sharded(lambda idx: data.batch(idx, stages=("q2a",)), len(data),

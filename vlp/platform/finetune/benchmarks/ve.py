@@ -24,7 +24,7 @@ class Ve(Benchmark):
         return VeData(ctx.data, ctx.eval_split)
 
     def build_head(self, ctx, backbone, itm_head):
-        return build_head("class-classifier", name=self.name, hidden=hidden_size(ctx),
+        return build_head("class-classifier", name=self.task, hidden=hidden_size(ctx),
                           num_classes=len(VeData.classes), eps=layer_norm_eps(ctx))
 
     def evaluate(self, ctx, data: VeData, runner) -> EvalResult | None:

@@ -54,7 +54,7 @@ class Vqa(Benchmark):
         return VqaData(ctx.data, ctx.eval_split, self.vocab(ctx))
 
     def build_head(self, ctx, backbone, itm_head):
-        return build_head("soft-score-classifier", name=self.name, hidden=hidden_size(ctx),
+        return build_head("soft-score-classifier", name=self.task, hidden=hidden_size(ctx),
                           num_answers=len(self.vocab(ctx)), eps=layer_norm_eps(ctx))
 
     def evaluate(self, ctx: BenchmarkContext, data: VqaData, runner) -> EvalResult | None:
