@@ -64,6 +64,8 @@ def build_dataset(plan: DataPlan, *, reshuffle_files: bool = True) -> ray.data.D
     ds = ds.select_columns([*plan.read_columns, PATH_COLUMN])
     ds = ds.map_batches(ImageRowTransform(plan), batch_format="pyarrow", batch_size=None,
                         zero_copy_batch=True)
+    if not reshuffle_files:   # also the cached blocks in file order, whatever task ends first
+        ds.context.execution_options.preserve_order = True
     if _should_cache(plan):
         # small corpora arrive as one block (Ray bins small files into one read task):
         # blocks of ~CACHE_BLOCK_ROWS images give the per-epoch block shuffle something to do

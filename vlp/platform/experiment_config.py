@@ -2,8 +2,9 @@
 
 Load with ``load_experiment_config(path, overrides=["optimizer.lr=1e-4"], task_names=...)``.
 Task names are checked against the model's task registry (passed in by the caller; the
-paper tasks by default). The ``data`` section is handed to the data pipeline, which maps it
-to its own ``DataConfig``.
+paper tasks by default). The ``data`` section is the pipeline's ``DataConfig`` as a user
+writes it (see ``DataSection``); ``vlp.platform.pretrain_data`` maps it, with the model's
+preprocessing, onto one ``DataConfig`` per stage.
 
 Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
 decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
@@ -12,6 +13,7 @@ except precision (fp32: the embedded default runs on CPU) and steps (set them pe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vlp.datasets.data_config import DataConfig, DataConfigError, RegionConfig, SourceConfig
 from vlp.platform.config_loader import ConfigError, bounded, load_config
 
 # Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
@@ -49,6 +52,7 @@ class ModelSection:
     # random | minilm (packaged MiniLM text weights) | bert, uniter (weights at init_path)
     init: Literal["random", "minilm", "bert", "uniter"] = "random"
     init_path: str = ""
+    dropout: float = bounded(0.1, ge=0, lt=1)   # hidden and attention dropout (UNITER: 0.1)
 
     def validate(self):
         if not self.family:
@@ -69,14 +73,38 @@ class SourceSection:
     weight: float = bounded(1.0, ge=0)   # sampling weight among a stage's sources
 
 
+def _pipeline_default(name: str):
+    """Defaults come from the pipeline's ``DataConfig``, where each option is defined."""
+    f = DataConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+# experiment key → DataConfig field, where the names differ
+DATA_CONFIG_NAMES = {"batch_input_units": "batch_units"}
+
+
 @dataclass
 class DataSection:
+    """The pipeline's ``vlp.datasets.DataConfig`` options a pretraining run sets, under the
+    same names (except ``batch_input_units``), with its defaults and its value checks (the
+    types are restated here for the YAML loader). Not here: what the model family decides
+    (visual input, location encoding, whole-image feature, image sizes), the seed
+    (``run.seed``), and ``sources``, named here so that stages can pick them."""
     sources: dict[str, SourceSection] = field(default_factory=dict)
-    masking: Literal["conditional", "joint"] = "conditional"
-    batch_input_units: int = bounded(4096, gt=0)   # per worker per micro-batch: B × (T + N)
-    max_text_len: int = bounded(60, gt=2)
-    itm_neg_prob: float = bounded(0.5, ge=0, le=1)
-    mask_prob: float = bounded(0.15, gt=0, lt=1)
+    masking: Literal["conditional", "joint"] = _pipeline_default("masking")
+    # per worker per micro-batch: B × the longest packed row (text + regions)
+    batch_input_units: int = _pipeline_default("batch_units")
+    max_text_len: int = _pipeline_default("max_text_len")
+    overlong: Literal["drop", "truncate"] = _pipeline_default("overlong")
+    itm_neg_prob: float = _pipeline_default("itm_neg_prob")
+    mask_prob: float = _pipeline_default("mask_prob")
+    regions: RegionConfig = field(default_factory=RegionConfig)
+    split: str | None = _pipeline_default("split")
+    tokenizer_path: str | None = _pipeline_default("tokenizer_path")   # None: the model's
+    bucket_window: int = _pipeline_default("bucket_window")
+    bucketing: bool = _pipeline_default("bucketing")
+    read_rows: int = _pipeline_default("read_rows")
+    prefetch_blocks: int = _pipeline_default("prefetch_blocks")
 
     def validate(self):
         if not self.sources:
@@ -86,6 +114,21 @@ class DataSection:
         for name, s in self.sources.items():
             if not s.path:
                 yield f"sources.{name}.path", "expected a path, got ''"
+        try:   # the pipeline's own value checks (again with the model's input in pretrain_data)
+            self.data_config((SourceConfig("_", "_"),))
+        except DataConfigError as e:
+            back = {v: k for k, v in DATA_CONFIG_NAMES.items()}
+            for key, msg in e.problems:
+                yield back.get(key, key), msg
+
+    def pipeline_options(self) -> dict:
+        """This section as ``DataConfig`` keyword arguments (without sources)."""
+        return {DATA_CONFIG_NAMES.get(f.name, f.name): getattr(self, f.name)
+                for f in dataclasses.fields(self) if f.name != "sources"}
+
+    def data_config(self, sources: tuple[SourceConfig, ...], **decided) -> DataConfig:
+        """A ``DataConfig`` for ``sources``; ``decided``: what the model and run decide."""
+        return DataConfig(sources=sources, **{**self.pipeline_options(), **decided})
 
 
 @dataclass

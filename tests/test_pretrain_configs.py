@@ -1,0 +1,49 @@
+"""Every config in jobs/configs/ loads and validates (keys, values, model family, task names
+and their fit to the family); the paper configs hold the papers' settings. No compute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vlp.platform.finetune.config import load_finetune_config
+from vlp.platform.pretrain_data import check_model_and_tasks
+from vlp.platform.pretrain_job import load_pretrain_config
+
+CONFIGS = sorted((Path(__file__).parents[1] / "jobs" / "configs").glob("*.yaml"))
+PRETRAIN = [p for p in CONFIGS if not p.name.startswith("finetune")]
+
+
+def test_the_expected_configs_are_there():
+    names = {p.stem for p in CONFIGS}
+    assert {"uniter-base-indomain", "uniter-large", "vlbert-base", "imagebert-base-two-stage",
+            "soho-r18-l3", "pretrain-tiny", "pretrain-demo", "finetune"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_loads_and_validates(path):
+    if path in PRETRAIN:
+        cfg = load_pretrain_config(path)
+        check_model_and_tasks(cfg)
+        assert cfg.total_steps() > 0 and cfg.data.sources
+    else:   # finetune.yaml takes its checkpoint from the command line (--checkpoint)
+        load_finetune_config(path, ["model.checkpoint=runs/pretrain"])
+
+
+def test_uniter_base_indomain_holds_the_paper_recipe():
+    cfg = load_pretrain_config(CONFIGS[0].parent / "uniter-base-indomain.yaml")
+    o, t = cfg.optimizer, cfg.train
+    assert (o.lr, o.betas, o.weight_decay, o.warmup_steps, o.schedule, o.grad_clip) == \
+        (5e-5, (0.9, 0.98), 0.01, 10_000, "linear", 5.0)
+    assert (cfg.total_steps(), t.precision, cfg.model.dropout) == (200_000, "fp16", 0.1)
+    assert cfg.tasks == {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}
+    assert cfg.data.batch_input_units == 10240 and cfg.data.masking == "conditional"
+    assert set(cfg.data.sources) == {"coco", "vg"} and cfg.scaling.use_gpu
+
+
+def test_imagebert_two_stage_runs_the_same_tasks_in_each_stage():
+    cfg = load_pretrain_config(CONFIGS[0].parent / "imagebert-base-two-stage.yaml")
+    plan = cfg.stage_plan()
+    assert [(s.name, s.sources) for s in plan] == [("web", ["web"]), ("cc-sbu", ["cc", "sbu"])]
+    assert all(s.tasks == {"mlm": 1, "moc": 1, "mrfr": 1, "itm": 1} for s in plan)

@@ -1,0 +1,202 @@
+"""Integration: real pretraining (uniter-tiny, the pipeline, MLflow) on 2 Ray Train CPU workers
+with DeepSpeed ZeRO-2 on the tiny world, in two stages (out-of-domain web captions, then
+in-domain with another mix) — ImageBERT's multi-stage recipe, each stage initialised from the
+previous one.
+
+Three fits in all (~20 s each on a quiet 2-core machine): a straight 24-step run; the same
+job stopped at step 10 (mid-stage, mid-epoch); and that job resumed, with rank 1 raising once
+at step 19 — it must finish from the step-16 checkpoint with the very same per-step losses
+as the straight run (the data stream re-read and the served batches skipped), the same
+examples seen and final step, and exactly one MLflow run across stop, resume and restart.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vlp.platform.pretrain_components import PretrainComponents
+from vlp.platform.pretrain_job import load_pretrain_config, pretrain
+from vlp.platform.tracking import RUN_KEY_TAG, embedded_tracking_uri, run_key
+
+pytestmark = pytest.mark.integration
+
+STEPS, STOP, FAIL_AT = 24, 10, 19       # 2 stages of 12 steps; checkpoints every 8 + stage ends
+
+
+def config(world: str, root: Path, name: str, *overrides: str):
+    images = Path(world) / "images"
+    return load_pretrain_config(data={
+        "run": {"name": name, "output_dir": str(root), "seed": 0, "max_failures": 1},
+        "model": {"family": "uniter-tiny"},
+        "data": {"sources": {n: {"path": str(images / n)} for n in ("coco", "vg", "cc", "sbu")},
+                 "batch_input_units": 1024, "bucket_window": 256},
+        "tasks": {"mlm": 2, "itm": 2, "mrfr": 1, "mrc-kl": 1},
+        "stages": [{"name": "web", "steps": 12, "sources": ["cc", "sbu"]},
+                   {"name": "indomain", "steps": 12, "sources": ["coco", "vg"],
+                    "tasks": {"mlm": 2, "mrfr": 1, "mrc-kl": 1}}],
+        "optimizer": {"lr": 3e-3, "warmup_steps": 2},
+        "train": {"zero_stage": 2, "log_every": 4},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+        "checkpoint": {"interval": 8, "keep": 2},
+    }, overrides=overrides)
+
+
+class _FailOnce:
+    """A batch source that raises at its ``call``-th batch, once per job (marker file)."""
+
+    def __init__(self, source: Any, call: int, marker: str):
+        self.source, self.call, self.marker, self.calls = source, call, marker, 0
+
+    def next(self, task: str):
+        self.calls += 1
+        if self.calls == self.call and not Path(self.marker).exists():
+            Path(self.marker).write_text("injected\n")
+            raise RuntimeError(f"test: injected worker failure at batch {self.calls}")
+        return self.source.next(task)
+
+    def state_dict(self):
+        return self.source.state_dict()
+
+    def load_state_dict(self, state):
+        self.source.load_state_dict(state)
+
+    def close(self):
+        self.source.close()
+
+
+@dataclass
+class FailingComponents(PretrainComponents):
+    """The real components; rank 1's batch source of stage 2 fails once."""
+    fail_call: int = 0
+    marker: str = ""
+
+    def build_batch_source(self, cfg, stage, stage_index, worker):
+        source = super().build_batch_source(cfg, stage, stage_index, worker)
+        if stage_index == 1 and worker.rank == 1:
+            return _FailOnce(source, self.fail_call, self.marker)
+        return source
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    import ray.cloudpickle
+
+    from vlp.platform.engine import prebuild_comm_op
+
+    prebuild_comm_op()      # DeepSpeed's shm comm op: ~28 s cold, cached afterwards
+    # workers cannot import this test module: ship FailingComponents by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return tmp_path_factory.mktemp("pretrain-runs")
+
+
+def run(world, root, name, *overrides, components=None):
+    from vlp.platform.pretrain import resolve, run_pretraining
+    from vlp.platform.pretrain_data import prepare
+    from vlp.platform.pretrain_job import absolute_sources
+
+    cfg = config(world, root, name, *overrides)
+    if components is None:
+        return pretrain(cfg, progress=False, say=lambda line: None)
+    cfg = absolute_sources(resolve(cfg))
+    return run_pretraining(cfg, components(prepare(cfg)))
+
+
+@pytest.fixture(scope="module")
+def straight(ray_local, tiny_world, root):
+    return run(tiny_world, root, "straight")
+
+
+def mlflow_runs(root: Path, name: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(embedded_tracking_uri(root))
+    exp = client.get_experiment_by_name("vlp-pretrain")
+    key = run_key(str(root.resolve()), name)
+    return client, client.search_runs([exp.experiment_id],
+                                      filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'")
+
+
+def task_losses(history, task):
+    return [h[f"{task}_loss"] for h in history if f"{task}_loss" in h]
+
+
+def test_two_workers_two_stages_losses_fall_and_mlflow_holds_the_run(straight, root):
+    r = straight
+    assert r.completed and r.final_step == STEPS
+    assert r.checkpoint_path == str(root / "straight" / "checkpoint_step00000024")
+    h = r.history
+    assert [x["step"] for x in h] == list(range(1, STEPS + 1))
+    assert [x["stage"] for x in h] == [0] * 12 + [1] * 12
+    assert "itm" in {t for x in h[:12] for t in x["tasks"]}
+    assert {t for x in h[12:] for t in x["tasks"]} <= {"mlm", "mrfr", "mrc-kl"}  # stage 2's mix
+    for task in ("mlm", "mrfr"):      # each task's loss falls over the run
+        losses = task_losses(h, task)
+        assert len(losses) >= 6, task
+        first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+        assert last < 0.9 * first, (task, losses)
+    assert r.return_value["examples_seen"] == sum(x["global_batch_examples"] for x in h)
+    assert all(x["global_batch_input_units"] <= 2 * 1024 for x in h)
+
+    ckpt = Path(r.checkpoint_path)
+    meta = json.loads((ckpt / "vlp_trainer.json").read_text())
+    assert (meta["step"], meta["stage"]) == (STEPS, 1)
+    assert {"vlp_rank_000.pt", "vlp_rank_001.pt", "latest"} <= {p.name for p in ckpt.iterdir()}
+
+    client, runs = mlflow_runs(root, "straight")
+    assert len(runs) == 1 and runs[0].info.run_id == r.mlflow_run_id
+    run_ = runs[0]
+    assert run_.info.status == "FINISHED"
+    p = run_.data.params
+    assert p["model.family"] == "uniter-tiny" and p["optimizer.lr"] == "0.003"
+    assert p["stages.0.name"] == "web" and p["stages.1.tasks.mrfr"] == "1.0"
+    assert p["data.batch_input_units"] == "1024" and p["train.zero_stage"] == "2"
+    assert int(p["derived.parameters"]) == r.return_value["parameters"] > 0
+    logged = {m.step: m.value for m in client.get_metric_history(run_.info.run_id, "loss")}
+    assert logged == pytest.approx({x["step"]: x["loss"] for x in h})
+    for key in ("mlm_loss", "itm_loss", "mrfr_loss", "mrc-kl_loss", "examples_per_s",
+                "input_units_per_s", "lr"):
+        assert client.get_metric_history(run_.info.run_id, key), key
+    artifacts = {a.path for d in ("config", "plots", "checkpoint")
+                 for a in client.list_artifacts(run_.info.run_id, d)}
+    assert {"config/experiment.yaml", "plots/loss_curve.png", "checkpoint/latest.json"} \
+        <= artifacts
+    pointer = json.loads(Path(client.download_artifacts(
+        run_.info.run_id, "checkpoint/latest.json", str(root / "dl"))).read_text())
+    assert pointer["checkpoint"] == r.checkpoint_path and pointer["completed"]
+
+
+def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, root):
+    # 1) the same job, stopped at step 10: mid-stage 1, between checkpoint intervals
+    stopped = run(tiny_world, root, "resumed", f"train.stop_after={STOP}")
+    assert stopped.final_step == STOP and not stopped.completed
+    assert stopped.checkpoint_path.endswith(f"checkpoint_step{STOP:08d}")
+
+    # 2) re-run: resumes at step 10; rank 1 fails once at step 19 (stage 2's 7th batch) →
+    #    Ray restarts the workers from the step-16 checkpoint
+    marker = root / "fault-injected"
+    resumed = run(tiny_world, root, "resumed", components=lambda setup: FailingComponents(
+        setup, fail_call=FAIL_AT - 12, marker=str(marker)))
+    assert marker.exists()                                    # the failure did happen
+    assert resumed.completed and resumed.final_step == STEPS
+    assert resumed.return_value["start_step"] == 16           # last attempt began at step 16
+    assert resumed.checkpoint_path.endswith(f"checkpoint_step{STEPS:08d}")
+    assert resumed.return_value["examples_seen"] == straight.return_value["examples_seen"]
+
+    # every step's loss, logged by the three attempts (steps 17-19 twice), is the straight run's
+    want = {x["step"]: x["loss"] for x in straight.history}
+    client, runs = mlflow_runs(root, "resumed")
+    assert len(runs) == 1                                     # one MLflow run for the job
+    run_ = runs[0]
+    assert run_.info.run_id == stopped.mlflow_run_id == resumed.mlflow_run_id
+    assert run_.info.status == "FINISHED"
+    history = client.get_metric_history(run_.info.run_id, "loss")
+    assert {m.step for m in history} == set(range(1, STEPS + 1))
+    assert sum(m.step in (17, 18, 19) for m in history) == 6
+    for m in history:
+        assert m.value == pytest.approx(want[m.step], rel=1e-6, abs=1e-7), m.step

@@ -1,0 +1,133 @@
+"""`vlp pretrain`: run a pretraining experiment config on Ray Train + DeepSpeed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EPILOG = """\
+examples:
+  vlp data synth --scale tiny --out runs/worlds/tiny          # the data pretrain-tiny reads
+  vlp pretrain --config jobs/configs/pretrain-tiny.yaml
+  vlp pretrain --config jobs/configs/pretrain-tiny.yaml --set train.steps=60 \\
+      --set tasks="{mlm: 1, itm: 1}" --name tiny-mlm-itm
+  vlp pretrain --config jobs/configs/imagebert-base-two-stage.yaml --check
+  ray job submit --address http://HEAD:8265 --working-dir . -- \\
+      python jobs/pretrain.py --config jobs/configs/uniter-base-indomain.yaml
+
+--set takes any dotted key of the config (values parsed as YAML): optimizer.lr=1e-4,
+data.batch_input_units=8192, stages.1.steps=5000, scaling.num_workers=8, train.precision=bf16.
+An unknown key, task or family is an error naming it, before anything starts.
+
+The run writes OUTPUT_DIR/NAME/checkpoint_step<N> (DeepSpeed + trainer state) and one MLflow
+run (params = the flattened config, per-step losses, config YAML, loss curve, checkpoint
+pointer). Running the same NAME again resumes from its last checkpoint, exactly.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("pretrain", help="pretrain a model from an experiment config",
+                       description="Pretrain a single-stream vision-language model (UNITER, "
+                                   "VL-BERT, ImageBERT, SOHO) on Ray Train workers with "
+                                   "DeepSpeed, from one experiment YAML: task mix, stages, "
+                                   "data sources, optimizer, scaling, MLflow. Prints the "
+                                   "derived sizes up front, a progress line per report, and "
+                                   "the final figures one per line.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, metavar="YAML",
+                   help="experiment config (jobs/configs/*.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable), e.g. optimizer.lr=1e-4")
+    p.add_argument("--name", help="run name (= run.name): runs go to OUTPUT_DIR/NAME")
+    p.add_argument("--output-dir", metavar="DIR", help="runs root (= run.output_dir)")
+    p.add_argument("--steps", type=int, help="optimizer steps of a one-stage run (= train.steps)")
+    p.add_argument("--workers", type=int, help="Ray Train workers (= scaling.num_workers)")
+    p.add_argument("--gpu", action="store_true", help="one GPU per worker (= scaling.use_gpu)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under "
+                                          "OUTPUT_DIR)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
+    p.add_argument("--parent-run-id", help="MLflow run to nest this run under (sweeps)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config and the data, print the derived sizes, exit "
+                        "(no Ray, no training)")
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    pairs = [("run.name", args.name), ("run.output_dir", args.output_dir),
+             ("train.steps", args.steps), ("scaling.num_workers", args.workers),
+             ("mlflow.tracking_uri", args.tracking_uri)]
+    out = [f"{k}={v}" for k, v in pairs if v is not None]
+    if args.gpu:
+        out.append("scaling.use_gpu=true")
+    if args.no_mlflow:
+        out.append("mlflow.enabled=false")
+    return out + list(args.set)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Returns the exit status; failures print one line (VLP_DEBUG=1 raises instead)."""
+    import os
+
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        if os.environ.get("VLP_DEBUG"):
+            raise
+        print(f"pretrain failed: {one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from vlp.platform.pretrain_job import load_pretrain_config, pretrain, summary
+
+    cfg = load_pretrain_config(args.config, overrides(args))
+    if args.check:
+        from vlp.platform.pretrain import resolve
+        from vlp.platform.pretrain_data import prepare
+        from vlp.platform.pretrain_job import absolute_sources
+
+        cfg = absolute_sources(resolve(cfg))
+        for line in summary(cfg, prepare(cfg)):
+            print(f"[vlp pretrain] {line}")
+        return 0
+    start_ray(cfg)
+    result = pretrain(cfg, parent_run_id=args.parent_run_id)
+    print("\n".join(result_lines(result)))
+    return 0 if result.completed or cfg.train.stop_after else 1
+
+
+def start_ray(cfg) -> None:
+    """Attach to the job's cluster (``ray job submit``: ``ray.init()`` with no arguments) or
+    start a local one; Ray Data's per-epoch progress bars off (our progress lines report
+    throughput)."""
+    import ray.data
+
+    from vlp.platform.finetune.session import ensure_ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
+
+
+def result_lines(result) -> list[str]:
+    """The final figures, one per line (``name value``)."""
+    lines = [f"final_step {result.final_step}", f"completed {result.completed}"]
+    for k in sorted(result.metrics):
+        if k.endswith("_loss") or k in ("loss", "examples_per_s", "input_units_per_s",
+                                         "examples_seen"):
+            lines.append(f"{k} {result.metrics[k]:.4f}")
+    lines += [f"checkpoint {result.checkpoint_path}", f"mlflow_run_id {result.mlflow_run_id}",
+              f"tracking_uri {result.tracking_uri}"]
+    return lines
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: message`` on one line (config errors list their keys separated by ';')."""
+    head, *rest = [part.strip() for part in str(e).splitlines() if part.strip()] or [""]
+    return f"{type(e).__name__}: {head}" + (" " + "; ".join(rest) if rest else "")
