@@ -1,0 +1,85 @@
+"""Pretraining for the finetune calibration: the platform's pretraining job when it is
+available, else a plain single-process loop over the pipeline's local iterator (the brief's
+fallback for when the Ray pretraining wiring is not in place). Both write a checkpoint that
+``vlp finetune --checkpoint`` reads: a platform checkpoint folder, or a ``VLPModel``
+state-dict file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCES = ("coco", "vg", "cc", "sbu")
+
+
+def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[str, float],
+             steps: int, lr: float, batch_units: int, seed: int, mode: str = "auto",
+             say=print) -> str:
+    """Pretrain and return the checkpoint path (reused when it exists already)."""
+    if mode in ("auto", "platform"):
+        try:
+            from vlp.platform.pretrain_job import load_pretrain_config, pretrain as run_job
+        except ImportError:
+            if mode == "platform":
+                raise
+            mode = "local"
+        else:
+            cfg = load_pretrain_config(data={
+                "run": {"name": name, "output_dir": out_dir, "seed": seed},
+                "model": {"family": family},
+                "data": {"sources": {s: {"path": f"{world}/images/{s}"} for s in SOURCES},
+                         "batch_input_units": batch_units},
+                "tasks": tasks, "train": {"steps": steps, "log_every": max(1, steps // 10)},
+                "optimizer": {"lr": lr, "warmup_steps": max(1, steps // 10)},
+                "scaling": {"num_workers": 1}, "checkpoint": {"interval": steps},
+                "mlflow": {"enabled": False}})
+            return run_job(cfg, progress=False, say=say).checkpoint_path
+    return local_pretrain(world, str(Path(out_dir) / f"{name}.pt"), family=family, tasks=tasks,
+                          steps=steps, lr=lr, batch_units=batch_units, seed=seed, say=say)
+
+
+def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float], steps: int,
+                   lr: float, batch_units: int, seed: int, say=print) -> str:
+    from vlp.datasets.data_config import DataConfig, SourceConfig
+    from vlp.datasets.data_plan import plan_data
+    from vlp.datasets.local_stream import local_batches
+    from vlp.datasets.task_sampler import TaskSampler
+    from vlp.models import create_model
+    from vlp.platform.engine import WarmupLinearDecay, param_groups
+
+    if Path(out).is_file():
+        return out
+    torch.manual_seed(seed)
+    sources = tuple(SourceConfig(s, f"{world}/images/{s}") for s in SOURCES)
+    plan = plan_data(DataConfig(sources=sources, batch_units=batch_units, seed=seed), tasks)
+    model, _, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
+                               num_classes=plan.num_classes or 1601)
+    batches, sampler = local_batches(plan), TaskSampler(tasks, seed)
+    # the platform's recipe: AdamW (0.9, 0.98), no decay on biases/norms, warm-up + linear
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-6)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupLinearDecay(max(1, steps // 10), steps))
+    start, seen = time.perf_counter(), {}
+    try:
+        for step in range(1, steps + 1):
+            task = sampler.next()
+            out_ = model(batches.next(task), task=task)
+            opt.zero_grad()
+            out_["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            sched.step()
+            for k, v in out_.items():
+                seen.setdefault(k, []).append(float(v.detach()))
+            if step % max(1, steps // 10) == 0:
+                means = " ".join(f"{k} {np.mean(v[-50:]):.3f}" for k, v in sorted(seen.items()))
+                say(f"  pretrain {step}/{steps} {time.perf_counter() - start:.0f}s {means}")
+    finally:
+        batches.close()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(out).with_suffix(".tmp")
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(out)
+    return out

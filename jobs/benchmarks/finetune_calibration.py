@@ -1,0 +1,115 @@
+"""Calibration of the synthetic world: does pretraining matter downstream?
+
+For each seed: pretrain a small model with MLM + ITM on the demo world's corpora, then
+finetune and evaluate both it and a fresh initialisation ("no pretraining", UNITER Table 3
+line 1) on the Meta-Sum benchmarks through the product path (``finetune_and_evaluate``: the
+Ray Train + DeepSpeed loop, sharded evaluation). Prints one figure per line — per seed, then
+mean and standard deviation per benchmark and Meta-Sum for both arms, the gap, and whether it
+clears the bar (≥ 10 Meta-Sum points and > 2σ, σ the larger arm's standard deviation of
+Meta-Sum over seeds).
+
+    python jobs/benchmarks/finetune_calibration.py --out runs/calibration --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibration_pretrain import pretrain  # noqa: E402
+
+PARTS = ("vqa", "ir", "tr", "nlvr2", "refcoco+")
+BAR_POINTS = 10.0
+
+
+def figure(name: str, value: float, unit: str = "") -> None:
+    print(f"{name} {value:.2f}{' ' + unit if unit else ''}", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/calibration", help="runs folder")
+    p.add_argument("--world", help="world folder (default: OUT/world, generated at demo scale)")
+    p.add_argument("--scale", default="demo")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--family", default="uniter-tiny")
+    p.add_argument("--pretrain-steps", type=int, default=1000)
+    p.add_argument("--pretrain-lr", type=float, default=1e-3)
+    p.add_argument("--pretrain-units", type=int, default=4096, help="input units per batch")
+    p.add_argument("--pretrain-mode", choices=["auto", "platform", "local"], default="auto")
+    p.add_argument("--steps-scale", type=float, default=1.0, help="× every finetune's steps")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--set", action="append", default=[], help="finetune config override")
+    args = p.parse_args()
+
+    from vlp.datasets.synth import generate_world
+    from vlp.datasets.world import WorldError, load_manifest
+    from vlp.platform.finetune import META_SUM_BENCHMARKS, finetune_and_evaluate
+
+    out = Path(args.out).resolve()
+    world = Path(args.world).resolve() if args.world else out / "world"
+    try:
+        load_manifest(world)
+    except WorldError:
+        t = time.perf_counter()
+        generate_world(world, scale=args.scale, seed=0, overwrite=world.exists())
+        figure("world_generation_s", time.perf_counter() - t, "s")
+    results: dict[str, list[dict[str, float]]] = {"none": [], "pretrained": []}
+    overrides = [f"train.steps_scale={args.steps_scale}", *args.set]
+    for seed in args.seeds:
+        t = time.perf_counter()
+        ckpt = pretrain(str(world), str(out), f"pretrain-mlm-itm-s{seed}", family=args.family,
+                        tasks={"mlm": 1.0, "itm": 1.0}, steps=args.pretrain_steps,
+                        lr=args.pretrain_lr, batch_units=args.pretrain_units, seed=seed,
+                        mode=args.pretrain_mode, say=lambda s: print(s, flush=True))
+        figure(f"seed{seed}.pretrain_s", time.perf_counter() - t, "s")
+        for arm, checkpoint in (("none", None), ("pretrained", ckpt)):
+            t = time.perf_counter()
+            report = finetune_and_evaluate(
+                checkpoint, META_SUM_BENCHMARKS, world=str(world), family=args.family,
+                run_name=f"ft-{arm}-s{seed}", output_dir=str(out), seed=seed,
+                num_workers=args.workers, overrides=overrides, mlflow=False)
+            scores = {**report.scores, "meta_sum": report.meta_sum}
+            results[arm].append(scores)
+            for k, v in scores.items():
+                figure(f"seed{seed}.{arm}.{k}", v)
+            figure(f"seed{seed}.{arm}.finetune_s", time.perf_counter() - t, "s")
+        (out / "calibration.json").write_text(json.dumps(results, indent=1))
+    return summarise(results)
+
+
+def summarise(results: dict[str, list[dict[str, float]]]) -> int:
+    n = len(results["none"])
+    for key in (*PARTS, "meta_sum"):
+        stats = {}
+        for arm in ("none", "pretrained"):
+            v = np.array([r[key] for r in results[arm]])
+            stats[arm] = (v.mean(), v.std(ddof=1) if n > 1 else 0.0)
+            figure(f"{arm}.{key}.mean", stats[arm][0])
+            figure(f"{arm}.{key}.std", stats[arm][1])
+        figure(f"gap.{key}", stats["pretrained"][0] - stats["none"][0])
+    gap = float(np.mean([r["meta_sum"] for r in results["pretrained"]])
+                - np.mean([r["meta_sum"] for r in results["none"]]))
+    sd = [float(np.std([r["meta_sum"] for r in results[a]], ddof=1)) if n > 1 else 0.0
+          for a in ("none", "pretrained")]
+    # seed noise: the larger of the two arms' standard deviations over seeds (stricter than
+    # the standard error of the difference of the means, also printed)
+    sigma = max(sd)
+    figure("gap.meta_sum.sigma_seed", sigma)
+    figure("gap.meta_sum.stderr_of_difference", math.sqrt((sd[0] ** 2 + sd[1] ** 2) / max(n, 1)))
+    ok = gap >= BAR_POINTS and gap > 2 * sigma
+    print(f"calibration {'PASS' if ok else 'FAIL'}: gap {gap:.2f} >= {BAR_POINTS:g} and "
+          f"> 2 sigma = {2 * sigma:.2f}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
