@@ -136,9 +136,14 @@ class PretrainBatches:
         self.stats = Counter(state.get("stats", {}))
         self.window.rng = self._window_rng(self.epoch)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the reader thread (waits up to ``timeout`` s: call before ``ray.shutdown``,
+        or a reader still inside a Ray iterator logs errors as Ray goes away)."""
         if self._reader is not None:
             self._reader.stop()
+            while not self._reader.queue.empty():   # unblock a reader waiting to put
+                self._reader.queue.get_nowait()
+            self._reader.join(timeout)
 
     # ---- the stream ---------------------------------------------------------------------------
 
