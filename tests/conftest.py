@@ -17,11 +17,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray with a logically larger CPU count (2-core machines deadlock Ray Data's
-    list-files task next to Train workers otherwise; see RAY_GUIDE.md)."""
+    list-files task next to Train workers otherwise; see RAY_GUIDE.md). The dashboard is on:
+    Tune's placement-group cleaner needs the State API it serves."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+        ray.init(num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
                  configure_logging=False)
     yield ray
     ray.shutdown()
