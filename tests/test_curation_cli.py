@@ -160,3 +160,22 @@ def test_checkpoint_formats(web, itm_model, tmp_path):
                            num_classes=2)
     with pytest.raises(ItmCheckpointError, match="has no place in this model"):
         load_scoring_model(weights, family="imagebert-tiny", **dims)
+
+
+def test_a_vocabulary_other_than_the_packaged_one_needs_its_tokenizer(web, tmp_path):
+    from vlp.models import create_model, save_uniter
+    dims = dict(region_feat_dim=load_manifest(web).feature_dim, num_classes=2)
+    cased = create_model("uniter-tiny", ["itm"], vocab_size=120, **dims).model
+    save_uniter(cased, tmp_path / "cased.pt")
+    scoring = load_scoring_model(tmp_path / "cased.pt", family="uniter-tiny", **dims)
+    assert scoring.preprocess.vocab_size == 120
+    with pytest.raises(ItmCheckpointError, match="--tokenizer"):
+        ItmScorer(scoring, feature_dim=dims["region_feat_dim"], num_classes=2)
+    with pytest.raises(ItmCheckpointError, match="the model embeds 120"):
+        ItmScorer(scoring, feature_dim=dims["region_feat_dim"], num_classes=2,
+                  tokenizer_path=str(_packaged_vocab()))
+
+
+def _packaged_vocab():
+    from vlp.datasets.text_tokenizer import default_vocab_dir
+    return default_vocab_dir()

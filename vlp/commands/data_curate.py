@@ -60,6 +60,9 @@ def register(sub) -> None:
                         "checkpoint folder; its ITM head scores every pair")
     m.add_argument("--family", help="model family of the checkpoint when no vlp_model.json "
                                     "beside it says (e.g. uniter-base)")
+    m.add_argument("--tokenizer", metavar="PATH",
+                   help="the checkpoint's WordPiece vocabulary (folder with tokenizer.json or "
+                        "vocab.txt) when it is not the packaged uncased one")
     m.add_argument("--min-itm-score", type=float,
                    help="drop pairs whose P(match) is below this (needs --checkpoint)")
     m.add_argument("--itm-batch-size", type=int, default=d.itm_batch_size)
@@ -127,7 +130,7 @@ def _scorer(args, world):
                                  device=args.device)
     scorer = ItmScorer(scoring, batch_size=args.itm_batch_size,
                        feature_dim=world.feature_dim, num_classes=world.num_classes,
-                       device=args.device)
+                       device=args.device, tokenizer_path=args.tokenizer)
     return scorer, {"checkpoint": scoring.source, "family": scoring.preprocess.family,
                     "load": scoring.summary}
 

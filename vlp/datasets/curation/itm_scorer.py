@@ -17,7 +17,7 @@ import torch
 
 from vlp.datasets import batch_spec as K
 from vlp.datasets.collate import ExampleRefs, collate_examples
-from vlp.datasets.curation.itm_checkpoint import ScoringModel
+from vlp.datasets.curation.itm_checkpoint import ItmCheckpointError, ScoringModel
 from vlp.datasets.curation.pairs import PairTable
 from vlp.datasets.data_config import DataConfig, PixelConfig, SourceConfig
 from vlp.datasets.data_plan import PIXEL_COLUMNS, REGION_COLUMNS, DataPlan
@@ -34,11 +34,18 @@ MAX_TEXT_LEN = 60   # UNITER's pretraining caption limit; longer texts are score
 
 class ItmScorer:
     def __init__(self, scoring: ScoringModel, *, batch_size: int = 64,
-                 feature_dim: int, num_classes: int | None, device: str = "cpu"):
+                 feature_dim: int, num_classes: int | None, device: str = "cpu",
+                 tokenizer_path: str | None = None):
         self.scoring = scoring
         self.batch_size = batch_size
         self.device = torch.device(device)
         spec = scoring.preprocess
+        vocab = tokenizer_path or spec.vocab_file
+        if vocab is None:   # e.g. the UNITER release: bert-base-cased, 28996 tokens
+            raise ItmCheckpointError(
+                f"{scoring.source}: the model's vocabulary ({spec.vocab_size} tokens) is not "
+                f"the packaged uncased one: pass the tokenizer it was trained with "
+                f"(--tokenizer, a folder with tokenizer.json or vocab.txt)")
         visual = spec.input_kind
         pixels = PixelConfig() if visual == "regions" else PixelConfig(
             shorter_side=spec.image_min_side, longer_max=spec.image_max_side,
@@ -50,11 +57,14 @@ class ItmScorer:
                             image_feat=spec.needs_image_feat, visual=visual, pixels=pixels)
         self.plan = DataPlan(config, ("itm",), (), feature_dim=feature_dim,
                              num_classes=num_classes,
-                             tokenizer_path=str(resolve_tokenizer_path(spec.vocab_file)),
+                             tokenizer_path=str(resolve_tokenizer_path(vocab)),
                              read_columns=REGION_COLUMNS if visual == "regions"
                              else PIXEL_COLUMNS, needs_soft_labels=False)
         self.transform = ImageRowTransform(self.plan)
         self.tok = load_tokenizer(self.plan.tokenizer_path)
+        if self.tok.vocab_size != spec.vocab_size:
+            raise ItmCheckpointError(f"{self.plan.tokenizer_path}: {self.tok.vocab_size} "
+                                     f"tokens, but the model embeds {spec.vocab_size}")
 
     def score(self, pairs: PairTable, which: np.ndarray) -> np.ndarray:
         """P(match) for the pairs ``which`` (indices), in that order."""
