@@ -5,20 +5,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+
 import pytest
 
+from vlp.datasets.data_config import DataConfig
+from vlp.platform.experiment_config import DATA_CONFIG_NAMES, DataSection
 from vlp.platform.finetune.config import load_finetune_config
 from vlp.platform.pretrain_data import check_model_and_tasks
 from vlp.platform.pretrain_job import load_pretrain_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "jobs" / "configs").glob("*.yaml"))
-PRETRAIN = [p for p in CONFIGS if not p.name.startswith("finetune")]
+OTHER_JOBS = ("finetune", "sweep")     # configs of other jobs, by name prefix
+PRETRAIN = [p for p in CONFIGS if not p.name.startswith(OTHER_JOBS)]
 
 
 def test_the_expected_configs_are_there():
     names = {p.stem for p in CONFIGS}
     assert {"uniter-base-indomain", "uniter-large", "vlbert-base", "imagebert-base-two-stage",
-            "soho-r18-l3", "pretrain-tiny", "pretrain-demo", "finetune"} <= names
+            "soho-r18-l3", "uniter-base-vcr-stage2", "pretrain-tiny", "pretrain-demo",
+            "finetune"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -27,8 +33,12 @@ def test_config_loads_and_validates(path):
         cfg = load_pretrain_config(path)
         check_model_and_tasks(cfg)
         assert cfg.total_steps() > 0 and cfg.data.sources
-    else:   # finetune.yaml takes its checkpoint from the command line (--checkpoint)
+    elif path.name.startswith("finetune"):   # takes its checkpoint from --checkpoint
         load_finetune_config(path, ["model.checkpoint=runs/pretrain"])
+    else:
+        from vlp.platform.sweep.config import load_sweep_config
+
+        load_sweep_config(path)
 
 
 def test_uniter_base_indomain_holds_the_paper_recipe():
@@ -47,3 +57,15 @@ def test_imagebert_two_stage_runs_the_same_tasks_in_each_stage():
     plan = cfg.stage_plan()
     assert [(s.name, s.sources) for s in plan] == [("web", ["web"]), ("cc-sbu", ["cc", "sbu"])]
     assert all(s.tasks == {"mlm": 1, "moc": 1, "mrfr": 1, "itm": 1} for s in plan)
+
+
+def test_data_section_offers_every_pipeline_option_the_model_does_not_decide():
+    section = {DATA_CONFIG_NAMES.get(f.name, f.name) for f in dataclasses.fields(DataSection)}
+    pipeline = {f.name for f in dataclasses.fields(DataConfig)}
+    assert pipeline - section == {"visual", "location", "image_feat", "pixels", "seed"}
+    assert section <= pipeline
+    defaults = DataSection()
+    for f in dataclasses.fields(DataConfig):     # one definition: the pipeline's defaults
+        name = {v: k for k, v in DATA_CONFIG_NAMES.items()}.get(f.name, f.name)
+        if name in section and f.default is not dataclasses.MISSING:
+            assert getattr(defaults, name) == f.default, name

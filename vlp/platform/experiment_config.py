@@ -88,8 +88,9 @@ class DataSection:
     """The pipeline's ``vlp.datasets.DataConfig`` options a pretraining run sets, under the
     same names (except ``batch_input_units``), with its defaults and its value checks (the
     types are restated here for the YAML loader). Not here: what the model family decides
-    (visual input, location encoding, whole-image feature, image sizes), the seed
-    (``run.seed``), and ``sources``, named here so that stages can pick them."""
+    (visual input, location encoding, whole-image feature, pixel sizes and SOHO's texts per
+    image), the seed (``run.seed``), and ``sources``, named here so that stages can pick
+    them."""
     sources: dict[str, SourceSection] = field(default_factory=dict)
     masking: Literal["conditional", "joint"] = _pipeline_default("masking")
     # per worker per micro-batch: B × the longest packed row (text + regions)
@@ -105,6 +106,7 @@ class DataSection:
     bucketing: bool = _pipeline_default("bucketing")
     read_rows: int = _pipeline_default("read_rows")
     prefetch_blocks: int = _pipeline_default("prefetch_blocks")
+    cache: Literal["auto", "always", "never"] = _pipeline_default("cache")
 
     def validate(self):
         if not self.sources:
