@@ -147,8 +147,11 @@ def test_checkpoint_formats(web, itm_model, tmp_path):
     (ckpt / "vlp_trainer.json").write_text(json.dumps({"step": 10, "tag": "step00000010"}))
     torch.save({"module": model.state_dict(), "global_steps": 10, "ds_version": "0.16"},
                ckpt / "step00000010" / "mp_rank_00_model_states.pt")
+    got = load_scoring_model(ckpt, **dims)     # no card: the tensors say uniter-tiny
+    assert got.preprocess.family == "uniter-tiny"
+    assert torch.equal(got.model.heads["itm"].weight, ref)
     save_model_card(tmp_path / "run", "uniter-tiny")        # the run folder's card
-    got = load_scoring_model(ckpt, **dims)
+    got = load_scoring_model(tmp_path / "run", **dims)     # a run folder: its latest
     assert torch.equal(got.model.heads["itm"].weight, ref)
     # no ITM head, wrong family, wrong feature width: errors that say so
     mlm_only = create_model("uniter-tiny", ["mlm"], **dims).model

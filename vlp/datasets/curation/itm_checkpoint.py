@@ -8,12 +8,16 @@ Accepted (``--checkpoint PATH``):
 - a Ray Train checkpoint folder written by ``vlp.platform`` pretraining (``vlp_trainer.json``
   + the DeepSpeed checkpoint): the module weights of its tag's ``mp_rank_00_model_states.pt``.
 
+- a pretraining run folder (its latest ``checkpoint_*``).
+
 Only the backbone and the ITM head are loaded; every backbone tensor must be there with its
 shape (``assign_strict``), other heads are dropped and reported. A checkpoint does not say
-which family built it, so the family comes from ``--family`` or from a *model card*
-``vlp_model.json`` beside the weights (or in the checkpoint folder or its parent run folder):
-``{"family": "uniter-tiny", "overrides": {...}}``. The vocabulary size is read off the
-word-embedding matrix, D and C come from the data being curated.
+which family built it: the family comes from ``--family``, from a *model card*
+``vlp_model.json`` beside the weights (or in the checkpoint folder or its parent run folder:
+``{"family": "uniter-tiny", "overrides": {...}}``), or else from the tensors themselves: the
+one registered family whose backbone has exactly these names and shapes (built on the meta
+device, no memory). The vocabulary size is read off the word-embedding matrix, D and C come
+from the data being curated.
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ def read_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], str]
     """(state_dict, layout) from a weights file or a vlp pretraining checkpoint folder."""
     from vlp.models.checkpoints import CheckpointError, read_state_dict
     path = Path(path)
+    if path.is_dir() and not (path / TRAINER_META).is_file():
+        runs = sorted(c for c in path.glob("checkpoint_*") if (c / TRAINER_META).is_file())
+        path = runs[-1] if runs else path        # a run folder: its latest checkpoint
     if path.is_dir() and (path / TRAINER_META).is_file():
         state = _deepspeed_module(path)
     else:
@@ -113,16 +120,18 @@ def load_scoring_model(path: str | os.PathLike, *, region_feat_dim: int, num_cla
     path = Path(path)
     state, layout = read_weights(path)
     card = _card(path)
-    family = family or card.get("family")
+    vocab = state.get(WORD_EMBEDDINGS, state.get(UNITER_WORD_EMBEDDINGS))
+    vocab_size = None if vocab is None else int(vocab.shape[0])
+    family = family or card.get("family") or (
+        _family_of(state, region_feat_dim, num_classes, vocab_size) if layout == "vlp" else None)
     if not family:
         raise ItmCheckpointError(f"{path}: the checkpoint does not say which model family "
                                  f"built it: pass --family (e.g. uniter-base) or put a "
                                  f"{MODEL_CARD} with {{\"family\": ...}} beside it")
-    vocab = state.get(WORD_EMBEDDINGS, state.get(UNITER_WORD_EMBEDDINGS))
     try:
         bundle = create_model(family, tasks=["itm"], init="random",
                               region_feat_dim=region_feat_dim, num_classes=num_classes,
-                              vocab_size=None if vocab is None else int(vocab.shape[0]),
+                              vocab_size=vocab_size,
                               overrides=card.get("overrides"))
     except (KeyError, ValueError) as e:
         raise ItmCheckpointError(f"{path}: cannot build {family!r} with an ITM head: {e}"
@@ -148,3 +157,27 @@ def load_scoring_model(path: str | os.PathLike, *, region_feat_dim: int, num_cla
         raise ItmCheckpointError(f"{path}: {e}") from None
     model.to(device).eval()
     return ScoringModel(model, bundle.preprocess, str(path), report.summary())
+
+
+def _family_of(state: Mapping[str, torch.Tensor], feat_dim: int, num_classes: int,
+               vocab_size: int | None) -> str | None:
+    """The one registered family whose backbone has exactly the checkpoint's tensors."""
+    from vlp.models import FAMILIES, VLPModel, get_family
+    have = {k: tuple(v.shape) for k, v in state.items() if k.startswith("backbone.")}
+    found = []
+    for name in FAMILIES:
+        cfg = get_family(name)
+        if "itm" not in cfg.tasks:
+            continue
+        if vocab_size is not None:
+            cfg = cfg.replace({"transformer.vocab_size": vocab_size})
+        try:
+            with torch.device("meta"):
+                model = VLPModel(cfg, ["itm"], feat_dim=feat_dim, num_classes=num_classes)
+        except Exception:  # noqa: BLE001 - a family that cannot be built so is not this one
+            continue
+        want = {k: tuple(v.shape) for k, v in model.state_dict().items()
+                if k.startswith("backbone.")}
+        if want == have:
+            found.append(name)
+    return found[0] if len(found) == 1 else None
