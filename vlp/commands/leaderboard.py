@@ -1,0 +1,57 @@
+"""`vlp leaderboard`: print a sweep's leaderboard (Table 3's columns) from MLflow."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("leaderboard", help="print a sweep's leaderboard from MLflow",
+                       description="Print the leaderboard of the latest sweep (or the one "
+                                   "named) from its MLflow runs: pre-training data, task mix, "
+                                   "Meta-Sum, VQA, IR, TR, NLVR2, RefCOCO+ per trial.")
+    add_store_arguments(p)
+    p.add_argument("--experiment", metavar="NAME",
+                   help="MLflow experiment (default: any experiment holding sweeps)")
+    p.add_argument("--sweep", metavar="NAME", help="the sweep's name (default: the latest)")
+    p.add_argument("--run-id", help="the sweep's parent run id")
+    p.set_defaults(func=run)
+
+
+def add_store_arguments(p: argparse.ArgumentParser) -> None:
+    """--tracking-uri or --run-dir (shared with `vlp ui`)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tracking-uri", metavar="URI",
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the "
+                        "SQLite store of --run-dir)")
+    g.add_argument("--run-dir", metavar="DIR",
+                   help="a runs folder holding mlflow.db (default runs/demo, what `vlp demo` "
+                        "writes)")
+
+
+def tracking_uri(args: argparse.Namespace) -> str:
+    import os
+    from pathlib import Path
+
+    from vlp.platform.tracking import embedded_tracking_uri
+
+    if args.tracking_uri:
+        return args.tracking_uri
+    if args.run_dir is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    folder = Path(args.run_dir or "runs/demo").expanduser().resolve()
+    if not (folder / "mlflow.db").is_file():
+        raise FileNotFoundError(f"{folder}/mlflow.db: no MLflow store there (run `vlp demo` or "
+                                f"`vlp sweep` first, or pass --tracking-uri / --run-dir)")
+    return embedded_tracking_uri(folder)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vlp.platform.leaderboard import find_sweep_run, load_leaderboard
+
+    uri = tracking_uri(args)
+    run_id = args.run_id or find_sweep_run(uri, args.experiment, sweep=args.sweep).info.run_id
+    board = load_leaderboard(uri, run_id)
+    print(f"# {board.sweep} ({board.mode}), parent run {run_id}\n")
+    print(board.markdown(), end="")
+    return 0

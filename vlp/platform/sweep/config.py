@@ -1,0 +1,150 @@
+"""The sweep config: one YAML file describes a search (or a replay) over pretraining configs.
+
+    cfg = load_sweep_config("jobs/configs/sweep-demo.yaml", ["sweep.num_samples=6"])
+
+Sections: ``sweep`` (name, where, how many trials, search or replay, scheduler), ``world``
+(the data: a vlp world folder), ``model.family``, ``pretrain`` (what every trial's pretraining
+shares: steps, optimizer, batch, scaling — sections of a pretraining config), ``finetune``
+(benchmarks in the order they run, their settings), ``space`` (the search space) and
+``mlflow``. Structure and values are checked on load; what needs the model registry and the
+world (tasks against the family, sources, shards) is checked by ``preflight.check_sweep``
+before any trial starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from vlp.platform.config_loader import bounded, load_config
+from vlp.platform.experiment_config import _NAME
+from vlp.platform.sweep.space import SearchSpace
+
+# keys of ``pretrain`` that the sweep decides per trial (a user value would be ignored)
+OWNED_BY_SWEEP = {
+    "run": ("name", "output_dir", "seed"),
+    "model": ("family", "init", "init_path"),
+    "data": ("sources", "masking"),
+    "tasks": None, "stages": None, "mlflow": None,
+}
+DEFAULT_BENCHMARKS = ["retrieval", "vqa", "nlvr2", "refcoco+"]   # Table 3's Meta-Sum parts
+
+
+@dataclass
+class SweepSection:
+    name: str = "sweep"              # the sweep's folder and MLflow parent run
+    output_dir: str = "runs/sweeps"  # runs root: <output_dir>/<name>/, MLflow store beside it
+    seed: int = bounded(0, ge=0)     # Optuna's TPE seed and every trial's training seed
+    replay: str = ""                 # "" = Optuna search over `space`; else a replay (table3)
+    num_samples: int = bounded(8, gt=0)       # search: trials, the `include` points among them
+    include: list[str] = field(default_factory=lambda: ["none", "paper-best"])
+    max_concurrent: int = bounded(0, ge=0)    # trials at once; 0 = from the cluster's CPUs
+    scheduler: Literal["asha", "fifo"] = "asha"   # replays always run every line to the end
+    grace_period: int = bounded(1, ge=1)      # ASHA: finetune stages before the first cut
+    reduction_factor: int = bounded(2, ge=2)  # ASHA: keep the top 1/rf at each rung
+    trial_retries: int = bounded(0, ge=0)     # Tune retries of a failed trial (then: failed)
+    # TPE samples this many points at random before it models the results (Optuna's own
+    # default, 10, is most of a laptop sweep); the `include` points count among them
+    tpe_startup: int = bounded(4, ge=1)
+
+    def validate(self):
+        if not _NAME.match(self.name):
+            yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
+        if not self.output_dir:
+            yield "output_dir", "expected a folder path, got ''"
+
+
+@dataclass
+class SweepModel:
+    family: str = "uniter-tiny"
+
+
+@dataclass
+class SweepFinetune:
+    # run in this order, one stage each: ASHA compares trials on the sum so far
+    benchmarks: list[str] = field(default_factory=lambda: list(DEFAULT_BENCHMARKS))
+    overrides: list[str] = field(default_factory=list)   # finetune config key=value
+    num_workers: int = bounded(1, ge=1)
+    cpus_per_worker: float = bounded(1.0, gt=0)
+
+
+@dataclass
+class SweepMlflow:
+    tracking_uri: str = ""           # "" = sqlite:///<sweep.output_dir>/mlflow.db
+    experiment: str = "vlp-sweep"
+    check_timeout_s: float = bounded(3.0, gt=0)
+
+
+@dataclass
+class SweepConfig:
+    sweep: SweepSection = field(default_factory=SweepSection)
+    world: str = ""
+    model: SweepModel = field(default_factory=SweepModel)
+    pretrain: dict[str, Any] = field(default_factory=dict)
+    finetune: SweepFinetune = field(default_factory=SweepFinetune)
+    space: SearchSpace = field(default_factory=SearchSpace)
+    mlflow: SweepMlflow = field(default_factory=SweepMlflow)
+
+    def validate(self):
+        if not self.world:
+            yield "world", "expected a world folder (manifest.json), e.g. runs/demo/world"
+        for section, keys in OWNED_BY_SWEEP.items():
+            if section not in self.pretrain:
+                continue
+            value = self.pretrain[section]
+            if keys is None:
+                yield f"pretrain.{section}", _owned_message(section)
+            elif isinstance(value, dict):
+                for k in keys:
+                    if k in value:
+                        yield f"pretrain.{section}.{k}", _owned_message(f"{section}.{k}")
+        if not self.finetune.benchmarks:
+            yield "finetune.benchmarks", "expected at least one benchmark"
+        if len(set(self.finetune.benchmarks)) != len(self.finetune.benchmarks):
+            yield "finetune.benchmarks", f"a benchmark is listed twice: {self.finetune.benchmarks}"
+        if self.sweep.replay:
+            return
+        if len(self.sweep.include) > self.sweep.num_samples:
+            yield "sweep.include", (f"{len(self.sweep.include)} points to evaluate first but "
+                                    f"sweep.num_samples is {self.sweep.num_samples}")
+
+    # ---- derived ------------------------------------------------------------------------
+
+    def resolved(self) -> "SweepConfig":
+        """Absolute paths (Ray workers and job drivers run in other folders) and the
+        tracking URI filled in."""
+        from vlp.platform.tracking import embedded_tracking_uri
+
+        root = str(Path(self.sweep.output_dir).expanduser().resolve())
+        return dataclasses.replace(
+            self, world=str(Path(self.world).expanduser().resolve()),
+            sweep=dataclasses.replace(self.sweep, output_dir=root),
+            mlflow=dataclasses.replace(self.mlflow, tracking_uri=self.mlflow.tracking_uri
+                                       or embedded_tracking_uri(root)))
+
+    @property
+    def sweep_dir(self) -> Path:
+        return Path(self.sweep.output_dir) / self.sweep.name
+
+    @property
+    def mode(self) -> str:
+        return f"replay:{self.sweep.replay}" if self.sweep.replay else "search"
+
+
+def _owned_message(key: str) -> str:
+    where = {"run.name": "sweep.name", "run.output_dir": "sweep.output_dir",
+             "run.seed": "sweep.seed", "model.family": "model.family",
+             "model.init": "space.init", "data.sources": "space.data (the world's domains)",
+             "data.masking": "space.masking", "tasks": "space.tasks / space.ratios",
+             "mlflow": "the sweep's mlflow section"}.get(key)
+    if key == "stages":
+        return "multi-stage pretraining is not searched over: a sweep trial has one stage"
+    return f"set per trial by the sweep{f' (from {where})' if where else ''}; remove it here"
+
+
+def load_sweep_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                      data: dict | None = None) -> SweepConfig:
+    """Load, override and check the structure; ``ConfigError`` names every bad key."""
+    return load_config(SweepConfig, path, overrides, data=data)

@@ -1,0 +1,110 @@
+"""A point of the pretraining search space: which tasks in which mix, masking, data, init.
+
+    p = TrialPoint.of({"mlm": 2, "itm": 2, "mrc-kl": 1, "mrfr": 1})
+    p.mix_label()          # 'MLM+ITM+MRC-kl+MRFR'   (Table 3's order)
+    p.ratio_label()        # '2:2:1:1'
+    TrialPoint()           # no pretraining: finetune the initialisation only (Table 3 line 1)
+
+Points are plain, hashable data: they travel in Tune trial configs (as ``to_params``), are
+logged as MLflow params and tags, and are what the leaderboard shows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# Table 3's reading order (L10 reads "MLM + ITM + MRC-kl + MRFR"), then the other families'
+TASK_ORDER = ("mlm", "itm", "mrc", "mrc-kl", "mrfr", "moc", "mrc-vlbert", "mvm", "wra")
+TASK_LABELS = {"mlm": "MLM", "itm": "ITM", "mrc": "MRC", "mrc-kl": "MRC-kl", "mrfr": "MRFR",
+               "moc": "MOC", "mrc-vlbert": "MRC-VLBERT", "mvm": "MVM", "wra": "WRA"}
+MASKINGS = ("conditional", "joint")
+DATA_CHOICES = ("in", "out", "both")      # pretraining corpora by the world's source domains
+DATA_LABELS = {"in": "In-domain", "out": "Out-of-domain", "both": "In-domain + Out-of-domain"}
+INITS = ("random", "minilm")              # minilm: the packaged text-only weights (Table 3 L2)
+
+
+def task_rank(name: str) -> int:
+    return TASK_ORDER.index(name) if name in TASK_ORDER else len(TASK_ORDER)
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    tasks: tuple[tuple[str, float], ...] = ()   # (task, ratio) with ratio > 0; () = no pretraining
+    masking: str = "conditional"
+    data: str = "in"
+    init: str = "random"
+
+    @classmethod
+    def of(cls, mix: Mapping[str, float], **kw: Any) -> "TrialPoint":
+        """A point from a ``{task: ratio}`` mix (zero ratios dropped, Table 3's task order)."""
+        items = sorted(((t, float(r)) for t, r in mix.items() if r > 0),
+                       key=lambda tr: (task_rank(tr[0]), tr[0]))
+        return cls(tuple(items), **kw)
+
+    @property
+    def pretrains(self) -> bool:
+        return bool(self.tasks)
+
+    @property
+    def mix(self) -> dict[str, float]:
+        return dict(self.tasks)
+
+    # ---- labels ---------------------------------------------------------------------------
+
+    def mix_label(self) -> str:
+        """``MLM+ITM+MRC-kl`` (joint masking adds ``(w/o cond. mask)`` as in Table 3)."""
+        if not self.pretrains:
+            return "MLM (text only)" if self.init == "minilm" else "None"
+        label = "+".join(TASK_LABELS.get(t, t.upper()) for t, _ in self.tasks)
+        return label + (" (w/o cond. mask)" if self.masking == "joint" else "")
+
+    def ratio_label(self) -> str:
+        return ":".join(f"{r:g}" for _, r in self.tasks) if self.pretrains else "-"
+
+    def data_label(self) -> str:
+        if not self.pretrains:
+            return "Text" if self.init == "minilm" else "None"
+        return DATA_LABELS.get(self.data, self.data)
+
+    def init_label(self) -> str:
+        return {"random": "random", "minilm": "MiniLM text"}.get(self.init, self.init)
+
+    def describe(self) -> str:
+        """One line for logs: ``MLM+ITM (2:2) · In-domain · init random``."""
+        if not self.pretrains:
+            return f"no pretraining · init {self.init_label()}"
+        return (f"{self.mix_label()} ({self.ratio_label()}) · {self.data_label()} · "
+                f"init {self.init_label()}")
+
+    # ---- plain dicts (Tune configs, MLflow params) ------------------------------------------
+
+    def to_params(self) -> dict[str, Any]:
+        return {"tasks": {t: r for t, r in self.tasks}, "masking": self.masking,
+                "data": self.data, "init": self.init}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "TrialPoint":
+        return cls.of(dict(params.get("tasks") or {}), masking=params.get("masking", "conditional"),
+                      data=params.get("data", "in"), init=params.get("init", "random"))
+
+    def mlflow_params(self) -> dict[str, str]:
+        out = {"point.pretrains": str(self.pretrains), "point.init": self.init}
+        if self.pretrains:
+            out.update({"point.masking": self.masking, "point.data": self.data,
+                        **{f"point.ratio.{t}": f"{r:g}" for t, r in self.tasks}})
+        return out
+
+    def key(self) -> str:
+        """Equal points, equal keys (how a search finds a trial it already ran)."""
+        p = self.to_params()
+        if not self.pretrains:       # masking and data mean nothing without pretraining
+            p = {"tasks": {}, "init": self.init}
+        return hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:16]
+
+    def tags(self) -> dict[str, str]:
+        return {"mix": self.mix_label(), "mix_ratios": self.ratio_label(),
+                "pretraining_data": self.data_label(), "init": self.init,
+                "vlp.point_key": self.key()}

@@ -1,0 +1,278 @@
+"""Run (or resume) a sweep: Ray Tune over the trial function, OptunaSearch (TPE, seeded) with
+ASHA for a search, a grid over the named lines for a replay.
+
+    cfg = load_sweep_config("jobs/configs/sweep-demo.yaml")
+    result = run_sweep(cfg)              # checks everything first, then runs the trials
+    print(result.leaderboard.markdown())
+
+Re-running the same sweep (same ``sweep.name`` and ``sweep.output_dir``) continues it with
+``Tuner.restore(..., resume_errored=True)``: finished trials are kept, interrupted ones
+resume from their last finished stage, and Optuna goes on from its saved study. A finished
+sweep re-run just prints its leaderboard again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from vlp.platform.config_loader import ConfigError, flatten, to_dict
+from vlp.platform.leaderboard import Leaderboard, load_leaderboard, log_leaderboard
+from vlp.platform.sweep.callbacks import SweepProgress
+from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.preflight import SweepPlan, check_sweep
+from vlp.platform.sweep.space import SpaceSampler
+from vlp.platform.sweep.tracking import open_parent_run
+from vlp.platform.sweep.trial import TrialContext, run_trial
+
+CONFIG_FILE = "sweep.yaml"
+TUNE_DIR = "tune"
+METRIC, TIME_ATTR = "score", "stage"
+# may change between a sweep and its resumption; everything else must match
+RESUMABLE_CHANGES = ("sweep.max_concurrent", "sweep.trial_retries")
+
+
+@dataclass
+class SweepResult:
+    leaderboard: Leaderboard
+    sweep_dir: str
+    tracking_uri: str
+    parent_run_id: str
+    trials: int
+    errors: int
+    interrupted: bool          # stopped early (Ctrl-C / SIGUSR1): run again to resume
+    seconds: float
+
+
+def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
+              callbacks: Sequence[Any] = ()) -> SweepResult:
+    """``callbacks``: extra ``ray.tune.Callback``s (kept with the experiment state)."""
+    import ray.tune
+
+    start = time.perf_counter()
+    cfg = cfg.resolved()
+    plan = check_sweep(cfg)                    # every bad input fails here, before Ray
+    sweep_dir = cfg.sweep_dir
+    resuming = _check_resume(cfg, sweep_dir)
+    per_trial = trial_cpus(cfg)
+    ensure_ray(per_trial)
+    concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial)
+    parent = open_parent_run(cfg)
+    lines = {name: point.to_params() for name, point in plan.lines}
+    total = len(lines) or cfg.sweep.num_samples
+    for line in _summary(cfg, plan, per_trial, concurrency, parent.run_id):
+        say(f"[sweep] {line}")
+    trainable = ray.tune.with_resources(
+        ray.tune.with_parameters(run_trial, ctx=TrialContext(cfg, parent.run_id, lines)),
+        {"CPU": 0.01})    # the trial itself only waits; its Train workers hold the CPUs
+    tune_path = sweep_dir / TUNE_DIR
+    if resuming:
+        say(f"[sweep] resuming the sweep in {sweep_dir} (finished trials are kept)")
+        tuner = ray.tune.Tuner.restore(str(tune_path), trainable=trainable,
+                                       resume_errored=True)
+    else:
+        tuner = ray.tune.Tuner(
+            trainable, param_space=_param_space(plan),
+            tune_config=_tune_config(cfg, plan, concurrency),
+            run_config=ray.tune.RunConfig(
+                name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0,
+                failure_config=ray.tune.FailureConfig(max_failures=cfg.sweep.trial_retries,
+                                                      fail_fast=False),
+                checkpoint_config=ray.tune.CheckpointConfig(num_to_keep=2),
+                callbacks=[SweepProgress(cfg.mlflow.tracking_uri, parent.run_id, total, lines),
+                           *callbacks]))
+    grid = tuner.fit()
+    statuses = [r.metrics.get("stage") for r in grid]
+    errors = sum(r.error is not None for r in grid)
+    interrupted = _interrupted(tune_path)
+    board = load_leaderboard(cfg.mlflow.tracking_uri, parent.run_id)
+    log_leaderboard(cfg.mlflow.tracking_uri, board)
+    parent.log_metrics({"trials": len(statuses), "trial_errors": errors,
+                        "sweep_seconds": time.perf_counter() - start}, step=0)
+    parent.set_tags({"vlp.state": "interrupted" if interrupted else "completed"})
+    parent.finish("KILLED" if interrupted else "FINISHED")
+    return SweepResult(board, str(sweep_dir), cfg.mlflow.tracking_uri, parent.run_id,
+                       len(statuses), errors, interrupted, time.perf_counter() - start)
+
+
+# ---- Tune set-up ----------------------------------------------------------------------------
+
+def _param_space(plan: SweepPlan) -> dict[str, Any]:
+    import ray.tune
+
+    if plan.lines:   # a replay: one grid point per named line
+        return {"line": ray.tune.grid_search([name for name, _ in plan.lines])}
+    return {}
+
+
+def _tune_config(cfg: SweepConfig, plan: SweepPlan, concurrency: int) -> Any:
+    import ray.tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    stages = len(cfg.finetune.benchmarks)
+    names = dict(trial_name_creator=tune_trial_name, trial_dirname_creator=tune_trial_dirname)
+    if plan.lines:
+        return ray.tune.TuneConfig(metric=METRIC, mode="max", num_samples=1,
+                                   scheduler=FIFOScheduler(),
+                                   max_concurrent_trials=concurrency, **names)
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = optuna.samplers.TPESampler(seed=cfg.sweep.seed,
+                                         n_startup_trials=cfg.sweep.tpe_startup)
+    search = OptunaSearch(space=SpaceSampler(cfg.space), metric=METRIC, mode="max",
+                          sampler=sampler,
+                          points_to_evaluate=[cfg.space.params_for(p) for _, p in plan.first])
+    scheduler = FIFOScheduler()
+    if cfg.sweep.scheduler == "asha" and stages > cfg.sweep.grace_period:
+        # rungs at grace_period · rf^k finetune stages; stage 0 (pretraining) is never a rung
+        scheduler = ASHAScheduler(time_attr=TIME_ATTR, max_t=stages,
+                                  grace_period=cfg.sweep.grace_period,
+                                  reduction_factor=cfg.sweep.reduction_factor)
+    return ray.tune.TuneConfig(metric=METRIC, mode="max", search_alg=search,
+                               scheduler=scheduler, num_samples=cfg.sweep.num_samples,
+                               max_concurrent_trials=concurrency, **names)
+
+
+def tune_trial_name(trial: Any) -> str:
+    """Tune's name of a trial: ours (L10, t003), not the config spelled out."""
+    from vlp.platform.sweep.callbacks import trial_name
+
+    try:
+        return trial_name(trial.config)
+    except (KeyError, ValueError, TypeError):
+        return str(trial.trial_id)
+
+
+def tune_trial_dirname(trial: Any) -> str:
+    return f"{tune_trial_name(trial)}_{trial.trial_id}"
+
+
+def _interrupted(tune_path: Path) -> bool:
+    """Whether trials are left unfinished (Tune returns normally after SIGINT/SIGUSR1)."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        analysis = ExperimentAnalysis(str(tune_path))
+    except Exception:
+        return False
+    return any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+
+
+# ---- resources ------------------------------------------------------------------------------
+
+def trial_cpus(cfg: SweepConfig) -> float:
+    """CPUs one trial holds at its peak: its largest Train run (pretraining or finetuning
+    workers) plus one for Ray Data's read tasks and the Train controller. Tune does not count
+    the Train workers a trial starts, so concurrency is derived from this."""
+    from vlp.platform.experiment_config import ScalingSection
+
+    scaling = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
+    default = ScalingSection()
+    pre = float(scaling.get("num_workers", default.num_workers)) * \
+        float(scaling.get("cpus_per_worker", default.cpus_per_worker))
+    ft = cfg.finetune.num_workers * cfg.finetune.cpus_per_worker
+    return max(pre, ft) + 1.0
+
+
+def ensure_ray(per_trial: float) -> None:
+    """Attach to the cluster of ``ray job submit`` (or RAY_ADDRESS); else start a local Ray
+    with logically enough CPUs for one trial (Ray Data's list-files task asks for a whole
+    CPU next to the Train workers: without the headroom it deadlocks on 2 cores).
+
+    The local Ray runs its dashboard on 127.0.0.1, and every worker is told its address:
+    Ray Train's placement-group cleaner asks the State API (served by the dashboard) whether
+    a run's controller is alive, and without it the placement groups of trials that ASHA
+    stops are never freed. Told nothing, the State API guesses the cluster and fails on a
+    machine that runs several."""
+    import socket
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RAY_ADDRESS": f"http://127.0.0.1:{port}", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(per_trial + 0.999) + 1),
+             include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
+             runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
+
+
+def auto_concurrency(per_trial: float) -> int:
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    return max(1, int(cpus // per_trial))
+
+
+# ---- the sweep folder ------------------------------------------------------------------------
+
+def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> bool:
+    """True when the folder holds this sweep's Tune state (then the configs must agree);
+    writes the config on a fresh start."""
+    import ray.tune
+
+    saved = sweep_dir / CONFIG_FILE
+    tune_path = sweep_dir / TUNE_DIR
+    if not ray.tune.Tuner.can_restore(str(tune_path)):
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        tmp = saved.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        os.replace(tmp, saved)
+        return False
+    if saved.is_file():
+        from vlp.platform.sweep.config import load_sweep_config
+
+        before = flatten(load_sweep_config(saved))
+        now = flatten(cfg)
+        changed = sorted(k for k in set(before) | set(now)
+                         if before.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+        if changed:
+            raise ConfigError([(k, f"differs from the sweep already in {sweep_dir} "
+                                   f"({before.get(k)!r} there): to resume it keep its config; "
+                                   f"for a new sweep use another sweep.name") for k in changed])
+    return True
+
+
+def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: int,
+             parent_run_id: str) -> list[str]:
+    import ray
+
+    stages = ", ".join(cfg.finetune.benchmarks)
+    lines = [f"{cfg.sweep.name} ({cfg.mode}) → {cfg.sweep_dir}; MLflow "
+             f"{cfg.mlflow.tracking_uri} experiment {cfg.mlflow.experiment}, parent run "
+             f"{parent_run_id}",
+             f"model {cfg.model.family}; world {cfg.world}; stages: pretrain, then finetune "
+             f"{stages}",
+             f"{int(ray.cluster_resources().get('CPU', 0))} CPUs in the cluster, {per_trial:g} "
+             f"per trial → {concurrency} trial(s) at a time"]
+    if plan.lines:
+        lines.append(f"grid: {len(plan.lines)} lines: "
+                     + "; ".join(f"{n} {p.mix_label()}" for n, p in plan.lines))
+    else:
+        s = cfg.space
+        sched = (f"ASHA (time_attr {TIME_ATTR}, grace {cfg.sweep.grace_period}, "
+                 f"rf {cfg.sweep.reduction_factor})" if cfg.sweep.scheduler == "asha"
+                 else "FIFO")
+        lines.append(f"search: {cfg.sweep.num_samples} trials, Optuna TPE (seed "
+                     f"{cfg.sweep.seed}, {cfg.sweep.tpe_startup} random first) + {sched} on "
+                     f"'{METRIC}'; tasks {s.tasks} ratios {[float(r) for r in s.ratios]} "
+                     f"masking {s.masking} data {s.data} init {s.init}"
+                     + ("" if s.no_pretraining else "; at least one task"))
+        if plan.first:
+            lines.append("evaluated first: " + "; ".join(f"{n} = {p.describe()}"
+                                                         for n, p in plan.first))
+    return lines
+
+
+__all__ = ["run_sweep", "SweepResult", "trial_cpus", "ensure_ray", "auto_concurrency"]

@@ -1,0 +1,199 @@
+"""The search space over pretraining configurations, and its Optuna define-by-run sampler.
+
+    space = SearchSpace(tasks=["mlm", "itm", "mrfr", "mrc-kl"], ratios=[1, 2])
+    check_space(space, "uniter-tiny")          # problems as (key, message); [] = fine
+    sampler = SpaceSampler(space)              # OptunaSearch(space=sampler, ...)
+    space.params_for(point)                    # the same point as Optuna params (warm start)
+
+A point switches each candidate task on or off (a task that is on draws its mix ratio from
+``ratios``), then picks masking, pretraining data and initialisation. Switching every task
+off is the "no pretraining" point (finetune the initialisation only, Table 3 line 1), allowed
+unless ``no_pretraining: false``; then at least one task is always on. Which tasks apply to
+which model family comes from the model registry (region tasks need a region family, MVM
+needs SOHO); the text-only MiniLM init needs a family sized like MiniLM.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vlp.platform.config_loader import bounded
+from vlp.platform.sweep.point import TASK_ORDER, TrialPoint, task_rank
+
+
+def _default_tasks() -> list[str]:
+    return ["mlm", "itm", "mrc", "mrc-kl", "mrfr"]     # UNITER Table 3's tasks
+
+
+@dataclass
+class SearchSpace:
+    tasks: list[str] = field(default_factory=_default_tasks)   # candidates, each on or off
+    ratios: list[float] = bounded(default_factory=lambda: [1.0, 2.0], gt=0)
+    masking: list[Literal["conditional", "joint"]] = field(
+        default_factory=lambda: ["conditional", "joint"])
+    data: list[Literal["in", "out", "both"]] = field(default_factory=lambda: ["in", "out", "both"])
+    init: list[Literal["random", "minilm"]] = field(default_factory=lambda: ["random"])
+    no_pretraining: bool = True        # the empty task set (finetune the init only) is a point
+
+    def validate(self):
+        """Structure only; which tasks fit which family is ``check_space``."""
+        for name in ("tasks", "ratios", "masking", "data", "init"):
+            values = getattr(self, name)
+            dup = sorted({str(v) for v in values if values.count(v) > 1})
+            if dup:
+                yield name, f"lists {', '.join(dup)} more than once"
+        for name in ("ratios", "masking", "data", "init"):
+            if not getattr(self, name):
+                yield name, "is empty: the space needs at least one choice here"
+        if not self.tasks and not self.no_pretraining:
+            yield "tasks", ("the space is empty: no candidate task and no_pretraining is false "
+                            "(list tasks, or allow the no-pretraining point)")
+
+    # ---- membership ------------------------------------------------------------------------
+
+    def ordered_tasks(self) -> list[str]:
+        return sorted(self.tasks, key=lambda t: (task_rank(t), t))
+
+    def problems_with(self, point: TrialPoint, what: str) -> list[str]:
+        """Why ``point`` is not in this space ([] when it is)."""
+        out = []
+        if not point.pretrains:
+            if not self.no_pretraining:
+                out.append(f"{what} has no pretraining, but space.no_pretraining is false")
+        else:
+            extra = [t for t, _ in point.tasks if t not in self.tasks]
+            if extra:
+                out.append(f"{what} needs task(s) {', '.join(extra)}, not in space.tasks")
+            bad = sorted({r for _, r in point.tasks} - set(self.ratios))
+            if bad:
+                out.append(f"{what} uses mix ratio(s) {', '.join(f'{r:g}' for r in bad)}, "
+                           f"not in space.ratios {[float(r) for r in self.ratios]}")
+            if point.masking not in self.masking:
+                out.append(f"{what} uses {point.masking} masking, not in space.masking")
+            if point.data not in self.data:
+                out.append(f"{what} pretrains on data {point.data!r}, not in space.data")
+        if point.init not in self.init:
+            out.append(f"{what} starts from init {point.init!r}, not in space.init")
+        return out
+
+    def params_for(self, point: TrialPoint) -> dict[str, Any]:
+        """The Optuna params ``SpaceSampler`` would record for ``point`` (for
+        ``points_to_evaluate``); only parameters the sampler actually suggests."""
+        params: dict[str, Any] = {}
+        on = dict(point.tasks)
+        tasks = self.ordered_tasks()
+        for i, t in enumerate(tasks):
+            if not _forced_on(i, tasks, list(params.values()), self.no_pretraining):
+                params[f"task.{t}"] = t in on
+        if len(self.ratios) > 1:
+            params.update({f"ratio.{t}": float(on[t]) for t in tasks if t in on})
+        if point.pretrains:
+            for name in ("masking", "data"):
+                if len(getattr(self, name)) > 1:
+                    params[name] = getattr(point, name)
+        if len(self.init) > 1:
+            params["init"] = point.init
+        return params
+
+
+def _forced_on(i: int, tasks: list[str], earlier_flags: list[Any], no_pretraining: bool) -> bool:
+    """The last candidate is switched on without asking when every earlier one is off and
+    the empty set is not allowed: the constraint "at least one task" holds by construction
+    and the recorded Optuna params always match the trial's config."""
+    return (not no_pretraining and i == len(tasks) - 1
+            and not any(v is True for v in earlier_flags))
+
+
+class SpaceSampler:
+    """Optuna define-by-run function for ``OptunaSearch(space=...)``. A class instance, not a
+    closure: the searcher pickles it with its state (``Tuner.restore``)."""
+
+    def __init__(self, space: SearchSpace):
+        self.space = space
+
+    def __call__(self, trial: Any) -> dict[str, Any]:
+        s = self.space
+        tasks = s.ordered_tasks()
+        on: list[str] = []
+        flags: list[Any] = []
+        for i, t in enumerate(tasks):
+            if _forced_on(i, tasks, flags, s.no_pretraining):
+                on.append(t)
+                continue
+            use = trial.suggest_categorical(f"task.{t}", [True, False])
+            flags.append(use)
+            if use:
+                on.append(t)
+        mix = {t: (float(s.ratios[0]) if len(s.ratios) == 1 else
+                   float(trial.suggest_categorical(f"ratio.{t}", [float(r) for r in s.ratios])))
+               for t in on}
+
+        def pick(name: str, options: list[str]) -> str:
+            return options[0] if len(options) == 1 else trial.suggest_categorical(name, options)
+
+        kw = {}
+        if on:
+            kw = {"masking": pick("masking", list(s.masking)), "data": pick("data", list(s.data))}
+        point = TrialPoint.of(mix, init=pick("init", list(s.init)), **kw)
+        # Optuna's trial number names the trial (t001, ...): kept across Tuner.restore
+        return {"point": point.to_params(), "trial_number": int(trial.number)}
+
+
+# ---- the space against the model registry ------------------------------------------------------
+
+def check_space(space: SearchSpace, family: str, key: str = "space") -> list[tuple[str, str]]:
+    """Problems of ``space`` for model ``family``: unknown tasks, tasks that do not apply to
+    the family, an init the family cannot load."""
+    from vlp.models import TASKS
+
+    problems = []
+    for i, t in enumerate(space.tasks):
+        problem = task_problem(t, family, list(TASKS))
+        if problem:
+            problems.append((f"{key}.tasks.{i}", problem))
+    if "minilm" in space.init:
+        problem = init_problem("minilm", family)
+        if problem:
+            problems.append((f"{key}.init", problem))
+    return problems
+
+
+def task_problem(task: str, family: str, known: list[str]) -> str | None:
+    from vlp.models import FAMILIES, get_family
+
+    if task not in known:
+        close = difflib.get_close_matches(task, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown task {task!r}{hint}; known tasks: {', '.join(known)}"
+    fam = get_family(family)
+    if task in fam.tasks:
+        return None
+    kinds = sorted({n.split("-")[0] for n, f in FAMILIES.items() if task in f.tasks})
+    why = f"a task of {', '.join(kinds)}" if kinds else "no family has it"
+    if fam.visual.input_kind == "pixels" and task in ("mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert"):
+        why += f"; it needs detector regions and {family} reads pixels"
+    return f"task {task!r} does not apply to {family} ({why}); its tasks: {', '.join(fam.tasks)}"
+
+
+def init_problem(init: str, family: str) -> str | None:
+    """The packaged MiniLM text weights load only into a transformer of MiniLM's size."""
+    from vlp.models import FAMILIES, get_family
+    from vlp.models.families import MINILM
+
+    if init != "minilm":
+        return None
+    t = get_family(family).transformer
+    shape = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
+    if all(getattr(t, k) == getattr(MINILM, k) for k in shape):
+        return None
+    fits = [n for n, f in FAMILIES.items()
+            if all(getattr(f.transformer, k) == getattr(MINILM, k) for k in shape)]
+    return (f"init 'minilm' (the text-only MiniLM-L6-H384 weights) does not fit {family} "
+            f"(hidden {t.hidden_size}, {t.num_layers} layers); families sized for it: "
+            f"{', '.join(fits)}")
+
+
+__all__ = ["SearchSpace", "SpaceSampler", "check_space", "task_problem", "init_problem",
+           "TASK_ORDER"]

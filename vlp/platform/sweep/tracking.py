@@ -1,0 +1,74 @@
+"""The sweep's MLflow runs: a parent run per sweep (written by the driver), a child run per
+trial (written by the trial), found again by deterministic keys so that a restored sweep
+writes into the same runs.
+
+    sweep parent  (tags vlp.job=sweep, vlp.sweep.mode; artifacts leaderboard/...)
+      ├── L10 MLM+ITM+MRC-kl+MRFR   (tags mix, mix_ratios, pretraining_data, init; metrics
+      │     │                         per stage + meta_sum, vqa, ir, tr, nlvr2, refcoco_plus)
+      │     ├── L10-pretrain          the pretraining run
+      │     ├── L10-ft-retrieval      finetune runs
+      │     └── ...
+      └── ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vlp.platform.config_loader import flatten
+from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.point import TrialPoint
+from vlp.platform.tracking import MlflowRun, run_key
+
+SWEEP_JOB = "sweep"
+TRIAL_JOB = "sweep-trial"
+
+
+def artifact_location(tracking_uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts. For a SQLite store: beside the database
+    (MLflow's default is ./mlruns under whatever folder the process runs in)."""
+    if tracking_uri.startswith("sqlite:///"):
+        return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+    return None
+
+
+def open_parent_run(cfg: SweepConfig) -> MlflowRun:
+    run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment,
+                         run_name=cfg.sweep.name, key=run_key(str(cfg.sweep_dir), SWEEP_JOB),
+                         tags={"vlp.job": SWEEP_JOB, "vlp.sweep.mode": cfg.mode,
+                               "vlp.model_family": cfg.model.family},
+                         artifact_location=artifact_location(cfg.mlflow.tracking_uri))
+    run.log_params({k: v for k, v in flatten(cfg).items() if not k.startswith("mlflow.")})
+    run.set_tags({"vlp.state": "running"})
+    return run
+
+
+def open_trial_run(cfg: SweepConfig, parent_run_id: str, name: str, point: TrialPoint,
+                   fresh: bool) -> MlflowRun:
+    run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment,
+                         run_name=f"{name} {point.mix_label()}", key=trial_key(cfg, name),
+                         parent_run_id=parent_run_id,
+                         tags={"vlp.job": TRIAL_JOB, "vlp.sweep.trial": name, **point.tags()},
+                         artifact_location=artifact_location(cfg.mlflow.tracking_uri))
+    if fresh:
+        run.log_params(point.mlflow_params())
+    run.set_tags({"vlp.state": "running"})
+    return run
+
+
+def trial_key(cfg: SweepConfig, name: str) -> str:
+    return run_key(str(cfg.sweep_dir), TRIAL_JOB, name)
+
+
+def close_trial_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, Any]) -> None:
+    """The driver closes runs of trials it stopped (ASHA) or that died without closing."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(run_id)
+    if run.info.status != "RUNNING":
+        return              # the trial closed it (completed or failed): its word stands
+    for k, v in tags.items():
+        client.set_tag(run_id, k, str(v))
+    client.set_terminated(run_id, status=status)

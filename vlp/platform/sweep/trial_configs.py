@@ -1,0 +1,92 @@
+"""From a point of the space to the configs a trial runs: the pretraining experiment config
+(``vlp.platform.pretrain_job``) and the finetune settings (``vlp.platform.finetune``).
+
+    cfg = pretrain_config(sweep_cfg, point, trial="L10", trial_dir="/abs/sweep/trials/L10")
+    kw = finetune_kwargs(sweep_cfg, point, checkpoint, "vqa", trial="L10", trial_dir=...)
+
+This is the sweep as "a function that yields configs": ``configs_of`` yields every trial's
+pretraining config of a replay, and the preflight builds and checks each of them before any
+trial starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterator
+
+from vlp.platform.experiment_config import ExperimentConfig
+from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.point import TrialPoint
+
+DOMAIN_OF_CHOICE = {"in": ("in",), "out": ("out",), "both": ("in", "out")}
+
+
+def data_sources(world: str, choice: str) -> dict[str, dict[str, Any]]:
+    """The world's pretraining sources for a data choice (in / out / both), by the domains
+    its manifest records."""
+    from vlp.datasets.world import load_manifest
+
+    m = load_manifest(world, check_files=False)
+    names = [n for d in DOMAIN_OF_CHOICE[choice] for n in m.pretraining_sources(d)]
+    return {n: {"path": str(m.path(m.sources[n].folder))} for n in names}
+
+
+def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
+                    trial_dir: str) -> ExperimentConfig:
+    """The pretraining job of ``point``: the sweep's shared ``pretrain`` sections plus what the
+    point decides. Validated against the model registry (``load_pretrain_config``)."""
+    from vlp.platform.pretrain_job import load_pretrain_config
+
+    if not point.pretrains:
+        raise ValueError(f"trial {trial}: the point {point.describe()} does not pretrain")
+    data = copy.deepcopy(cfg.pretrain)
+    data["run"] = {**data.get("run", {}), "name": f"{trial}-pretrain", "output_dir": trial_dir,
+                   "seed": cfg.sweep.seed}
+    data["model"] = {**data.get("model", {}), "family": cfg.model.family, "init": point.init}
+    data["data"] = {**data.get("data", {}), "sources": data_sources(cfg.world, point.data),
+                    "masking": point.masking}
+    data["tasks"] = point.mix
+    data["mlflow"] = {"enabled": True, "tracking_uri": cfg.mlflow.tracking_uri,
+                      "experiment": cfg.mlflow.experiment,
+                      "check_timeout_s": cfg.mlflow.check_timeout_s}
+    return load_pretrain_config(data=data)
+
+
+def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
+                    benchmark: str, *, trial: str, trial_dir: str,
+                    parent_run_id: str | None) -> dict[str, Any]:
+    """Arguments of ``finetune_and_evaluate`` for one benchmark of one trial. Without a
+    checkpoint the model starts from the point's init (random: Table 3 L1; minilm: L2)."""
+    overrides = list(cfg.finetune.overrides)
+    if checkpoint is None and point.init == "minilm":
+        overrides.append("model.init=minilm")
+    overrides.append(f"scaling.cpus_per_worker={cfg.finetune.cpus_per_worker}")
+    return dict(checkpoint=checkpoint, benchmarks=[benchmark], world=cfg.world,
+                family=cfg.model.family, run_name=f"{trial}-ft", output_dir=trial_dir,
+                parent_run_id=parent_run_id, overrides=overrides, seed=cfg.sweep.seed,
+                num_workers=cfg.finetune.num_workers, tracking_uri=cfg.mlflow.tracking_uri,
+                mlflow=True)
+
+
+def finetune_config(cfg: SweepConfig, point: TrialPoint, benchmark: str, trial_dir: str):
+    """The ``FinetuneConfig`` a trial's finetune of ``benchmark`` loads (for the preflight:
+    the same overrides, a random init, no MLflow)."""
+    from vlp.platform.finetune import load_finetune_config
+
+    kw = finetune_kwargs(cfg, point, None, benchmark, trial="check", trial_dir=trial_dir,
+                         parent_run_id=None)
+    data = {"run": {"name": kw["run_name"], "output_dir": trial_dir, "seed": kw["seed"]},
+            "model": {"family": kw["family"], "init": "random", "checkpoint": ""},
+            "world": kw["world"], "benchmarks": kw["benchmarks"],
+            "scaling": {"num_workers": kw["num_workers"]}, "mlflow": {"enabled": False}}
+    return load_finetune_config(data=data, overrides=kw["overrides"])
+
+
+def configs_of(cfg: SweepConfig, points: list[tuple[str, TrialPoint]]
+               ) -> Iterator[tuple[str, TrialPoint, ExperimentConfig | None]]:
+    """(trial name, point, its pretraining config or None) for each named point."""
+    for name, point in points:
+        trial_dir = str(Path(cfg.sweep.output_dir) / cfg.sweep.name / "trials" / name)
+        yield name, point, (pretrain_config(cfg, point, trial=name, trial_dir=trial_dir)
+                            if point.pretrains else None)
