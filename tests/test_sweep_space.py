@@ -63,10 +63,13 @@ def test_unknown_task_suggests_the_close_name():
     assert key == "space.tasks.1" and "unknown task 'mrc_kl'" in msg and "'mrc-kl'" in msg
 
 
-def test_minilm_init_needs_a_family_of_its_size():
-    (key, msg), = check_space(SearchSpace(init=["random", "minilm"]), "uniter-tiny")
+def test_text_init_must_fit_the_family():
+    (key, msg), = check_space(SearchSpace(init=["random", "text"]), "uniter-tiny")
     assert key == "space.init" and "uniter-minilm" in msg
-    assert check_space(SearchSpace(init=["random", "minilm"]), "uniter-minilm") == []
+    assert check_space(SearchSpace(init=["random", "text"]), "uniter-minilm") == []
+    (key, msg), = check_space(SearchSpace(init=["text"]), "uniter-base",
+                              text_init="bert:/no/such/bert")
+    assert "names no file or folder" in msg
 
 
 # ---- replays ------------------------------------------------------------------------------------
@@ -80,8 +83,8 @@ def test_table3_has_the_papers_13_lines():
     assert labels[9] == "MLM+ITM+MRC-kl+MRFR"
     assert labels[10] == "MLM+ITM+MRC-kl+MRFR (w/o cond. mask)"
     assert [l.point.data for l in lines[9:]] == ["in", "in", "out", "both"]
-    assert not lines[0].point.pretrains and lines[1].point.init == "minilm"
-    assert all(l.point.init == "minilm" for l in lines[2:])
+    assert not lines[0].point.pretrains and lines[1].point.init == "text"
+    assert all(l.point.init == "text" for l in lines[2:])
 
 
 def test_replay_checks_name_and_family():
@@ -92,7 +95,7 @@ def test_replay_checks_name_and_family():
     assert any("'mrfr' does not apply to vlbert-minilm" in m and "L03" in m for m in found)
     assert any("'mrc-kl'" in m and "L09, L10, L11, L12, L13" in m for m in found)
     found = [m for _, m in check_replay("table3", "uniter-tiny")]
-    assert len(found) == 1 and "init 'minilm'" in found[0] and "L02" in found[0]
+    assert len(found) == 1 and "text init 'minilm'" in found[0] and "L02" in found[0]
 
 
 # ---- the Optuna sampler -------------------------------------------------------------------------
@@ -166,4 +169,4 @@ def test_point_labels_and_keys():
     assert TrialPoint.from_params(p.to_params()) == p
     # masking and data mean nothing without pretraining: the same point
     assert TrialPoint(masking="joint", data="out").key() == TrialPoint().key()
-    assert TrialPoint(init="minilm").key() != TrialPoint().key()
+    assert TrialPoint(init="text").key() != TrialPoint().key()

@@ -1,48 +1,104 @@
-"""`vlp demo`: the platform's main job on the embedded default (what `make demo` runs)."""
+"""`vlp demo`: the platform's main job on the embedded default (what `make demo` runs).
+
+Synthetic world at demo scale → leakage audit → a small Optuna + ASHA sweep over task mixes
+(jobs/configs/sweep-demo.yaml: no pretraining and the paper's best mix always among the
+trials) on local Ray with a SQLite MLflow store in the run folder → the leaderboard and how
+to open the MLflow UI.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+DEMO_SWEEP = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "sweep-demo.yaml"
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "demo", help="run the main job on the embedded default (synthetic world, local Ray)",
         description="The demo on the embedded default: generate (or reuse) the synthetic "
-                    "world at demo scale, audit it for leakage, then run the most complete "
-                    "job the platform has on it, with progress shown throughout.")
+                    "world at demo scale, audit it for leakage, then run a small task-mix "
+                    "sweep (Ray Tune + Optuna + ASHA; no pretraining and UNITER's best mix "
+                    "among the trials) with progress shown throughout, and print the "
+                    "leaderboard. Running it again resumes or reprints the sweep.")
     p.add_argument("--out", default="runs/demo", metavar="DIR",
-                   help="run folder (default runs/demo): world/, MLflow store, checkpoints")
+                   help="run folder (default runs/demo): world/, MLflow store, sweep")
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "full"],
                    help="synthetic world scale (default demo)")
     p.add_argument("--seed", type=int, default=0, help="world and training seed (default 0)")
+    p.add_argument("--trials", type=int, metavar="N", help="sweep trials (default: the "
+                   "demo config's)")
+    p.add_argument("--config", default=str(DEMO_SWEEP), metavar="YAML",
+                   help="sweep config (default jobs/configs/sweep-demo.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a sweep config key (see `vlp sweep --help`)")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard this folder's previous demo sweep and run a new one")
+    p.add_argument("--no-sweep", action="store_true", help="world and audit only")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from vlp.commands.data_audit import format_report
     from vlp.datasets.audit import audit_world
-    from vlp.datasets.synth import generate_world
-    from vlp.datasets.world import WorldError, load_manifest
 
     out = Path(args.out).resolve()
     world = out / "world"
     start = time.perf_counter()
-    print(f"[demo 1/2] synthetic world ({args.scale}, seed {args.seed}) → {world}", flush=True)
+    steps = 2 if args.no_sweep else 3
+    print(f"[demo 1/{steps}] synthetic world ({args.scale}, seed {args.seed}) → {world}",
+          flush=True)
+    make_world(world, args.scale, args.seed)
+    t_world = time.perf_counter() - start
+    print(f"[demo 2/{steps}] leakage audit and statistics", flush=True)
+    report = audit_world(world)
+    print(format_report(report))
+    if not report.ok:
+        print("demo stopped: the world failed its leakage audit")
+        return 1
+    t_audit = time.perf_counter() - start - t_world
+    if args.no_sweep:
+        print(f"\ndemo finished in {time.perf_counter() - start:.0f}s")
+        return 0
+    print(f"[demo 3/3] task-mix sweep ({Path(args.config).name}) on local Ray; MLflow in {out}",
+          flush=True)
+    status = sweep(args, out, world)
+    total = time.perf_counter() - start
+    print(f"\ndemo finished in {total:.0f}s (world {t_world:.0f}s, audit {t_audit:.0f}s, sweep "
+          f"{total - t_world - t_audit:.0f}s)")
+    print(f"again: vlp leaderboard --run-dir {out}   |   vlp ui --run-dir {out}")
+    return status
+
+
+def make_world(world: Path, scale: str, seed: int) -> None:
+    from vlp.datasets.synth import generate_world
+    from vlp.datasets.world import WorldError, load_manifest
+
     try:
         m = load_manifest(world)
-        reuse = (m.scale, m.seed) == (args.scale, args.seed)
+        reuse = (m.scale, m.seed) == (scale, seed)
     except WorldError:
         reuse = False
     if reuse:
         print("  reusing the world already there (same scale and seed)")
     else:
-        generate_world(world, scale=args.scale, seed=args.seed, overwrite=world.exists())
-    print(f"[demo 2/2] leakage audit and statistics", flush=True)
-    report = audit_world(world)
-    print(format_report(report))
-    print(f"\ndemo finished in {time.perf_counter() - start:.0f}s")
-    return 0 if report.ok else 1
+        generate_world(world, scale=scale, seed=seed, overwrite=world.exists(), progress=True)
+
+
+def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
+    import shutil
+
+    from vlp.commands.sweep import report
+    from vlp.platform.sweep import load_sweep_config, run_sweep
+
+    overrides = [f"world={world}", f"sweep.output_dir={out}", f"sweep.seed={args.seed}"]
+    if args.trials:
+        overrides.append(f"sweep.num_samples={args.trials}")
+    cfg = load_sweep_config(args.config, overrides + list(args.set))
+    if args.fresh and cfg.resolved().sweep_dir.exists():
+        print(f"  --fresh: removing the previous sweep {cfg.resolved().sweep_dir}")
+        shutil.rmtree(cfg.resolved().sweep_dir)
+    return report(run_sweep(cfg))

@@ -59,6 +59,14 @@ class SweepSection:
 @dataclass
 class SweepModel:
     family: str = "uniter-tiny"
+    # the "text" init of the space (Table 3's BERT init): minilm = the packaged MiniLM-L6-H384
+    # (families sized like it: *-minilm); bert:<path> = BERT weights of the family's size
+    text_init: str = "minilm"
+
+    def validate(self):
+        if self.text_init != "minilm" and not (self.text_init.startswith("bert:")
+                                               and len(self.text_init) > len("bert:")):
+            yield "text_init", f"expected minilm or bert:<path>, got {self.text_init!r}"
 
 
 @dataclass

@@ -23,7 +23,7 @@ TASK_LABELS = {"mlm": "MLM", "itm": "ITM", "mrc": "MRC", "mrc-kl": "MRC-kl", "mr
 MASKINGS = ("conditional", "joint")
 DATA_CHOICES = ("in", "out", "both")      # pretraining corpora by the world's source domains
 DATA_LABELS = {"in": "In-domain", "out": "Out-of-domain", "both": "In-domain + Out-of-domain"}
-INITS = ("random", "minilm")              # minilm: the packaged text-only weights (Table 3 L2)
+INITS = ("random", "text")    # text: the text-only BERT weights of model.text_init (Table 3 L2)
 
 
 def task_rank(name: str) -> int:
@@ -57,7 +57,7 @@ class TrialPoint:
     def mix_label(self) -> str:
         """``MLM+ITM+MRC-kl`` (joint masking adds ``(w/o cond. mask)`` as in Table 3)."""
         if not self.pretrains:
-            return "MLM (text only)" if self.init == "minilm" else "None"
+            return "MLM (text only)" if self.init == "text" else "None"
         label = "+".join(TASK_LABELS.get(t, t.upper()) for t, _ in self.tasks)
         return label + (" (w/o cond. mask)" if self.masking == "joint" else "")
 
@@ -66,11 +66,11 @@ class TrialPoint:
 
     def data_label(self) -> str:
         if not self.pretrains:
-            return "Text" if self.init == "minilm" else "None"
+            return "Text" if self.init == "text" else "None"
         return DATA_LABELS.get(self.data, self.data)
 
     def init_label(self) -> str:
-        return {"random": "random", "minilm": "MiniLM text"}.get(self.init, self.init)
+        return {"random": "random", "text": "text-only BERT"}.get(self.init, self.init)
 
     def describe(self) -> str:
         """One line for logs: ``MLM+ITM (2:2) · In-domain · init random``."""

@@ -66,11 +66,11 @@ def check_sweep(cfg: SweepConfig) -> SweepPlan:
 def _points(cfg: SweepConfig) -> tuple[SweepPlan, list[tuple[str, str]]]:
     family = cfg.model.family
     if cfg.sweep.replay:
-        problems = check_replay(cfg.sweep.replay, family)
+        problems = check_replay(cfg.sweep.replay, family, text_init=cfg.model.text_init)
         if problems:
             return SweepPlan(), problems
         return SweepPlan(lines=tuple((l.name, l.point) for l in replay_lines(cfg.sweep.replay))), []
-    problems = check_space(cfg.space, family)
+    problems = check_space(cfg.space, family, text_init=cfg.model.text_init)
     first = []
     for i, name in enumerate(cfg.sweep.include):
         key = f"sweep.include.{i}"

@@ -29,7 +29,7 @@ class Line:
 
 def _uniter(*tasks: str, **kw) -> TrialPoint:
     ratio = {"mlm": 2.0, "itm": 2.0}
-    return TrialPoint.of({t: ratio.get(t, 1.0) for t in tasks}, init="minilm", **kw)
+    return TrialPoint.of({t: ratio.get(t, 1.0) for t in tasks}, init="text", **kw)
 
 
 _BEST = ("mlm", "itm", "mrc-kl", "mrfr")
@@ -38,7 +38,7 @@ _BEST = ("mlm", "itm", "mrc-kl", "mrfr")
 def table3() -> list[Line]:
     rows = [
         (TrialPoint(), "None"),
-        (TrialPoint(init="minilm"), "Text: MLM (BERT init, no V+L pretraining)"),
+        (TrialPoint(init="text"), "Text: MLM (BERT init, no V+L pretraining)"),
         (_uniter("mrfr"), "In-domain: MRFR"),
         (_uniter("itm"), "In-domain: ITM"),
         (_uniter("mlm"), "In-domain: MLM"),
@@ -64,7 +64,8 @@ def replay_lines(name: str) -> list[Line]:
         raise ValueError(f"unknown replay {name!r}; known replays: {', '.join(REPLAYS)}") from None
 
 
-def check_replay(name: str, family: str, key: str = "sweep.replay") -> list[tuple[str, str]]:
+def check_replay(name: str, family: str, key: str = "sweep.replay",
+                 text_init: str = "minilm") -> list[tuple[str, str]]:
     """Every line's tasks and init must apply to ``family``; one problem per cause, naming
     the lines it affects."""
     from vlp.models import TASKS
@@ -78,7 +79,7 @@ def check_replay(name: str, family: str, key: str = "sweep.replay") -> list[tupl
     causes: dict[str, list[str]] = {}
     for line in replay_lines(name):
         found = [task_problem(t, family, list(TASKS)) for t, _ in line.point.tasks]
-        found.append(init_problem(line.point.init, family))
+        found.append(init_problem(line.point.init, family, text_init))
         for p in filter(None, found):
             causes.setdefault(p, []).append(line.name)
     return [(key, f"{name} lines {', '.join(lines)}: {p}") for p, lines in causes.items()]
@@ -93,7 +94,7 @@ def _paper_best(init: str) -> TrialPoint:
 # name → point given the space's first init (the demo's uniter-tiny has only "random")
 NAMED_POINTS: dict[str, Callable[[str], TrialPoint]] = {
     "none": lambda init: TrialPoint(init="random"),          # Table 3 L1
-    "text-init": lambda init: TrialPoint(init="minilm"),     # Table 3 L2
+    "text-init": lambda init: TrialPoint(init="text"),       # Table 3 L2
     "paper-best": _paper_best,                               # Table 3 L10's mix
 }
 

@@ -31,6 +31,7 @@ from vlp.platform.sweep.tracking import open_parent_run
 from vlp.platform.sweep.trial import TrialContext, run_trial
 
 CONFIG_FILE = "sweep.yaml"
+INSTANCE_FILE = "instance"
 TUNE_DIR = "tune"
 METRIC, TIME_ATTR = "score", "stage"
 # may change between a sweep and its resumption; everything else must match
@@ -41,6 +42,7 @@ RESUMABLE_CHANGES = ("sweep.max_concurrent", "sweep.trial_retries")
 class SweepResult:
     leaderboard: Leaderboard
     sweep_dir: str
+    trials_dir: str            # one folder per trial: its Ray Train runs, attempts.jsonl
     tracking_uri: str
     parent_run_id: str
     trials: int
@@ -58,18 +60,19 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
     cfg = cfg.resolved()
     plan = check_sweep(cfg)                    # every bad input fails here, before Ray
     sweep_dir = cfg.sweep_dir
-    resuming = _check_resume(cfg, sweep_dir)
+    resuming, instance = _check_resume(cfg, sweep_dir)
+    trials_dir = sweep_dir / f"trials-{instance}"
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial)
-    parent = open_parent_run(cfg)
+    parent = open_parent_run(cfg, instance)
     lines = {name: point.to_params() for name, point in plan.lines}
     total = len(lines) or cfg.sweep.num_samples
     for line in _summary(cfg, plan, per_trial, concurrency, parent.run_id):
         say(f"[sweep] {line}")
-    trainable = ray.tune.with_resources(
-        ray.tune.with_parameters(run_trial, ctx=TrialContext(cfg, parent.run_id, lines)),
-        {"CPU": 0.01})    # the trial itself only waits; its Train workers hold the CPUs
+    ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines)
+    trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
+                                        {"CPU": 0.01})   # it waits; its Train workers hold CPUs
     tune_path = sweep_dir / TUNE_DIR
     if resuming:
         say(f"[sweep] resuming the sweep in {sweep_dir} (finished trials are kept)")
@@ -96,8 +99,9 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
                         "sweep_seconds": time.perf_counter() - start}, step=0)
     parent.set_tags({"vlp.state": "interrupted" if interrupted else "completed"})
     parent.finish("KILLED" if interrupted else "FINISHED")
-    return SweepResult(board, str(sweep_dir), cfg.mlflow.tracking_uri, parent.run_id,
-                       len(statuses), errors, interrupted, time.perf_counter() - start)
+    return SweepResult(board, str(sweep_dir), str(trials_dir), cfg.mlflow.tracking_uri,
+                       parent.run_id, len(statuses), errors, interrupted,
+                       time.perf_counter() - start)
 
 
 # ---- Tune set-up ----------------------------------------------------------------------------
@@ -217,19 +221,32 @@ def auto_concurrency(per_trial: float) -> int:
 
 # ---- the sweep folder ------------------------------------------------------------------------
 
-def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> bool:
-    """True when the folder holds this sweep's Tune state (then the configs must agree);
-    writes the config on a fresh start."""
+def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> tuple[bool, str]:
+    """(resuming, instance). Resuming when the folder holds this sweep's Tune state (then
+    the configs must agree). A fresh start writes the config and a new instance id: MLflow
+    runs and trial folders are keyed by it, so a folder emptied and reused for a new sweep
+    never re-attaches to the old sweep's runs."""
+    import uuid
+
     import ray.tune
 
     saved = sweep_dir / CONFIG_FILE
     tune_path = sweep_dir / TUNE_DIR
-    if not ray.tune.Tuner.can_restore(str(tune_path)):
+    instance_file = sweep_dir / INSTANCE_FILE
+    if not ray.tune.Tuner.can_restore(str(tune_path)) or not instance_file.is_file():
+        if tune_path.exists():
+            raise ConfigError([("sweep.name", f"{sweep_dir} holds an unfinished sweep that "
+                                              f"cannot be resumed (no Tune state or no "
+                                              f"{INSTANCE_FILE}): use another sweep.name or "
+                                              f"remove the folder")])
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        tmp = saved.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        os.replace(tmp, saved)
-        return False
+        instance = uuid.uuid4().hex[:8]
+        for path, text in ((saved, yaml.safe_dump(to_dict(cfg), sort_keys=False)),
+                           (instance_file, instance + "\n")):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        return False, instance
     if saved.is_file():
         from vlp.platform.sweep.config import load_sweep_config
 
@@ -241,7 +258,7 @@ def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> bool:
             raise ConfigError([(k, f"differs from the sweep already in {sweep_dir} "
                                    f"({before.get(k)!r} there): to resume it keep its config; "
                                    f"for a new sweep use another sweep.name") for k in changed])
-    return True
+    return True, instance_file.read_text().strip()
 
 
 def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: int,

@@ -34,7 +34,8 @@ class SearchSpace:
     masking: list[Literal["conditional", "joint"]] = field(
         default_factory=lambda: ["conditional", "joint"])
     data: list[Literal["in", "out", "both"]] = field(default_factory=lambda: ["in", "out", "both"])
-    init: list[Literal["random", "minilm"]] = field(default_factory=lambda: ["random"])
+    # text: the text-only weights named by model.text_init (Table 3 lines 2-13 start there)
+    init: list[Literal["random", "text"]] = field(default_factory=lambda: ["random"])
     no_pretraining: bool = True        # the empty task set (finetune the init only) is a point
 
     def validate(self):
@@ -143,9 +144,10 @@ class SpaceSampler:
 
 # ---- the space against the model registry ------------------------------------------------------
 
-def check_space(space: SearchSpace, family: str, key: str = "space") -> list[tuple[str, str]]:
+def check_space(space: SearchSpace, family: str, key: str = "space",
+                text_init: str = "minilm") -> list[tuple[str, str]]:
     """Problems of ``space`` for model ``family``: unknown tasks, tasks that do not apply to
-    the family, an init the family cannot load."""
+    the family, a text init the family cannot load."""
     from vlp.models import TASKS
 
     problems = []
@@ -153,8 +155,8 @@ def check_space(space: SearchSpace, family: str, key: str = "space") -> list[tup
         problem = task_problem(t, family, list(TASKS))
         if problem:
             problems.append((f"{key}.tasks.{i}", problem))
-    if "minilm" in space.init:
-        problem = init_problem("minilm", family)
+    if "text" in space.init:
+        problem = init_problem("text", family, text_init)
         if problem:
             problems.append((f"{key}.init", problem))
     return problems
@@ -177,22 +179,33 @@ def task_problem(task: str, family: str, known: list[str]) -> str | None:
     return f"task {task!r} does not apply to {family} ({why}); its tasks: {', '.join(fam.tasks)}"
 
 
-def init_problem(init: str, family: str) -> str | None:
-    """The packaged MiniLM text weights load only into a transformer of MiniLM's size."""
+def init_problem(init: str, family: str, text_init: str = "minilm") -> str | None:
+    """The text init (``model.text_init``): the packaged MiniLM weights load only into a
+    transformer of MiniLM's size; ``bert:<path>`` needs the path (its shapes are checked
+    when a model is built)."""
+    from pathlib import Path
+
     from vlp.models import FAMILIES, get_family
     from vlp.models.families import MINILM
 
-    if init != "minilm":
+    if init != "text":
         return None
+    if text_init.startswith("bert:"):
+        path = text_init[len("bert:"):]
+        return None if path and Path(path).expanduser().exists() else (
+            f"the text init {text_init!r} (model.text_init) names no file or folder")
+    if text_init != "minilm":
+        return f"model.text_init is {text_init!r}; expected minilm or bert:<path>"
     t = get_family(family).transformer
     shape = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
     if all(getattr(t, k) == getattr(MINILM, k) for k in shape):
         return None
     fits = [n for n, f in FAMILIES.items()
             if all(getattr(f.transformer, k) == getattr(MINILM, k) for k in shape)]
-    return (f"init 'minilm' (the text-only MiniLM-L6-H384 weights) does not fit {family} "
-            f"(hidden {t.hidden_size}, {t.num_layers} layers); families sized for it: "
-            f"{', '.join(fits)}")
+    return (f"the text init 'minilm' (MiniLM-L6-H384 weights, model.text_init) does not fit "
+            f"{family} (hidden {t.hidden_size}, {t.num_layers} layers); families sized for it: "
+            f"{', '.join(fits)}; or set model.text_init=bert:<path to BERT weights of "
+            f"{family}'s size>")
 
 
 __all__ = ["SearchSpace", "SpaceSampler", "check_space", "task_problem", "init_problem",

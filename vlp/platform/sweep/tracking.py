@@ -33,9 +33,11 @@ def artifact_location(tracking_uri: str) -> str | None:
     return None
 
 
-def open_parent_run(cfg: SweepConfig) -> MlflowRun:
-    run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment,
-                         run_name=cfg.sweep.name, key=run_key(str(cfg.sweep_dir), SWEEP_JOB),
+def open_parent_run(cfg: SweepConfig, instance: str) -> MlflowRun:
+    """``instance``: the id of this sweep's folder contents (a folder emptied and reused for a
+    new sweep gets a new one, so its runs are not confused with the old sweep's)."""
+    run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name=cfg.sweep.name,
+                         key=run_key(str(cfg.sweep_dir), instance, SWEEP_JOB),
                          tags={"vlp.job": SWEEP_JOB, "vlp.sweep.mode": cfg.mode,
                                "vlp.model_family": cfg.model.family},
                          artifact_location=artifact_location(cfg.mlflow.tracking_uri))
@@ -44,10 +46,11 @@ def open_parent_run(cfg: SweepConfig) -> MlflowRun:
     return run
 
 
-def open_trial_run(cfg: SweepConfig, parent_run_id: str, name: str, point: TrialPoint,
-                   fresh: bool) -> MlflowRun:
+def open_trial_run(cfg: SweepConfig, parent_run_id: str, instance: str, name: str,
+                   point: TrialPoint, fresh: bool) -> MlflowRun:
     run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment,
-                         run_name=f"{name} {point.mix_label()}", key=trial_key(cfg, name),
+                         run_name=f"{name} {point.mix_label()}",
+                         key=run_key(str(cfg.sweep_dir), instance, TRIAL_JOB, name),
                          parent_run_id=parent_run_id,
                          tags={"vlp.job": TRIAL_JOB, "vlp.sweep.trial": name, **point.tags()},
                          artifact_location=artifact_location(cfg.mlflow.tracking_uri))
@@ -55,10 +58,6 @@ def open_trial_run(cfg: SweepConfig, parent_run_id: str, name: str, point: Trial
         run.log_params(point.mlflow_params())
     run.set_tags({"vlp.state": "running"})
     return run
-
-
-def trial_key(cfg: SweepConfig, name: str) -> str:
-    return run_key(str(cfg.sweep_dir), TRIAL_JOB, name)
 
 
 def close_trial_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, Any]) -> None:

@@ -46,6 +46,8 @@ class TrialContext:
     """What every trial needs besides its point; small and picklable (``tune.with_parameters``)."""
     cfg: SweepConfig                  # resolved (absolute paths, tracking URI)
     parent_run_id: str
+    instance: str                     # this sweep's id (see run._check_resume)
+    trials_dir: str                   # <sweep_dir>/trials-<instance>: one folder per trial
     lines: dict[str, dict[str, Any]] = field(default_factory=dict)   # replay: line → point params
 
 
@@ -75,7 +77,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
 
     name, point = trial_identity(config, ctx)
     cfg = ctx.cfg
-    trial_dir = str(cfg.sweep_dir / "trials" / name)
+    trial_dir = str(Path(ctx.trials_dir) / name)
     Path(trial_dir).mkdir(parents=True, exist_ok=True)
     state = _load_state(ray.tune.get_checkpoint())
     _log_attempt(trial_dir, state)
@@ -243,7 +245,7 @@ def _log_attempt(trial_dir: str, state: TrialState) -> None:
 def _open_run(ctx: TrialContext, name: str, point: TrialPoint, fresh: bool):
     from vlp.platform.sweep.tracking import open_trial_run
 
-    return open_trial_run(ctx.cfg, ctx.parent_run_id, name, point, fresh=fresh)
+    return open_trial_run(ctx.cfg, ctx.parent_run_id, ctx.instance, name, point, fresh=fresh)
 
 
 def _log_progress(run: Any, state: TrialState, stage: int, total: int) -> None:

@@ -43,7 +43,7 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
     data = copy.deepcopy(cfg.pretrain)
     data["run"] = {**data.get("run", {}), "name": f"{trial}-pretrain", "output_dir": trial_dir,
                    "seed": cfg.sweep.seed}
-    data["model"] = {**data.get("model", {}), "family": cfg.model.family, "init": point.init}
+    data["model"] = {**data.get("model", {}), "family": cfg.model.family, **model_init(cfg, point)}
     data["data"] = {**data.get("data", {}), "sources": data_sources(cfg.world, point.data),
                     "masking": point.masking}
     data["tasks"] = point.mix
@@ -53,14 +53,49 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
     return load_pretrain_config(data=data)
 
 
+def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
+    """The pretraining config's ``model.init`` / ``model.init_path`` for the point's init."""
+    if point.init != "text":
+        return {"init": "random"}
+    if cfg.model.text_init == "minilm":
+        return {"init": "minilm"}
+    return {"init": "bert", "init_path": cfg.model.text_init[len("bert:"):]}
+
+
+def text_init_checkpoint(cfg: SweepConfig) -> str:
+    """A ``bert:<path>`` text init as a model state-dict file, written once per sweep: the
+    finetune job loads checkpoints (and the packaged MiniLM), not BERT folders."""
+    import os
+
+    import torch
+
+    from vlp.datasets.world import load_manifest
+    from vlp.models import create_model
+
+    out = cfg.sweep_dir / "text-init" / "model.pt"
+    if out.is_file():
+        return str(out)
+    m = load_manifest(cfg.world, check_files=False)
+    model = create_model(cfg.model.family, ["mlm"], init=cfg.model.text_init,
+                         region_feat_dim=m.feature_dim, num_classes=m.num_classes).model
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".model.pt.{os.getpid()}")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, out)     # concurrent trials may both write it: same bytes, atomic
+    return str(out)
+
+
 def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
                     benchmark: str, *, trial: str, trial_dir: str,
                     parent_run_id: str | None) -> dict[str, Any]:
     """Arguments of ``finetune_and_evaluate`` for one benchmark of one trial. Without a
-    checkpoint the model starts from the point's init (random: Table 3 L1; minilm: L2)."""
+    checkpoint the model starts from the point's init (random: Table 3 L1; text: L2)."""
     overrides = list(cfg.finetune.overrides)
-    if checkpoint is None and point.init == "minilm":
-        overrides.append("model.init=minilm")
+    if checkpoint is None and point.init == "text":
+        if cfg.model.text_init == "minilm":
+            overrides.append("model.init=minilm")
+        else:
+            checkpoint = text_init_checkpoint(cfg)
     overrides.append(f"scaling.cpus_per_worker={cfg.finetune.cpus_per_worker}")
     return dict(checkpoint=checkpoint, benchmarks=[benchmark], world=cfg.world,
                 family=cfg.model.family, run_name=f"{trial}-ft", output_dir=trial_dir,

@@ -1,0 +1,110 @@
+"""Integration: a tiny sweep on real Ray Tune + Ray Train + MLflow, interrupted after its first
+trial finishes (SIGUSR1, as Ctrl-C would) and resumed by running it again (Tuner.restore).
+
+One sweep serves both tests (each Train run costs ~20 s here): 3 trials — no pretraining,
+the paper's best mix, and no pretraining again (a twin: its results are reused, no compute)
+— two finetune stages each (retrieval, vqa) of 2 steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import ray.tune
+
+from vlp.platform.sweep import load_sweep_config, run_sweep
+
+pytestmark = pytest.mark.integration
+
+CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
+
+
+class InterruptAfterFirstTrial(ray.tune.Callback):
+    """Sends SIGUSR1 (Tune's stop signal) once, when the first trial ends. The marker file
+    keeps the restored copy of this callback (Tune restores callbacks) from firing again."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text(trial.trial_id)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_local, tiny_world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    cfg = load_sweep_config(CONFIG, [
+        f"world={tiny_world}", f"sweep.output_dir={out}", "sweep.num_samples=3",
+        "sweep.include=[none,paper-best,none]", "sweep.max_concurrent=1",
+        # FIFO: the session's Ray has no dashboard, which Train needs to free the placement
+        # groups of trials ASHA stops (the demo's local Ray has one)
+        "sweep.scheduler=fifo"])
+    first = run_sweep(cfg, callbacks=[InterruptAfterFirstTrial(str(out / "interrupted"))])
+    second = run_sweep(cfg)
+    return cfg.resolved(), first, second
+
+
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(sweep):
+    cfg, first, second = sweep
+    assert first.interrupted and not second.interrupted
+    states = {r.trial: r.state for r in first.leaderboard.rows}
+    assert states["t001"] == "completed"
+    assert second.trials == 3 and second.errors == 0
+    assert {r.trial: r.state for r in second.leaderboard.rows} == {
+        "t001": "completed", "t002": "completed", "t003": "completed"}
+    trials = Path(second.trials_dir)
+    assert trials.parent == cfg.sweep_dir and Path(first.trials_dir) == trials
+    attempts = {t: (trials / t / "attempts.jsonl").read_text().splitlines()
+                for t in ("t001", "t002", "t003")}
+    assert len(attempts["t001"]) == 1                   # finished before the interrupt: kept
+    assert json.loads(attempts["t001"][0])["resumed_after_stage"] == -1
+    # t001's finetune runs ran once: one Ray Train run folder each, never re-created
+    assert sorted(p.name for p in (trials / "t001").iterdir()
+                  if p.is_dir()) == ["t001-ft-retrieval", "t001-ft-vqa"]
+    t3 = next(r for r in second.leaderboard.rows if r.trial == "t003")
+    t1 = next(r for r in second.leaderboard.rows if r.trial == "t001")
+    assert t3.steps == 0 and t3.scores == t1.scores    # the twin reused t001's results
+
+
+def test_mlflow_holds_the_sweep_and_the_leaderboard(sweep, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from vlp.cli import main
+
+    cfg, _, second = sweep
+    client = MlflowClient(second.tracking_uri)
+    parent = client.get_run(second.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["vlp.job"] == "sweep"
+    exp = [parent.info.experiment_id]
+    trials = client.search_runs(exp, f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(t.data.tags["vlp.sweep.trial"] for t in trials) == ["t001", "t002", "t003"]
+    best = next(t for t in trials if t.data.tags["vlp.sweep.trial"] == "t002")
+    assert best.data.tags["mix"] == "MLM+ITM+MRC-kl+MRFR"
+    assert best.data.tags["pretraining_data"] == "In-domain"
+    assert best.info.status == "FINISHED"
+    below = client.search_runs(exp, f"tags.`mlflow.parentRunId` = '{best.info.run_id}'")
+    assert sorted(r.info.run_name for r in below) == ["t002-ft-retrieval", "t002-ft-vqa",
+                                                      "t002-pretrain"]
+    assert {r.data.tags["vlp.job"] for r in below} == {"pretrain", "finetune"}
+    for part in ("ir", "tr", "vqa"):
+        assert 0 <= best.data.metrics[part] <= 100
+    assert best.data.metrics["score"] == pytest.approx(
+        sum(best.data.metrics[p] for p in ("ir", "tr", "vqa")))
+
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id, "leaderboard")}
+    assert arts == {"leaderboard/leaderboard.md", "leaderboard/meta_sum.png"}
+    logged = client.download_artifacts(parent.info.run_id, "leaderboard/leaderboard.md",
+                                       str(cfg.sweep_dir))
+    table = [l for l in Path(logged).read_text().splitlines() if l.startswith("|")]
+    assert len(table) == 2 + 3
+
+    assert main(["leaderboard", "--tracking-uri", second.tracking_uri,
+                 "--experiment", cfg.mlflow.experiment]) == 0
+    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("|")]
+    assert printed == table                          # the same numbers, from the same runs
+    assert f"{best.data.metrics['ir']:.2f}" in next(l for l in printed if "t002" in l)
