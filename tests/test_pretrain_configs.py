@@ -16,7 +16,7 @@ from vlp.platform.pretrain_data import check_model_and_tasks
 from vlp.platform.pretrain_job import load_pretrain_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "jobs" / "configs").glob("*.yaml"))
-OTHER_JOBS = ("finetune", "sweep")     # configs of other jobs, by name prefix
+OTHER_JOBS = ("finetune", "sweep", "table3")     # configs of other jobs, by name prefix
 PRETRAIN = [p for p in CONFIGS if not p.name.startswith(OTHER_JOBS)]
 
 

@@ -14,6 +14,7 @@ before any trial starts.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -76,11 +77,14 @@ class SweepFinetune:
     overrides: list[str] = field(default_factory=list)   # finetune config key=value
     num_workers: int = bounded(1, ge=1)
     cpus_per_worker: float = bounded(1.0, gt=0)
+    use_gpu: bool = False            # one GPU per finetune worker
 
 
 @dataclass
 class SweepMlflow:
-    tracking_uri: str = ""           # "" = sqlite:///<sweep.output_dir>/mlflow.db
+    # "" = $MLFLOW_TRACKING_URI (cluster.yaml sets it to the head's server), else
+    # sqlite:///<sweep.output_dir>/mlflow.db
+    tracking_uri: str = ""
     experiment: str = "vlp-sweep"
     check_timeout_s: float = bounded(3.0, gt=0)
 
@@ -126,11 +130,12 @@ class SweepConfig:
         from vlp.platform.tracking import embedded_tracking_uri
 
         root = str(Path(self.sweep.output_dir).expanduser().resolve())
+        uri = (self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+               or embedded_tracking_uri(root))
         return dataclasses.replace(
             self, world=str(Path(self.world).expanduser().resolve()),
             sweep=dataclasses.replace(self.sweep, output_dir=root),
-            mlflow=dataclasses.replace(self.mlflow, tracking_uri=self.mlflow.tracking_uri
-                                       or embedded_tracking_uri(root)))
+            mlflow=dataclasses.replace(self.mlflow, tracking_uri=uri))
 
     @property
     def sweep_dir(self) -> Path:

@@ -64,7 +64,7 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
     trials_dir = sweep_dir / f"trials-{instance}"
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial)
-    concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial)
+    concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
     parent = open_parent_run(cfg, instance)
     lines = {name: point.to_params() for name, point in plan.lines}
     total = len(lines) or cfg.sweep.num_samples
@@ -212,11 +212,25 @@ def ensure_ray(per_trial: float) -> None:
              runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
 
 
-def auto_concurrency(per_trial: float) -> int:
+def trial_gpus(cfg: SweepConfig) -> float:
+    """GPUs one trial holds at its peak (one per worker of a GPU run)."""
+    scaling = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
+    pre = float(scaling.get("num_workers", 2)) if scaling.get("use_gpu") else 0.0
+    ft = float(cfg.finetune.num_workers) if cfg.finetune.use_gpu else 0.0
+    return max(pre, ft)
+
+
+def auto_concurrency(per_trial_cpus: float, per_trial_gpus: float = 0.0) -> int:
+    """Trials at once from the cluster's resources (Tune does not count the Train workers a
+    trial starts). An autoscaling cluster reports what it has now: set
+    sweep.max_concurrent there."""
     import ray
 
-    cpus = float(ray.cluster_resources().get("CPU", 1.0))
-    return max(1, int(cpus // per_trial))
+    have = ray.cluster_resources()
+    n = int(float(have.get("CPU", 1.0)) // per_trial_cpus)
+    if per_trial_gpus:
+        n = min(n, int(float(have.get("GPU", 0.0)) // per_trial_gpus))
+    return max(1, n)
 
 
 # ---- the sweep folder ------------------------------------------------------------------------
@@ -292,4 +306,5 @@ def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: i
     return lines
 
 
-__all__ = ["run_sweep", "SweepResult", "trial_cpus", "ensure_ray", "auto_concurrency"]
+__all__ = ["run_sweep", "SweepResult", "trial_cpus", "trial_gpus", "ensure_ray",
+           "auto_concurrency"]

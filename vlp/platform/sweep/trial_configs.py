@@ -97,6 +97,8 @@ def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
         else:
             checkpoint = text_init_checkpoint(cfg)
     overrides.append(f"scaling.cpus_per_worker={cfg.finetune.cpus_per_worker}")
+    if cfg.finetune.use_gpu:
+        overrides.append("scaling.use_gpu=true")
     return dict(checkpoint=checkpoint, benchmarks=[benchmark], world=cfg.world,
                 family=cfg.model.family, run_name=f"{trial}-ft", output_dir=trial_dir,
                 parent_run_id=parent_run_id, overrides=overrides, seed=cfg.sweep.seed,
