@@ -115,7 +115,10 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
     components = components_for(cfg, name, prepared, batch_size, options)
     exp = experiment_config(cfg, name, steps, lr, parent)
     start = time.perf_counter()
-    result = run_pretraining(exp, components, parent_run_id=parent.run_id if parent else None)
+    from vlp.platform.progress import ProgressPrinter   # a line per report: how far it is
+
+    result = run_pretraining(exp, components, parent_run_id=parent.run_id if parent else None,
+                             callbacks=[ProgressPrinter(steps, [f"finetune {name}"])])
     after = result.return_value.get("after_training") or {}
     if not after:
         raise RuntimeError(f"finetune {name}: training stopped at step {result.final_step} of "

@@ -92,7 +92,7 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
     grid = tuner.fit()
     statuses = [r.metrics.get("stage") for r in grid]
     errors = sum(r.error is not None for r in grid)
-    interrupted = _interrupted(tune_path)
+    interrupted = _interrupted(tune_path, total)
     board = load_leaderboard(cfg.mlflow.tracking_uri, parent.run_id)
     log_leaderboard(cfg.mlflow.tracking_uri, board)
     parent.log_metrics({"trials": len(statuses), "trial_errors": errors,
@@ -157,15 +157,17 @@ def tune_trial_dirname(trial: Any) -> str:
     return f"{tune_trial_name(trial)}_{trial.trial_id}"
 
 
-def _interrupted(tune_path: Path) -> bool:
-    """Whether trials are left unfinished (Tune returns normally after SIGINT/SIGUSR1)."""
+def _interrupted(tune_path: Path, expected: int) -> bool:
+    """Whether the sweep stopped short (Tune returns normally after SIGINT/SIGUSR1): a trial
+    left unfinished, or fewer trials than planned (Tune creates them as slots free up)."""
     from ray.tune import ExperimentAnalysis
 
     try:
-        analysis = ExperimentAnalysis(str(tune_path))
+        trials = ExperimentAnalysis(str(tune_path)).trials
     except Exception:
         return False
-    return any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials)
+    return (len(trials) < expected
+            or any(t.status not in ("TERMINATED", "ERROR") for t in trials))
 
 
 # ---- resources ------------------------------------------------------------------------------
