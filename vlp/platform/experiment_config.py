@@ -117,7 +117,7 @@ class DataSection:
             if not s.path:
                 yield f"sources.{name}.path", "expected a path, got ''"
         try:   # the pipeline's own value checks (again with the model's input in pretrain_data)
-            self.data_config((SourceConfig("_", "_"),))
+            DataConfig(sources=(SourceConfig("_", "_"),), **self.pipeline_options())
         except DataConfigError as e:
             back = {v: k for k, v in DATA_CONFIG_NAMES.items()}
             for key, msg in e.problems:
@@ -127,10 +127,6 @@ class DataSection:
         """This section as ``DataConfig`` keyword arguments (without sources)."""
         return {DATA_CONFIG_NAMES.get(f.name, f.name): getattr(self, f.name)
                 for f in dataclasses.fields(self) if f.name != "sources"}
-
-    def data_config(self, sources: tuple[SourceConfig, ...], **decided) -> DataConfig:
-        """A ``DataConfig`` for ``sources``; ``decided``: what the model and run decide."""
-        return DataConfig(sources=sources, **{**self.pipeline_options(), **decided})
 
 
 @dataclass
