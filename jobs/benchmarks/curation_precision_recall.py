@@ -8,11 +8,22 @@ that were unrelated) and recall (unrelated pairs removed), one figure per line:
 
     curation/<setting>/<source|all>/<precision|recall|removed> VALUE
 
-The ITM model is a ``uniter-tiny`` trained here with ITM (+ MLM) on the in-domain sources
-(coco, vg) only, by a plain single-process loop over the pipeline's local stream for
-``--train-minutes`` on CPU (or ``--checkpoint`` one trained elsewhere: a weights file or a
-vlp pretraining checkpoint folder). Its ITM accuracy on held-out in-domain batches is
-printed too, so a weak filter can be told apart from a weak model.
+The ITM model is a ``uniter-tiny`` pretrained here with ITM + MLM on the in-domain sources
+(coco, vg) only: by the platform's pretraining job (``--trainer platform``: Ray Train +
+DeepSpeed, one CPU worker; the curation then reads its checkpoint folder) or by a plain
+single-process loop over the pipeline's local stream (``--trainer local``, the default),
+for ``--train-steps`` steps; or ``--checkpoint`` names one trained elsewhere.
+
+Why the local loop draws its own ITM negatives: the pipeline swaps in a donor image (or
+text) only where the new pair fits the batch's longest packed row, so its negatives are
+shorter than its positives (on the demo world, "positive if the row is at least the batch's
+median length" is right 85% of the time). A model learns that cue first, and it tells
+nothing about a real pair. The local loop asks the pipeline for positive pairs only and
+swaps the image of half of them with another example's (regions are padded to the batch's
+longest, so any swap fits): negatives then have the positives' length distribution. The
+platform trainer inherits the pipeline's negatives. The ITM accuracy printed (in-domain
+batches of another seed, negatives drawn like the local loop's, so no length cue) tells a
+weak filter from a weak model.
 
     python jobs/benchmarks/curation_precision_recall.py --world /tmp/w --out /tmp/curation
 """
@@ -39,8 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scale", default="demo")
     p.add_argument("--out", default="/tmp/curation_bench", help="work folder")
     p.add_argument("--checkpoint", help="use this model instead of training one")
-    p.add_argument("--train-minutes", type=float, default=4.0)
-    p.add_argument("--min-itm-score", type=float, nargs="+", default=[0.5],
+    p.add_argument("--trainer", choices=["platform", "local"], default="local")
+    p.add_argument("--train-steps", type=int, default=6000)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-itm-score", type=float, nargs="+", default=[0.3, 0.5],
                    help="ITM thresholds to report (each is one setting)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -52,51 +65,117 @@ def say(name: str, value) -> None:
 
 # --------------------------------------------------------------------------- the ITM model
 
-def train_itm_model(world, out: Path, minutes: float, seed: int) -> Path:
-    """uniter-tiny, tasks itm:mlm = 2:1, on coco + vg, single process, CPU."""
+MIX = {"itm": 3.0, "mlm": 1.0}
+BATCH_UNITS = 2048
+
+
+def in_domain_sources(world) -> dict[str, str]:
+    return {s: str(world.root / world.sources[s].folder) for s in world.pretraining_sources("in")}
+
+
+def train_platform(world, out: Path, steps: int, lr: float, seed: int) -> Path:
+    """The platform's pretraining job (Ray Train + DeepSpeed, one CPU worker)."""
+    import ray
+
+    from vlp.datasets.curation.itm_checkpoint import save_model_card
+    from vlp.platform.pretrain_job import load_pretrain_config, pretrain
+
+    if not ray.is_initialized():   # a logically larger CPU count: 2-core machines deadlock
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # Ray Data else
+    cfg = load_pretrain_config(data={
+        "run": {"name": "curation-itm", "output_dir": str(out), "seed": seed},
+        "model": {"family": FAMILY, "dropout": 0.0},
+        "data": {"sources": {n: {"path": p} for n, p in in_domain_sources(world).items()},
+                 "batch_input_units": BATCH_UNITS},
+        "tasks": MIX, "train": {"steps": steps, "log_every": max(1, steps // 10)},
+        "optimizer": {"lr": lr, "warmup_steps": max(1, steps // 20)},
+        "scaling": {"num_workers": 1}, "checkpoint": {"interval": steps},
+        "mlflow": {"enabled": False}})
+    start = time.perf_counter()
+    result = pretrain(cfg, progress=False, say=lambda line: None)
+    say("curation/itm_model/train_seconds", round(time.perf_counter() - start, 1))
+    say("curation/itm_model/train_steps", result.final_step)
+    say("curation/itm_model/itm_loss_final", round(float(result.metrics.get(
+        "itm_loss", float("nan"))), 4))
+    save_model_card(result.run_dir, FAMILY, tasks=list(MIX), trainer="platform")
+    return Path(result.checkpoint_path)
+
+
+def train_local(world, out: Path, steps: int, lr: float, seed: int) -> Path:
+    """The same recipe in one process over the pipeline's local stream (no Ray)."""
     from vlp.datasets.curation.itm_checkpoint import save_model_card
     from vlp.datasets.data_config import DataConfig, SourceConfig
     from vlp.datasets.data_plan import plan_data
     from vlp.datasets.local_stream import local_batches
     from vlp.datasets.task_sampler import TaskSampler
     from vlp.models import create_model
+    from vlp.platform.engine import WarmupLinearDecay, param_groups
 
     torch.manual_seed(seed)
-    mix = {"itm": 2.0, "mlm": 1.0}
-    sources = tuple(SourceConfig(s, str(world.root / world.sources[s].folder))
-                    for s in world.pretraining_sources("in"))
-    plan = plan_data(DataConfig(sources=sources, batch_units=2048, seed=seed), mix)
-    model, _, _ = create_model(FAMILY, tasks=list(mix), region_feat_dim=world.feature_dim,
+    rng = np.random.default_rng(seed)
+    sources = tuple(SourceConfig(n, p) for n, p in in_domain_sources(world).items())
+    plan = plan_data(DataConfig(sources=sources, batch_units=BATCH_UNITS, seed=seed,
+                                itm_neg_prob=0.0), MIX)
+    model, _, _ = create_model(FAMILY, tasks=list(MIX), region_feat_dim=world.feature_dim,
                                num_classes=world.num_classes,
-                               overrides={"transformer.hidden_dropout": 0.0})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.01)
-    batches, sampler = local_batches(plan), TaskSampler(mix, seed)
-    model.train()
-    start, step, recent = time.perf_counter(), 0, []
-    while time.perf_counter() - start < minutes * 60:
-        task = sampler.next()
-        out_ = model(batches.next(task), task=task)
-        opt.zero_grad(set_to_none=True)
-        out_["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        opt.step()
-        step += 1
-        if task == "itm":
-            recent = (recent + [float(out_["itm_loss"].detach())])[-50:]
-    batches.close()
-    say("curation/itm_model/train_steps", step)
+                               overrides={"transformer.hidden_dropout": 0.0,
+                                          "transformer.attention_dropout": 0.0})
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-6)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupLinearDecay(max(1, steps // 20),
+                                                                     steps))
+    batches, sampler = local_batches(plan, with_ids=True), TaskSampler(MIX, seed)
+    start, recent = time.perf_counter(), []
+    try:
+        for _ in range(steps):
+            task = sampler.next()
+            batch = batches.next(task)
+            if task == "itm":
+                batch = swap_images(batch, rng)
+            loss = model(batch, task=task)
+            opt.zero_grad(set_to_none=True)
+            loss["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            sched.step()
+            if task == "itm":
+                recent = (recent + [float(loss["itm_loss"].detach())])[-50:]
+    finally:
+        batches.close()
     say("curation/itm_model/train_seconds", round(time.perf_counter() - start, 1))
-    say("curation/itm_model/itm_loss_last50", round(float(np.mean(recent)), 4))
+    say("curation/itm_model/train_steps", steps)
+    say("curation/itm_model/itm_loss_final", round(float(np.mean(recent)), 4))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "itm_model.pt"
     torch.save(model.state_dict(), path)
-    save_model_card(out, FAMILY, tasks=list(mix), trained_on=list(world.pretraining_sources(
-        "in")), steps=step)
+    save_model_card(out, FAMILY, tasks=list(MIX), trainer="local", steps=steps)
     return path
 
 
+def swap_images(batch: dict, rng: np.random.Generator, neg_prob: float = 0.5) -> dict:
+    """ITM negatives without a length cue: the regions of half the (positive) pairs are
+    replaced by those of a random example showing another image."""
+    from vlp.datasets import batch_spec as K
+    from vlp.datasets.pretrain_batches import EXAMPLE_IMAGE_KEY
+
+    image = batch[EXAMPLE_IMAGE_KEY].numpy()
+    B = len(image)
+    donor = np.arange(B)
+    for i in np.flatnonzero(rng.random(B) < neg_prob):
+        others = np.flatnonzero(image != image[i])
+        if len(others):
+            donor[i] = rng.choice(others)
+    idx = torch.from_numpy(donor)
+    out = dict(batch)
+    for key in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK):
+        out[key] = batch[key][idx]
+    negative = torch.from_numpy(donor != np.arange(B))
+    out[K.ITM_LABELS] = (~negative).long()
+    out[K.POSITIVE] = ~negative
+    return out
+
+
 def itm_accuracy(world, checkpoint: Path, seed: int, batches_n: int = 20) -> float:
-    """ITM accuracy (random negatives, p=0.5) on in-domain batches with another seed."""
+    """ITM accuracy on in-domain batches of another seed, negatives from ``swap_images``."""
     from vlp.datasets import batch_spec as K
     from vlp.datasets.curation.itm_checkpoint import load_scoring_model
     from vlp.datasets.data_config import DataConfig, SourceConfig
@@ -106,17 +185,19 @@ def itm_accuracy(world, checkpoint: Path, seed: int, batches_n: int = 20) -> flo
 
     scoring = load_scoring_model(checkpoint, region_feat_dim=world.feature_dim,
                                  num_classes=world.num_classes)
-    sources = tuple(SourceConfig(s, str(world.root / world.sources[s].folder))
-                    for s in world.pretraining_sources("in"))
-    plan = plan_data(DataConfig(sources=sources, batch_units=2048, seed=seed + 1000), ["itm"])
-    batches = local_batches(plan)
+    sources = tuple(SourceConfig(n, p) for n, p in in_domain_sources(world).items())
+    plan = plan_data(DataConfig(sources=sources, batch_units=BATCH_UNITS, seed=seed + 1000,
+                                itm_neg_prob=0.0), ["itm"])
+    batches, rng = local_batches(plan, with_ids=True), np.random.default_rng(seed + 1000)
     right = total = 0
-    for _ in range(batches_n):
-        b = batches.next("itm")
-        pred = predict(scoring.model, b)["itm_score"] > 0.5
-        right += int((pred == b[K.ITM_LABELS].bool()).sum())
-        total += len(pred)
-    batches.close()
+    try:
+        for _ in range(batches_n):
+            b = swap_images(batches.next("itm"), rng)
+            pred = predict(scoring.model, b)["itm_score"] > 0.5
+            right += int((pred == b[K.ITM_LABELS].bool()).sum())
+            total += len(pred)
+    finally:
+        batches.close()
     return right / total
 
 
@@ -142,9 +223,23 @@ def measure(world, out: Path, setting: str, filters: list[str], cfg, scorer=None
         counts = {"tp": int((removed & truth).sum()), "removed": int(removed.sum()),
                   "truth": int(truth.sum())}
         _report(f"curation/{setting}/{source}", counts)
+        scored = ~np.isnan(result.pairs.itm_score)
+        if scorer is not None and scored.any():   # threshold-free: how well scores rank
+            say(f"curation/{setting}/{source}/itm_auc",
+                round(auc(-result.pairs.itm_score[scored], truth[scored]), 4))
         for k in total:
             total[k] += counts[k]
     _report(f"curation/{setting}/all", total)
+
+
+def auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """P(score of a random positive > score of a random negative), ties counting half."""
+    from scipy.stats import rankdata
+    ranks = rankdata(score)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def _report(prefix: str, c: dict) -> None:
@@ -183,8 +278,10 @@ def main(argv=None) -> int:
         measure(world, out, name, [name], cfg)
     measure(world, out, "rules", rules, cfg)  # the rule-based pipeline
 
-    checkpoint = Path(args.checkpoint) if args.checkpoint else train_itm_model(
-        world, out / "model", args.train_minutes, args.seed)
+    train = {"platform": train_platform, "local": train_local}[args.trainer]
+    checkpoint = Path(args.checkpoint) if args.checkpoint else train(
+        world, out / "model", args.train_steps, args.lr, args.seed)
+    say("curation/itm_model/trainer", args.trainer if not args.checkpoint else "given")
     say("curation/itm_model/itm_accuracy_in_domain", round(itm_accuracy(world, checkpoint,
                                                                         args.seed), 4))
     scoring = load_scoring_model(checkpoint, region_feat_dim=world.feature_dim,
