@@ -57,6 +57,11 @@ def test_unknown_task_and_tasks_invalid_for_the_family(base):
     assert "stages.1.tasks.moc: task 'moc' does not apply to uniter-tiny" in msg
 
 
+def test_missing_weights_file_names_the_key(base, tmp_path):
+    msg = fails(base, "model.init=bert", f"model.init_path={tmp_path / 'bert.pt'}")
+    assert "model.init_path" in msg and "no such file" in msg
+
+
 def test_missing_shard_folder_names_the_source(base, tmp_path):
     msg = fails(base, f"data.sources.cc.path={tmp_path / 'nowhere'}")
     assert "data.sources.cc.path" in msg and "no such folder" in msg

@@ -96,14 +96,14 @@ def root(tmp_path_factory):
 
 
 def run(world, root, name, *overrides, components=None):
-    from vlp.platform.pretrain import resolve, run_pretraining
+    from vlp.platform.pretrain import run_pretraining
     from vlp.platform.pretrain_data import prepare
-    from vlp.platform.pretrain_job import absolute_sources
+    from vlp.platform.pretrain_job import resolved
 
     cfg = config(world, root, name, *overrides)
     if components is None:
         return pretrain(cfg, progress=False, say=lambda line: None)
-    cfg = absolute_sources(resolve(cfg))
+    cfg = resolved(cfg)
     return run_pretraining(cfg, components(prepare(cfg)))
 
 

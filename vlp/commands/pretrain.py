@@ -89,11 +89,10 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = load_pretrain_config(args.config, overrides(args))
     if args.check:
-        from vlp.platform.pretrain import resolve
         from vlp.platform.pretrain_data import prepare
-        from vlp.platform.pretrain_job import absolute_sources
+        from vlp.platform.pretrain_job import resolved
 
-        cfg = absolute_sources(resolve(cfg))
+        cfg = resolved(cfg)
         for line in summary(cfg, prepare(cfg)):
             print(f"[vlp pretrain] {line}")
         return 0

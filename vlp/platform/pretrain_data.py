@@ -55,7 +55,8 @@ class PretrainSetup:
 
 
 def prepare(cfg: ExperimentConfig) -> PretrainSetup:
-    """All checks and plans for ``cfg`` (source paths resolved against the cwd). Raises
+    """All checks and plans for ``cfg`` (relative paths resolve against the cwd): the
+    registry checks, the initial weights' file, and per stage the data. Raises
     ``ConfigError`` listing every problem found."""
     check_model_and_tasks(cfg)
     family = get_family(cfg.model.family)
@@ -63,6 +64,9 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     # D and C do not change what the pipeline is asked for: plan first, then size the model
     spec = preprocess_spec(family, tasks, 0, 0)
     problems: list[tuple[str, str]] = []
+    if cfg.model.init_path and not Path(cfg.model.init_path).expanduser().exists():
+        problems.append(("model.init_path", f"{cfg.model.init_path}: no such file (the "
+                                            f"weights of model.init {cfg.model.init!r})"))
     if cfg.data.max_text_len + 2 > spec.max_text_positions:
         problems.append(("data.max_text_len", f"is {cfg.data.max_text_len} but "
                          f"{cfg.model.family} embeds {spec.max_text_positions} text positions "

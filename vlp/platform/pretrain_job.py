@@ -41,9 +41,11 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
     attached to. ``parent_run_id`` nests its MLflow run (sweeps); ``callbacks`` are extra
     ``ray.train.UserCallback``s (Tune's ``TuneReportCallback``); ``progress`` prints a line
     per report."""
-    cfg = absolute_sources(resolve(cfg))
+    cfg = resolved(cfg)
     setup = prepare(cfg)            # ConfigError naming every bad key, before any compute
-    preflight(cfg)                  # tracking store reachable, resumable checkpoint fits
+    # tracking store reachable, resumable checkpoint fits: run_pretraining checks again, but
+    # this fails before the summary reads data and builds the model (both cheap checks)
+    preflight(cfg)
     for line in summary(cfg, setup):
         say(f"[vlp pretrain] {line}")
     extra = list(callbacks)
@@ -55,12 +57,20 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
                            callbacks=extra)
 
 
-def absolute_sources(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Source folders resolved against this process's cwd: workers run elsewhere, and the
-    MLflow params then name the folders actually read."""
-    sources = {n: dataclasses.replace(s, path=str(Path(s.path).expanduser().resolve()))
+def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``pretrain.resolve`` (runs folder, tracking URI) plus the data and weight paths
+    resolved against this process's cwd: workers run elsewhere, and the MLflow params then
+    name the files actually read."""
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().resolve()) if path else path
+
+    cfg = resolve(cfg)
+    sources = {n: dataclasses.replace(s, path=absolute(s.path))
                for n, s in cfg.data.sources.items()}
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, sources=sources))
+    data = dataclasses.replace(cfg.data, sources=sources,
+                               tokenizer_path=absolute(cfg.data.tokenizer_path or "") or None)
+    model = dataclasses.replace(cfg.model, init_path=absolute(cfg.model.init_path))
+    return dataclasses.replace(cfg, data=data, model=model)
 
 
 def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
