@@ -98,3 +98,5 @@ class Components(Protocol):
     # Optional: ``after_training(cfg, model, worker) -> Any`` is called on every rank once
     # the last step is done (finetuning evaluates the benchmark there, sharded over the
     # ranks); rank 0's return value is the loop's ``return_value["after_training"]``.
+    # Optional: ``dataset_config(cfg) -> ray.train.DataConfig`` is called on the driver: Ray
+    # Train's ingest options for ``datasets`` (pretraining asks for ``preserve_order``).
