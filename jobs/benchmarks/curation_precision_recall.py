@@ -277,6 +277,9 @@ def main(argv=None) -> int:
     for name in rules:                        # each rule filter alone
         measure(world, out, name, [name], cfg)
     measure(world, out, "rules", rules, cfg)  # the rule-based pipeline
+    for k in (2, 3):                          # the one rule this world's noise answers to
+        measure(world, out, f"text_frequency@{k}", ["text_frequency"],
+                replace(cfg, max_images_per_text=k))
 
     train = {"platform": train_platform, "local": train_local}[args.trainer]
     checkpoint = Path(args.checkpoint) if args.checkpoint else train(

@@ -111,10 +111,11 @@ def curate_source(folder: str | os.PathLike, source: str, out: str | os.PathLike
         s = pairs.itm_score[~np.isnan(pairs.itm_score)]
         report.itm = dict(itm_info or {}, scored_pairs=int(s.size),
                           mean_score=round(float(s.mean()), 4) if s.size else None)
-    _write(root, files, info, world, pairs, kept, out, name, report, overwrite)
+    register = _write(root, files, info, world, pairs, kept, out, name, report, overwrite)
     _write_removed(out / REPORT_DIR / f"{name}.removed.parquet", pairs, removed_by)
     report.seconds = round(time.perf_counter() - start, 2)
     write_json_atomic(out / REPORT_DIR / f"{name}.json", report.to_json())
+    register()   # the manifest, through which training finds the source, is written last
     return CurationResult(report, pairs, removed_by)
 
 
@@ -128,7 +129,8 @@ def _captions_by_file(pairs: PairTable, kept: np.ndarray) -> dict[int, dict[int,
     return out
 
 
-def _write(root, files, info, world, pairs, kept, out, name, report, overwrite) -> None:
+def _write(root, files, info, world, pairs, kept, out, name, report, overwrite):
+    """Write the curated shards; return the function that lists them in OUT's manifest."""
     from vlp.datasets.importers.data_folder import (check_compatible, import_record,
                                                     new_world, staged_folder, update_world)
     from vlp.datasets.world import SourceInfo
@@ -180,11 +182,14 @@ def _write(root, files, info, world, pairs, kept, out, name, report, overwrite) 
         return new_world(out, feature_dim=world.feature_dim, num_classes=world.num_classes,
                          class_names=world.class_names,
                          feature_extractor=world.feature_extractor)
-    counts = {"pairs_in": report.pairs_in, "pairs_out": report.pairs_out, **report.removed}
-    update_world(out, change, create=create,
-                 log=import_record("curate", [root / f for f in files], counts,
-                                   dict(report.settings, source=report.source),
-                                   sorted(f for fs in listed.values() for f in fs)))
+    def register() -> None:
+        counts = {"pairs_in": report.pairs_in, "pairs_out": report.pairs_out,
+                  **report.removed}
+        update_world(out, change, create=create,
+                     log=import_record("curate", [root / f for f in files], counts,
+                                       dict(report.settings, source=report.source),
+                                       sorted(f for fs in listed.values() for f in fs)))
+    return register
 
 
 def _write_removed(path: Path, pairs: PairTable, removed_by: np.ndarray) -> None:
