@@ -3,9 +3,8 @@ and their fit to the family); the paper configs hold the papers' settings. No co
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
+from pathlib import Path
 
 import pytest
 
