@@ -39,8 +39,16 @@ def test_unknown_replay(tiny_world, tmp_path):
 
 
 def test_table3_needs_a_family_that_takes_the_text_init(tiny_world, tmp_path):
-    found = problems(tiny_world, tmp_path, "sweep.replay=table3")
+    found = problems(tiny_world, tmp_path, "sweep.replay=table3", "model.text_init=minilm")
     assert "uniter-minilm" in found["sweep.replay"]
+    found = problems(tiny_world, tmp_path, "sweep.replay=table3",
+                     "model.text_init=bert:/no/such/bert")
+    assert "names no file or folder" in found["sweep.replay"]
+
+
+def test_table3_replay_passes_with_world_text_init(tiny_world, tmp_path):
+    plan = check_sweep(load(tiny_world, tmp_path, "sweep.replay=table3"))
+    assert [n for n, _ in plan.lines] == [f"L{i:02d}" for i in range(1, 14)]
 
 
 def test_task_not_valid_for_the_family(tiny_world, tmp_path):

@@ -64,9 +64,12 @@ def test_unknown_task_suggests_the_close_name():
 
 
 def test_text_init_must_fit_the_family():
-    (key, msg), = check_space(SearchSpace(init=["random", "text"]), "uniter-tiny")
+    (key, msg), = check_space(SearchSpace(init=["random", "text"]), "uniter-tiny",
+                              text_init="minilm")
     assert key == "space.init" and "uniter-minilm" in msg
     assert check_space(SearchSpace(init=["random", "text"]), "uniter-minilm") == []
+    # auto: MiniLM where it fits, else text-only weights trained on the world's captions
+    assert check_space(SearchSpace(init=["random", "text"]), "uniter-tiny") == []
     (key, msg), = check_space(SearchSpace(init=["text"]), "uniter-base",
                               text_init="bert:/no/such/bert")
     assert "names no file or folder" in msg
@@ -94,7 +97,8 @@ def test_replay_checks_name_and_family():
     found = [m for _, m in check_replay("table3", "vlbert-minilm")]
     assert any("'mrfr' does not apply to vlbert-minilm" in m and "L03" in m for m in found)
     assert any("'mrc-kl'" in m and "L09, L10, L11, L12, L13" in m for m in found)
-    found = [m for _, m in check_replay("table3", "uniter-tiny")]
+    assert check_replay("table3", "uniter-tiny") == []          # auto: world-text weights
+    found = [m for _, m in check_replay("table3", "uniter-tiny", text_init="minilm")]
     assert len(found) == 1 and "text init 'minilm'" in found[0] and "L02" in found[0]
 
 

@@ -31,6 +31,7 @@ OWNED_BY_SWEEP = {
     "tasks": None, "stages": None, "mlflow": None,
 }
 DEFAULT_BENCHMARKS = ["retrieval", "vqa", "nlvr2", "refcoco+"]   # Table 3's Meta-Sum parts
+TEXT_INITS = ("auto", "minilm", "world-text")
 
 
 @dataclass
@@ -61,13 +62,16 @@ class SweepSection:
 class SweepModel:
     family: str = "uniter-tiny"
     # the "text" init of the space (Table 3's BERT init): minilm = the packaged MiniLM-L6-H384
-    # (families sized like it: *-minilm); bert:<path> = BERT weights of the family's size
-    text_init: str = "minilm"
+    # (families sized like it: *-minilm); bert:<path> = BERT weights of the family's size;
+    # world-text = text-only MLM weights trained on the world's captions (sweep/text_init.py,
+    # for sizes no published BERT has); auto = minilm where it fits, else world-text
+    text_init: str = "auto"
 
     def validate(self):
-        if self.text_init != "minilm" and not (self.text_init.startswith("bert:")
-                                               and len(self.text_init) > len("bert:")):
-            yield "text_init", f"expected minilm or bert:<path>, got {self.text_init!r}"
+        if self.text_init not in TEXT_INITS and not (self.text_init.startswith("bert:")
+                                                     and len(self.text_init) > len("bert:")):
+            yield "text_init", (f"expected {', '.join(TEXT_INITS)} or bert:<path>, got "
+                                f"{self.text_init!r}")
 
 
 @dataclass

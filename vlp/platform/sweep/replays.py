@@ -65,7 +65,7 @@ def replay_lines(name: str) -> list[Line]:
 
 
 def check_replay(name: str, family: str, key: str = "sweep.replay",
-                 text_init: str = "minilm") -> list[tuple[str, str]]:
+                 text_init: str = "auto") -> list[tuple[str, str]]:
     """Every line's tasks and init must apply to ``family``; one problem per cause, naming
     the lines it affects."""
     from vlp.models import TASKS

@@ -26,7 +26,9 @@ from vlp.platform.leaderboard import Leaderboard, load_leaderboard, log_leaderbo
 from vlp.platform.sweep.callbacks import SweepProgress
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
+from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.space import SpaceSampler
+from vlp.platform.sweep.trial_configs import resolve_text_init
 from vlp.platform.sweep.tracking import open_parent_run
 from vlp.platform.sweep.trial import TrialContext, run_trial
 
@@ -61,6 +63,10 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
     plan = check_sweep(cfg)                    # every bad input fails here, before Ray
     sweep_dir = cfg.sweep_dir
     resuming, instance = _check_resume(cfg, sweep_dir)
+    # after the resume check: the saved config keeps "auto", trials get the weights' path
+    cfg = resolve_text_init(cfg, [p for _, p in plan.lines + plan.first] or
+                            ([TrialPoint(init="text")] if "text" in cfg.space.init else []),
+                            say=lambda line: say(f"[sweep] {line}"))
     trials_dir = sweep_dir / f"trials-{instance}"
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial)

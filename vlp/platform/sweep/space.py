@@ -145,7 +145,7 @@ class SpaceSampler:
 # ---- the space against the model registry ------------------------------------------------------
 
 def check_space(space: SearchSpace, family: str, key: str = "space",
-                text_init: str = "minilm") -> list[tuple[str, str]]:
+                text_init: str = "auto") -> list[tuple[str, str]]:
     """Problems of ``space`` for model ``family``: unknown tasks, tasks that do not apply to
     the family, a text init the family cannot load."""
     from vlp.models import TASKS
@@ -179,7 +179,7 @@ def task_problem(task: str, family: str, known: list[str]) -> str | None:
     return f"task {task!r} does not apply to {family} ({why}); its tasks: {', '.join(fam.tasks)}"
 
 
-def init_problem(init: str, family: str, text_init: str = "minilm") -> str | None:
+def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
     """The text init (``model.text_init``): the packaged MiniLM weights load only into a
     transformer of MiniLM's size; ``bert:<path>`` needs the path (its shapes are checked
     when a model is built)."""
@@ -194,11 +194,14 @@ def init_problem(init: str, family: str, text_init: str = "minilm") -> str | Non
         path = text_init[len("bert:"):]
         return None if path and Path(path).expanduser().exists() else (
             f"the text init {text_init!r} (model.text_init) names no file or folder")
-    if text_init != "minilm":
-        return f"model.text_init is {text_init!r}; expected minilm or bert:<path>"
     t = get_family(family).transformer
     shape = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
-    if all(getattr(t, k) == getattr(MINILM, k) for k in shape):
+    fits_minilm = all(getattr(t, k) == getattr(MINILM, k) for k in shape)
+    if text_init in ("world-text", "auto") and not fits_minilm:
+        return None if t.vocab_size == MINILM.vocab_size else (
+            f"world-text init trains with the packaged {MINILM.vocab_size}-token vocabulary; "
+            f"{family} has {t.vocab_size}")
+    if fits_minilm:
         return None
     fits = [n for n, f in FAMILIES.items()
             if all(getattr(f.transformer, k) == getattr(MINILM, k) for k in shape)]

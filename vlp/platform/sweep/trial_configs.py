@@ -54,12 +54,38 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
 
 
 def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
-    """The pretraining config's ``model.init`` / ``model.init_path`` for the point's init."""
+    """The pretraining config's ``model.init`` / ``model.init_path`` for the point's init
+    (``cfg.model.text_init`` resolved: minilm or bert:<path>, see ``resolve_text_init``)."""
     if point.init != "text":
         return {"init": "random"}
     if cfg.model.text_init == "minilm":
         return {"init": "minilm"}
+    if not cfg.model.text_init.startswith("bert:"):      # auto / world-text: not resolved yet
+        return {"init": "minilm"}   # the preflight's stand-in: same checks, nothing trained
     return {"init": "bert", "init_path": cfg.model.text_init[len("bert:"):]}
+
+
+def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> SweepConfig:
+    """``auto`` → minilm where it fits the family, else world-text; ``world-text`` → text-only
+    MLM weights trained once on the world's captions (cached beside the sweeps) → bert:<file>."""
+    import dataclasses
+    import hashlib
+
+    from vlp.platform.sweep.space import init_problem
+
+    text = cfg.model.text_init
+    if text.startswith("bert:") or text == "minilm" or not any(p.init == "text" for p in points):
+        return cfg
+    if text == "auto" and init_problem("text", cfg.model.family, "minilm") is None:
+        text = "minilm"
+    else:
+        from vlp.platform.sweep.text_init import make_text_init
+
+        tag = hashlib.sha1(cfg.world.encode()).hexdigest()[:8]
+        folder = Path(cfg.sweep.output_dir) / "text-init" / f"{cfg.model.family}-{tag}"
+        text = "bert:" + make_text_init(cfg.model.family, world=cfg.world, out=str(folder),
+                                        seed=cfg.sweep.seed, say=say)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_init=text))
 
 
 def text_init_checkpoint(cfg: SweepConfig) -> str:
@@ -92,7 +118,7 @@ def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
     checkpoint the model starts from the point's init (random: Table 3 L1; text: L2)."""
     overrides = list(cfg.finetune.overrides)
     if checkpoint is None and point.init == "text":
-        if cfg.model.text_init == "minilm":
+        if not cfg.model.text_init.startswith("bert:"):        # minilm (or the preflight)
             overrides.append("model.init=minilm")
         else:
             checkpoint = text_init_checkpoint(cfg)
