@@ -40,8 +40,8 @@ def captions_of(world: str, limit: int = 200_000) -> list[str]:
     return out
 
 
-def make_text_init(family: str, *, world: str, out: str, steps: int = 1500,
-                   batch_size: int = 64, lr: float = 1e-3, seed: int = 0,
+def make_text_init(family: str, *, world: str, out: str, steps: int = 600,
+                   batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
                    say: Callable[[str], None] = print) -> str:
     """Train (or reuse) the text-only weights; returns the ``model.safetensors`` path."""
     import numpy as np
@@ -85,9 +85,9 @@ def make_text_init(family: str, *, world: str, out: str, steps: int = 1500,
         # the vocabulary projection only on the masked positions (the rest cost 30k logits
         # each and carry no loss)
         hidden = model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
-        target = labels != -100
-        logits = model.cls.predictions(hidden[target])
-        loss = torch.nn.functional.cross_entropy(logits, labels[target])
+        masked = labels != -100
+        logits = model.cls.predictions(hidden[masked])
+        loss = torch.nn.functional.cross_entropy(logits, labels[masked])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
