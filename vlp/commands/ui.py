@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if uri.startswith(("http://", "https://")):
         print(ui_hint(uri))
         return 0
+    def stop(signum, frame):        # SIGTERM stops it like Ctrl-C: the server goes too
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
     proc = subprocess.Popen(server_command(uri, args.host, args.port), start_new_session=True)
     url = f"http://{args.host}:{args.port}"
     try:
