@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     t_world = time.perf_counter() - start
     print(f"[demo 2/{steps}] leakage audit and statistics", flush=True)
     report = audit_world(world)
-    print(format_report(report))
+    print(format_report(report), flush=True)
     if not report.ok:
         print("demo stopped: the world failed its leakage audit")
         return 1

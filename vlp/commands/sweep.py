@@ -95,7 +95,7 @@ def report(result) -> int:
     if best is not None:
         print(f"best: {best.trial} {best.tasks} ({best.data}) Meta-Sum {best.meta_sum:.2f}")
     print(f"MLflow: parent run {result.parent_run_id} in {result.tracking_uri}")
-    print(ui_hint(result.tracking_uri))
+    print(ui_hint(result.tracking_uri), flush=True)
     if result.interrupted:
         print("interrupted: run the same command again to resume (finished trials are kept)")
         return 130

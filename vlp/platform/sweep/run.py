@@ -53,7 +53,11 @@ class SweepResult:
     seconds: float
 
 
-def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = print,
+def _print(text: str) -> None:
+    print(text, flush=True)      # job logs and redirected output are pipes: no buffering
+
+
+def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
               callbacks: Sequence[Any] = ()) -> SweepResult:
     """``callbacks``: extra ``ray.tune.Callback``s (kept with the experiment state)."""
     import ray.tune

@@ -23,6 +23,10 @@ from typing import Callable
 MASK_PROB = 0.15
 
 
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
 def captions_of(world: str, limit: int = 200_000) -> list[str]:
     """The captions of the world's in- and out-of-domain pretraining corpora."""
     import pyarrow.parquet as pq
@@ -42,7 +46,7 @@ def captions_of(world: str, limit: int = 200_000) -> list[str]:
 
 def make_text_init(family: str, *, world: str, out: str, steps: int = 600,
                    batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
-                   say: Callable[[str], None] = print) -> str:
+                   say: Callable[[str], None] = _print) -> str:
     """Train (or reuse) the text-only weights; returns the ``model.safetensors`` path."""
     import numpy as np
     import torch
