@@ -73,7 +73,7 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
                             say=lambda line: say(f"[sweep] {line}"))
     trials_dir = sweep_dir / f"trials-{instance}"
     per_trial = trial_cpus(cfg)
-    ensure_ray(per_trial)
+    ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent))
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
     parent = open_parent_run(cfg, instance)
     lines = {name: point.to_params() for name, point in plan.lines}
@@ -196,10 +196,11 @@ def trial_cpus(cfg: SweepConfig) -> float:
     return max(pre, ft) + 1.0
 
 
-def ensure_ray(per_trial: float) -> None:
+def ensure_ray(cpus_wanted: float) -> None:
     """Attach to the cluster of ``ray job submit`` (or RAY_ADDRESS); else start a local Ray
-    with logically enough CPUs for one trial (Ray Data's list-files task asks for a whole
-    CPU next to the Train workers: without the headroom it deadlocks on 2 cores).
+    with logically enough CPUs for the trials wanted at once (at least one trial plus one:
+    Ray Data's list-files task asks for a whole CPU next to the Train workers, and without
+    the headroom it deadlocks on 2 cores).
 
     The local Ray runs its dashboard on 127.0.0.1, and every worker is told its address:
     Ray Train's placement-group cleaner asks the State API (served by the dashboard) whether
@@ -219,7 +220,7 @@ def ensure_ray(per_trial: float) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"RAY_ADDRESS": f"http://127.0.0.1:{port}", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(per_trial + 0.999) + 1),
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(cpus_wanted + 0.999) + 1),
              include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
              runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
 
