@@ -83,8 +83,29 @@ def make_text_init(family: str, *, world: str, out: str, steps: int = 600,
     say(f"[text-init] {family}: text-only MLM on {len(texts):,} captions of {world}, "
         f"{steps} steps × {batch_size}")
     model.train()
+    threads = torch.get_num_threads()
+    # one thread: matrices this small gain nothing from two, and on a busy machine the
+    # second thread's spin-waits cost several times the work
+    torch.set_num_threads(1)
+    try:
+        _train(model, opt, sched, steps, batch_size, flat, starts, lengths, tok, rng, say)
+    finally:
+        torch.set_num_threads(threads)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".tmp-{os.getpid()}"
+    model.save_pretrained(tmp, safe_serialization=True)
+    os.replace(tmp / "model.safetensors", target)
+    (tmp / "config.json").replace(target.parent / "config.json")
+    tmp.rmdir()
+    return str(target)
+
+
+def _train(model, opt, sched, steps, batch_size, flat, starts, lengths, tok, rng,
+           say) -> None:
+    import torch
+
     for step in range(1, steps + 1):
-        pick = rng.integers(0, len(texts), batch_size)
+        pick = rng.integers(0, len(starts), batch_size)
         ids, labels, mask = _mlm_batch(flat, starts, lengths, pick, tok, rng)
         # the vocabulary projection only on the masked positions (the rest cost 30k logits
         # each and carry no loss)
@@ -99,13 +120,6 @@ def make_text_init(family: str, *, world: str, out: str, steps: int = 600,
         sched.step()
         if step % max(1, steps // 5) == 0 or step == steps:
             say(f"[text-init] step {step}/{steps} mlm loss {loss.item():.3f}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".tmp-{os.getpid()}"
-    model.save_pretrained(tmp, safe_serialization=True)
-    os.replace(tmp / "model.safetensors", target)
-    (tmp / "config.json").replace(target.parent / "config.json")
-    tmp.rmdir()
-    return str(target)
 
 
 def _mlm_batch(flat, starts, lengths, pick, tok, rng, max_len: int = 40):
