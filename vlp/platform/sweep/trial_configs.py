@@ -102,8 +102,12 @@ def text_init_checkpoint(cfg: SweepConfig) -> str:
     if out.is_file():
         return str(out)
     m = load_manifest(cfg.world, check_files=False)
-    model = create_model(cfg.model.family, ["mlm"], init=cfg.model.text_init,
-                         region_feat_dim=m.feature_dim, num_classes=m.num_classes).model
+    try:
+        model = create_model(cfg.model.family, ["mlm"], init=cfg.model.text_init,
+                             region_feat_dim=m.feature_dim, num_classes=m.num_classes).model
+    except Exception as e:      # the loader's message may not name the file
+        raise RuntimeError(f"text init {cfg.model.text_init} (model.text_init): "
+                           f"{type(e).__name__}: {e}") from e
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".model.pt.{os.getpid()}")
     torch.save(model.state_dict(), tmp)
