@@ -22,7 +22,9 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
+        # address="local": a new instance, never whatever a stale /tmp/ray file names
+        ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
+                 log_to_driver=False,
                  configure_logging=False)
     yield ray
     ray.shutdown()

@@ -81,7 +81,7 @@ def train_platform(world, out: Path, steps: int, lr: float, seed: int) -> Path:
     from vlp.platform.pretrain_job import load_pretrain_config, pretrain
 
     if not ray.is_initialized():   # a logically larger CPU count: 2-core machines deadlock
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # Ray Data else
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # Ray Data else
     cfg = load_pretrain_config(data={
         "run": {"name": "curation-itm", "output_dir": str(out), "seed": seed},
         "model": {"family": FAMILY, "dropout": 0.0},

@@ -132,7 +132,7 @@ def ray_rates(plan, epochs: int, num_cpus: int) -> dict[str, float]:
     import ray
 
     from vlp.datasets.pipeline import build_dataset, shard_blocks
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
         t0 = time.perf_counter()

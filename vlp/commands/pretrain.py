@@ -108,10 +108,10 @@ def start_ray(cfg) -> None:
     throughput)."""
     import ray.data
 
-    from vlp.platform.finetune.session import ensure_ray
+    from vlp.platform.ray_session import ensure_ray
 
     ray.data.DataContext.get_current().enable_progress_bars = False
-    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
+    ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
 
 
 def result_lines(result) -> list[str]:

@@ -26,7 +26,7 @@ from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark, ta
 from vlp.platform.finetune.components import FinetuneComponents
 from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
-from vlp.platform.finetune.session import ensure_ray
+from vlp.platform.ray_session import ensure_ray
 from vlp.platform.pretrain import run_pretraining
 from vlp.platform.tracking import check_reachable
 
@@ -97,7 +97,7 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             run_name=cfg.run.name, output_dir=cfg.run.output_dir,
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
-    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
+    ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
     reports = {}
     for name in cfg.benchmarks:
         reports[name] = finetune_one(cfg, name, prepared, parent)

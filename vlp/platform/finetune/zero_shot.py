@@ -13,7 +13,7 @@ from typing import Any
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.config import FinetuneConfig
 from vlp.platform.finetune.preflight import prepare
-from vlp.platform.finetune.session import ensure_ray
+from vlp.platform.ray_session import ensure_ray
 from vlp.platform.finetune.run import BenchmarkReport, components_for, run_name
 from vlp.platform.protocols import WorkerInfo
 
@@ -48,7 +48,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     if cfg.model.init != "checkpoint":
         raise ValueError("zero-shot evaluation needs a pretrained checkpoint (--checkpoint)")
     prepared = prepare(cfg)
-    ensure_ray(cfg.scaling.num_workers, cfg.scaling.cpus_per_worker)
+    ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
     parent = None
     if cfg.mlflow.enabled:
         parent = tracking.resolve_parent(

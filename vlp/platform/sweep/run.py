@@ -23,6 +23,7 @@ import yaml
 
 from vlp.platform.config_loader import ConfigError, flatten, to_dict
 from vlp.platform.leaderboard import Leaderboard, load_leaderboard, log_leaderboard
+from vlp.platform.ray_session import ensure_ray
 from vlp.platform.sweep.callbacks import SweepProgress
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
@@ -73,7 +74,7 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
                             say=lambda line: say(f"[sweep] {line}"))
     trials_dir = sweep_dir / f"trials-{instance}"
     per_trial = trial_cpus(cfg)
-    ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent))
+    ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent), dashboard=True)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
     parent = open_parent_run(cfg, instance)
     lines = {name: point.to_params() for name, point in plan.lines}
@@ -194,35 +195,6 @@ def trial_cpus(cfg: SweepConfig) -> float:
         float(scaling.get("cpus_per_worker", default.cpus_per_worker))
     ft = cfg.finetune.num_workers * cfg.finetune.cpus_per_worker
     return max(pre, ft) + 1.0
-
-
-def ensure_ray(cpus_wanted: float) -> None:
-    """Attach to the cluster of ``ray job submit`` (or RAY_ADDRESS); else start a local Ray
-    with logically enough CPUs for the trials wanted at once (at least one trial plus one:
-    Ray Data's list-files task asks for a whole CPU next to the Train workers, and without
-    the headroom it deadlocks on 2 cores).
-
-    The local Ray runs its dashboard on 127.0.0.1, and every worker is told its address:
-    Ray Train's placement-group cleaner asks the State API (served by the dashboard) whether
-    a run's controller is alive, and without it the placement groups of trials that ASHA
-    stops are never freed. Told nothing, the State API guesses the cluster and fails on a
-    machine that runs several."""
-    import socket
-
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"RAY_ADDRESS": f"http://127.0.0.1:{port}", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(cpus_wanted + 0.999) + 1),
-             include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
-             runtime_env={"env_vars": env}, log_to_driver=True, configure_logging=False)
 
 
 def trial_gpus(cfg: SweepConfig) -> float:
