@@ -1,0 +1,280 @@
+"""End to end, the way users work: `ray start --head`, an MLflow server, the tiny world from
+`vlp data synth`, and a two-trial sweep sent with `ray job submit --working-dir .`; then the
+runs are read back through MLflow's client and the MLflow UI is screenshotted in headless
+Chromium (runs/e2e/mlflow-ui.png, for a human to look at).
+
+The cluster is this file's own: token auth with its own token (env, not ~/.ray), its own
+ports and --temp-dir (so its ray_current_cluster file is written there, not in /tmp/ray).
+It is stopped by killing its own processes: `ray stop` would stop every Ray on the machine,
+the session's `ray_local` instance included. The venv's bin goes first on PATH for
+`ray start`, as an activated venv would: the job's `python` is whatever the raylet's PATH
+finds."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from vlp.platform.ray_session import free_local_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent          # the venv's bin (not resolved: a venv's python is a link)
+SCREENSHOT_COPY = ROOT / "runs" / "e2e" / "mlflow-ui.png"
+SWEEP = "e2e-sweep"
+JOB_TIMEOUT_S = 1200                       # the job takes minutes; a loaded 2-core box, more
+
+
+# ---- processes --------------------------------------------------------------------------------
+
+def stop_tree(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM every process of the group ``pgid`` and all their descendants (Ray workers get
+    process groups of their own but stay children of the raylet), SIGKILL what is left."""
+    procs: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                procs[p.pid] = p
+                procs.update((c.pid, c) for c in p.children(recursive=True))
+        except (psutil.Error, OSError):
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs.values():
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not [p for p in procs.values() if _alive(p)]:
+                return
+            time.sleep(0.2)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_http(url: str, timeout_s: float, headers=None, proc=None) -> None:
+    """Until ``url`` answers at all (any HTTP status); fails at once if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc is None or proc.poll() is None, f"{proc.args[:2]} exited: {proc.returncode}"
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer in {timeout_s:.0f} s")
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """/usr/bin/chromium, installed from Debian when missing (CI images have only Python,
+    make and gcc)."""
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("needs Chromium: `apt-get install chromium` (Debian) as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}"
+    found = shutil.which("chromium")
+    assert found, "apt-get installed chromium but it is not on PATH"
+    return found
+
+
+@pytest.fixture(scope="module")
+def user_env() -> dict[str, str]:
+    """A shell with the venv activated, token auth on with a token of our own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex,
+               RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def ray_head(user_env, tmp_path_factory):
+    """`ray start --head` on 127.0.0.1; yields the dashboard (job API) address."""
+    temp = tmp_path_factory.mktemp("ray")
+    dash = free_local_port()
+    cmd = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
+           "--port", str(free_local_port()), "--dashboard-host", "127.0.0.1",
+           "--dashboard-port", str(dash), "--ray-client-server-port", str(free_local_port()),
+           "--dashboard-agent-listen-port", str(free_local_port()), "--num-cpus", "4",
+           "--object-store-memory", str(1 << 30), "--temp-dir", str(temp),
+           "--disable-usage-stats"]
+    # its own session: the head's processes share its process group, which stop_tree ends
+    start = subprocess.Popen(cmd, env=user_env, cwd=ROOT, start_new_session=True, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = start.communicate(timeout=180)
+        assert start.returncode == 0, f"ray start failed:\n{out}"
+        address = f"http://127.0.0.1:{dash}"
+        wait_http(f"{address}/api/version", 60,
+                  {"Authorization": f"Bearer {user_env['RAY_AUTH_TOKEN']}"})
+        yield address
+    finally:
+        stop_tree(start.pid)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(user_env, tmp_path_factory):
+    """`mlflow server` with a SQLite store and a proxied artifact root; yields its URI."""
+    d = tmp_path_factory.mktemp("mlflow")
+    port = free_local_port()
+    log = open(d / "server.log", "w")
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri",
+                             f"sqlite:///{d / 'mlflow.db'}", "--artifacts-destination",
+                             str(d / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1"],
+                            env=user_env, cwd=d, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 120, proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_tree(proc.pid)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def sweep_job(ray_head, mlflow_server, user_env, tmp_path_factory):
+    """The tiny world from the CLI, then the sweep as a Ray job: 2 trials (no pretraining and
+    the paper's best mix: 4 pretraining steps), one finetune benchmark of 2 steps."""
+    d = tmp_path_factory.mktemp("e2e")
+    synth = subprocess.run([str(BIN / "vlp"), "data", "synth", "--scale", "tiny", "--out",
+                            str(d / "world")], env=user_env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert synth.returncode == 0, synth.stdout + synth.stderr
+    job_id = f"vlp-e2e-{uuid.uuid4().hex[:8]}"
+    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": mlflow_server}}
+    cmd = [str(BIN / "ray"), "job", "submit", "--address", ray_head, "--working-dir", ".",
+           "--submission-id", job_id, "--runtime-env-json", json.dumps(runtime_env), "--",
+           "python", "jobs/sweep.py", "--config", "jobs/configs/sweep-tiny.yaml",
+           "--name", SWEEP, "--samples", "2", "--world", str(d / "world"),
+           "--output-dir", str(d / "runs"), "--set", "finetune.benchmarks=[retrieval]"]
+    try:
+        job = subprocess.run(cmd, env=user_env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        job = None
+    if job is None or job.returncode != 0:
+        logs = subprocess.run([str(BIN / "ray"), "job", "logs", "--address", ray_head, job_id],
+                              env=user_env, capture_output=True, text=True, timeout=120)
+        subprocess.run([str(BIN / "ray"), "job", "stop", "--address", ray_head, job_id],
+                       env=user_env, capture_output=True, timeout=120)
+        why = "timed out" if job is None else f"exited {job.returncode}"
+        pytest.fail(f"ray job submit {why}; ray job logs {job_id}:\n{logs.stdout[-8000:]}"
+                    f"{logs.stderr[-2000:]}\nsubmit output:\n"
+                    f"{'' if job is None else (job.stdout + job.stderr)[-4000:]}")
+    return mlflow_server, job.stdout + job.stderr
+
+
+# ---- tests ------------------------------------------------------------------------------------
+
+def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job):
+    from mlflow.tracking import MlflowClient
+
+    uri, out = sweep_job
+    assert f"Leaderboard of {SWEEP}" in out and f"Job '" in out and "succeeded" in out
+    assert "4 CPUs in the cluster" in out       # attached to the head, no private local Ray
+    assert f"in {uri}" in out                   # MLFLOW_TRACKING_URI reached the job
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vlp-sweep")
+    parents = client.search_runs([exp.experiment_id], "tags.`vlp.job` = 'sweep'")
+    assert [p.info.run_name for p in parents] == [SWEEP]
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["vlp.state"] == "completed"
+    assert parent.data.metrics["trials"] == 2 and parent.data.metrics["trial_errors"] == 0
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "leaderboard")} == {
+        "leaderboard/leaderboard.md", "leaderboard/meta_sum.png"}
+
+    trials = {t.data.tags["vlp.sweep.trial"]: t for t in client.search_runs(
+        [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
+    assert sorted(trials) == ["t001", "t002"]
+    for t in trials.values():
+        assert t.info.status == "FINISHED"
+        assert 0 <= t.data.metrics["ir"] <= 100 and 0 <= t.data.metrics["tr"] <= 100
+        assert t.data.metrics["score"] == pytest.approx(t.data.metrics["ir"]
+                                                        + t.data.metrics["tr"])
+    assert trials["t002"].data.tags["mix"] == "MLM+ITM+MRC-kl+MRFR"   # the paper's best
+
+    below = {r.info.run_name: r for r in client.search_runs(
+        [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{trials['t002'].info.run_id}'")}
+    assert sorted(below) == ["t002-ft-retrieval", "t002-pretrain"]
+    pre = below["t002-pretrain"]
+    assert pre.info.status == "FINISHED"
+    losses = client.get_metric_history(pre.info.run_id, "loss")
+    assert [m.step for m in losses] == [1, 2, 3, 4]         # pretrain.train.steps: 4
+    assert all(math.isfinite(m.value) for m in losses) and "mlm_loss" in pre.data.metrics
+    arts = {a.path for a in client.list_artifacts(pre.info.run_id)}
+    assert {"config", "plots", "checkpoint"} <= arts
+    assert [a.path for a in client.list_artifacts(pre.info.run_id, "plots")] == [
+        "plots/loss_curve.png"]
+    assert client.list_artifacts(below["t002-ft-retrieval"].info.run_id, "predictions")
+
+
+def test_mlflow_ui_shows_the_experiments_runs(sweep_job, chromium, tmp_path):
+    """The runs table as a user sees it after clicking "Model training" (MLflow 3 opens an
+    experiment on its GenAI overview by default) and "Group by: vlp.job" (nested runs are
+    folded under their parent otherwise). The view comes from MLflow's own "share view"
+    mechanism: an experiment tag holding the view state, named in the URL."""
+    from mlflow.tracking import MlflowClient
+
+    uri, _ = sweep_job
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vlp-sweep")
+    view = {"orderByKey": "attributes.start_time", "orderByAsc": True,
+            "selectedColumns": ["metrics.`score`", "metrics.`ir`", "metrics.`tr`",
+                                "metrics.`pretrain_loss`", "tags.`mix`"],
+            "groupBy": {"aggregateFunction": "average",
+                        "groupByKeys": [{"mode": "tag", "groupByData": "vlp.job"}]},
+            "groupsExpanded": {}}
+    client.set_experiment_tag(exp.experiment_id, "mlflow.sharedViewState.vlp-e2e",
+                              json.dumps(view))
+    url = (f"{uri}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+           f"&viewStateShareKey=vlp-e2e")
+    png = tmp_path / "mlflow-ui.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--window-size=1600,1000", "--virtual-time-budget=15000"]
+
+    def browse(name: str, *what: str) -> subprocess.CompletedProcess:
+        return subprocess.run([chromium, *flags, f"--user-data-dir={tmp_path / name}", *what,
+                               url], capture_output=True, text=True, timeout=180)
+
+    dom = browse("profile-dom", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    # the JS app rendered every run (not a spinner, not the GenAI overview)
+    for name in (SWEEP, "t001 None", "t002-pretrain", "t001-ft-retrieval", "t002-ft-retrieval"):
+        assert name in dom.stdout, f"{name!r} not in the rendered page"
+    shot = browse("profile-shot", f"--screenshot={png}")
+    assert shot.returncode == 0 and png.is_file(), shot.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    SCREENSHOT_COPY.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, SCREENSHOT_COPY)
