@@ -177,6 +177,8 @@ def test_itm_negative_ratio_and_never_own_caption(world):
     lab = torch.cat(labels).float()
     assert abs(1 - lab.mean().item() - 0.5) < 0.03, lab.mean()
     assert src.stats["itm_no_donor"] == 0
+    # negatives keep their example's lengths (no length cue) but for fallbacks, rarer in big batches
+    assert src.stats["itm_length_mismatch"] <= 0.1 * src.stats["itm_negatives"]  # small batches
 
 
 def test_masked_tasks_have_no_negatives(world):
@@ -314,3 +316,41 @@ def test_itm_donors_differ_in_image_and_fit_the_row():
         assert (keys[new_img] == keys[new_txt])[~d.negative].all()
         assert (T[new_txt] + N[new_img] <= width).all()              # the budget still holds
         assert d.negative.sum() + d.no_donor == B
+
+
+def test_itm_negatives_keep_the_example_lengths():
+    """A negative has its example's (text, regions) lengths whenever the batch holds a donor
+    of the same length: lengths alone then cannot tell negatives from positives."""
+    from vlp.datasets.collate import ExampleRefs
+    from vlp.datasets.itm import draw_negatives
+    rng = np.random.default_rng(1)
+    B = 64
+    keys = rng.integers(0, 40, B)
+    T, N = rng.integers(5, 12, B), rng.integers(6, 11, B)
+    ar = np.arange(B)
+    refs = ExampleRefs(np.zeros(B, np.int64), ar, ar, np.zeros(B, np.int64), ar,
+                       np.ones(B, bool))
+    changed_total = negatives = 0
+    for _ in range(50):
+        d = draw_negatives(refs, keys, T, N, 0.5, rng)
+        t_new, n_new = T[d.refs.text_row], N[d.refs.image_row]
+        changed = (t_new != T) | (n_new != N)
+        assert changed.sum() == d.length_mismatch
+        assert not changed[~d.negative].any()
+        changed_total += int(changed.sum())
+        negatives += int(d.negative.sum())
+    assert negatives > 1000 and changed_total == 0
+
+
+def test_itm_length_fallback_is_counted():
+    """No donor of equal length: the swap falls back to one that fits the row, and says so."""
+    from vlp.datasets.collate import ExampleRefs
+    from vlp.datasets.itm import draw_negatives
+    B = 4
+    keys, T, N = np.arange(B), np.array([5, 6, 7, 8]), np.array([9, 8, 7, 6])
+    ar = np.arange(B)
+    refs = ExampleRefs(np.zeros(B, np.int64), ar, ar, np.zeros(B, np.int64), ar,
+                       np.ones(B, bool))
+    d = draw_negatives(refs, keys, T, N, 1.0, np.random.default_rng(0))
+    assert d.negative.all() and d.length_mismatch == B
+    assert (T[d.refs.text_row] + N[d.refs.image_row] <= (T + N).max()).all()

@@ -306,6 +306,7 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
         if stats is not None:
             stats["itm_negatives"] += int(draw.negative.sum())
             stats["itm_no_donor"] += draw.no_donor
+            stats["itm_length_mismatch"] += draw.length_mismatch
     batch = collate_examples(blocks, refs, tok, visual=cfg.visual,
                              feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
                              num_classes=plan.num_classes,
