@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/vlp demo
 
 test: $(STAMP)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache
