@@ -9,6 +9,11 @@ clears the bar (≥ 10 Meta-Sum points and > 2σ, σ the larger arm's standard d
 Meta-Sum over seeds).
 
     python jobs/benchmarks/finetune_calibration.py --out runs/calibration --seeds 0 1 2
+    python jobs/benchmarks/finetune_calibration.py --demo-budget ...   # the demo sweep's budget
+
+``--demo-budget``: the budget of ``jobs/configs/sweep-demo.yaml`` (300 pretraining steps of
+2,048 units; 300-step finetunes at lr 1e-3, VQA at its default lr) instead of the defaults
+(1,000 pretraining steps of 4,096 units; each benchmark's own finetune defaults).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from calibration_pretrain import pretrain  # noqa: E402
 
 PARTS = ("vqa", "ir", "tr", "nlvr2", "refcoco+")
 BAR_POINTS = 10.0
+DEMO_FINETUNE = ["settings.refcoco+.steps=300", "settings.refcoco+.lr=1.0e-3",
+                 "settings.nlvr2.steps=300", "settings.nlvr2.lr=1.0e-3",
+                 "settings.vqa.steps=300", "settings.retrieval.steps=300",
+                 "settings.retrieval.lr=1.0e-3"]
 
 
 def figure(name: str, value: float, unit: str = "") -> None:
@@ -48,7 +57,12 @@ def main() -> int:
     p.add_argument("--steps-scale", type=float, default=1.0, help="× every finetune's steps")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--set", action="append", default=[], help="finetune config override")
+    p.add_argument("--demo-budget", action="store_true",
+                   help="the demo sweep's budget (see above); --set still applies after it")
     args = p.parse_args()
+    if args.demo_budget:
+        args.pretrain_steps, args.pretrain_units = 300, 2048
+        args.set = [*DEMO_FINETUNE, *args.set]
 
     from vlp.datasets.synth import generate_world
     from vlp.datasets.world import WorldError, load_manifest
