@@ -32,6 +32,14 @@ PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "m
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+def name_and_folder_problems(name: str, output_dir: str) -> Iterable[tuple[str, str]]:
+    """A run or sweep name becomes a folder name; its output folder must be given."""
+    if not _NAME.match(name):
+        yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {name!r}"
+    if not output_dir:
+        yield "output_dir", "expected a folder path, got ''"
+
+
 @dataclass
 class RunSection:
     name: str = "pretrain"          # Ray Train run name (a folder name): resume = same name
@@ -40,10 +48,7 @@ class RunSection:
     max_failures: int = bounded(1, ge=-1)   # worker failures retried from the last checkpoint
 
     def validate(self):
-        if not _NAME.match(self.name):
-            yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
-        if not self.output_dir:
-            yield "output_dir", "expected a folder path, got ''"
+        yield from name_and_folder_problems(self.name, self.output_dir)
 
 
 @dataclass

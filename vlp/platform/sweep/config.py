@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from vlp.platform.config_loader import bounded, load_config
-from vlp.platform.experiment_config import _NAME
+from vlp.platform.experiment_config import name_and_folder_problems
 from vlp.platform.sweep.space import SearchSpace
 
 # keys of ``pretrain`` that the sweep decides per trial (a user value would be ignored)
@@ -52,10 +52,7 @@ class SweepSection:
     tpe_startup: int = bounded(4, ge=1)
 
     def validate(self):
-        if not _NAME.match(self.name):
-            yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
-        if not self.output_dir:
-            yield "output_dir", "expected a folder path, got ''"
+        yield from name_and_folder_problems(self.name, self.output_dir)
 
 
 @dataclass
