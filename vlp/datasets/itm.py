@@ -46,21 +46,30 @@ def draw_negatives(refs: ExampleRefs, image_keys: np.ndarray, text_len: np.ndarr
     want = rng.random(B) < neg_prob
     swap_image = rng.random(B) < 0.5
     donor = np.full(B, -1, dtype=np.int64)
+    todo = np.flatnonzero(want)
     mismatched = 0
-    for i in np.flatnonzero(want):      # B is a few hundred at most: a row scan per negative
-        differs = keys != keys[i]
-        exact_img, exact_txt = differs & (N == N[i]), differs & (T == T[i])
-        fit_img, fit_txt = differs & (T[i] + N <= width), differs & (T + N[i] <= width)
-        pref, other = bool(swap_image[i]), not swap_image[i]
-        for use_img, pool, exact in ((pref, exact_img if pref else exact_txt, True),
-                                     (other, exact_img if other else exact_txt, True),
-                                     (pref, fit_img if pref else fit_txt, False),
-                                     (other, fit_img if other else fit_txt, False)):
-            cand = np.flatnonzero(pool)
-            if len(cand):
-                donor[i], swap_image[i] = rng.choice(cand), use_img
-                mismatched += not exact
-                break
+    if len(todo):
+        # [M, B] candidate masks for the M pairs to turn negative, in order of preference
+        differs = keys[todo, None] != keys[None, :]
+        exact_img = differs & (N[todo, None] == N[None, :])
+        exact_txt = differs & (T[todo, None] == T[None, :])
+        fit_img = differs & (T[todo, None] + N[None, :] <= width)
+        fit_txt = differs & (T[None, :] + N[todo, None] <= width)
+        pref = swap_image[todo, None]
+        levels = ((np.where(pref, exact_img, exact_txt), pref[:, 0], True),
+                  (np.where(pref, exact_txt, exact_img), ~pref[:, 0], True),
+                  (np.where(pref, fit_img, fit_txt), pref[:, 0], False),
+                  (np.where(pref, fit_txt, fit_img), ~pref[:, 0], False))
+        # argmax of iid uniforms over a mask = a uniform choice among its candidates
+        noise = rng.random((len(todo), B))
+        chosen = np.full(len(todo), -1, dtype=np.int64)
+        for mask, use_img, exact in levels:
+            j = np.where(mask, noise, -1.0).argmax(1)
+            take = (chosen < 0) & mask.any(1)
+            chosen[take] = j[take]
+            swap_image[todo[take]] = use_img[take]
+            mismatched += 0 if exact else int(take.sum())
+        donor[todo] = chosen
     negative = donor >= 0
     idx = np.flatnonzero(negative)
     img_i, txt_i = idx[swap_image[idx]], idx[~swap_image[idx]]
