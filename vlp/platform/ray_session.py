@@ -12,6 +12,7 @@ One place decides this for pretrain, finetune and sweep. Two rules:
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
@@ -41,8 +42,9 @@ def ensure_ray(cpus_wanted: float, *, dashboard: bool = False, log_to_driver: bo
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
         return
-    kwargs: dict = dict(address="local", num_cpus=max(os.cpu_count() or 1, int(cpus_wanted + 0.999) + 1),
-                        log_to_driver=log_to_driver, configure_logging=configure_logging)
+    num_cpus = max(os.cpu_count() or 1, math.ceil(cpus_wanted) + 1)
+    kwargs: dict = dict(address="local", num_cpus=num_cpus, log_to_driver=log_to_driver,
+                        configure_logging=configure_logging)
     if dashboard:
         port = free_local_port()
         kwargs.update(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,

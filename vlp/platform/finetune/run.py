@@ -28,6 +28,7 @@ from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
 from vlp.platform.ray_session import ensure_ray
 from vlp.platform.pretrain import run_pretraining
+from vlp.platform.progress import ProgressPrinter
 from vlp.platform.tracking import check_reachable
 
 
@@ -115,8 +116,6 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
     components = components_for(cfg, name, prepared, batch_size, options)
     exp = experiment_config(cfg, name, steps, lr, parent)
     start = time.perf_counter()
-    from vlp.platform.progress import ProgressPrinter   # a line per report: how far it is
-
     result = run_pretraining(exp, components, parent_run_id=parent.run_id if parent else None,
                              callbacks=[ProgressPrinter(steps, [f"finetune {name}"])])
     after = result.return_value.get("after_training") or {}

@@ -183,26 +183,31 @@ def _interrupted(tune_path: Path, expected: int) -> bool:
 
 # ---- resources ------------------------------------------------------------------------------
 
+def _pretrain_scaling(cfg: SweepConfig):
+    """The trials' pretraining ``scaling`` section, defaults filled in."""
+    from vlp.platform.experiment_config import ScalingSection
+
+    given = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
+    default = ScalingSection()
+    return (float(given.get("num_workers", default.num_workers)),
+            float(given.get("cpus_per_worker", default.cpus_per_worker)),
+            bool(given.get("use_gpu", default.use_gpu)))
+
+
 def trial_cpus(cfg: SweepConfig) -> float:
     """CPUs one trial holds at its peak: its largest Train run (pretraining or finetuning
     workers) plus one for Ray Data's read tasks and the Train controller. Tune does not count
     the Train workers a trial starts, so concurrency is derived from this."""
-    from vlp.platform.experiment_config import ScalingSection
-
-    scaling = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
-    default = ScalingSection()
-    pre = float(scaling.get("num_workers", default.num_workers)) * \
-        float(scaling.get("cpus_per_worker", default.cpus_per_worker))
+    workers, cpus, _ = _pretrain_scaling(cfg)
     ft = cfg.finetune.num_workers * cfg.finetune.cpus_per_worker
-    return max(pre, ft) + 1.0
+    return max(workers * cpus, ft) + 1.0
 
 
 def trial_gpus(cfg: SweepConfig) -> float:
     """GPUs one trial holds at its peak (one per worker of a GPU run)."""
-    scaling = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
-    pre = float(scaling.get("num_workers", 2)) if scaling.get("use_gpu") else 0.0
+    workers, _, use_gpu = _pretrain_scaling(cfg)
     ft = float(cfg.finetune.num_workers) if cfg.finetune.use_gpu else 0.0
-    return max(pre, ft)
+    return max(workers if use_gpu else 0.0, ft)
 
 
 def auto_concurrency(per_trial_cpus: float, per_trial_gpus: float = 0.0) -> int:
