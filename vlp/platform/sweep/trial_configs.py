@@ -58,10 +58,10 @@ def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
     (``cfg.model.text_init`` resolved: minilm or bert:<path>, see ``resolve_text_init``)."""
     if point.init != "text":
         return {"init": "random"}
-    if cfg.model.text_init == "minilm":
+    if not cfg.model.text_init.startswith("bert:"):
+        # minilm; or auto / world-text not resolved yet: the preflight's stand-in (same
+        # checks, nothing trained)
         return {"init": "minilm"}
-    if not cfg.model.text_init.startswith("bert:"):      # auto / world-text: not resolved yet
-        return {"init": "minilm"}   # the preflight's stand-in: same checks, nothing trained
     return {"init": "bert", "init_path": cfg.model.text_init[len("bert:"):]}
 
 
