@@ -182,3 +182,38 @@ def test_mvm_flags_images_with_positive_texts(ctx):
 def test_registry_names():
     assert {"mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert", "mvm"} <= set(
         MASKING_POLICIES)
+
+
+def test_mlm_obj_masks_one_object_word_else_falls_back_to_bert(ctx):
+    rng = np.random.default_rng(8)
+    objects = np.array([5000, 5001, 5002])
+    octx = MaskContext(0.15, MASK, CLS, SEP, ctx.random_ids, objects)
+    b = text_batch(rng, B=3999, words=(24, 32))
+    ids = b[K.INPUT_IDS]
+    words = (b[K.TEXT_MASK] == 1) & (ids != CLS) & (ids != SEP)
+    # two thirds of the captions name 1–3 objects, the rest name none
+    for row in range(0, 3999, 3):
+        for col in rng.choice(np.flatnonzero(words[row]), 2, replace=False):
+            ids[row, col] = rng.choice(objects)
+        ids[row + 1, 1 + rng.integers(words[row + 1].sum())] = objects[0]
+    b[K.POSITIVE][3::7] = False
+    orig = ids.copy()
+    apply_masking("mlm-obj", b, rng, octx, "conditional", "regions")
+    chosen = b[K.MLM_LABELS] != -100
+    pos = b[K.POSITIVE]
+    named = np.isin(orig, objects) & words
+    has = named.any(axis=1)
+    assert not chosen[~pos].any()
+    # rows naming objects: exactly one position, always an object word, each equally likely
+    assert (chosen[has & pos].sum(axis=1) == 1).all()
+    assert named[chosen & (has & pos)[:, None]].all()
+    two = pos & (named.sum(axis=1) == 2)
+    first = (chosen & named)[two].argmax(axis=1) == named[two].argmax(axis=1)
+    assert abs(first.mean() - 0.5) < 0.05, first.mean()
+    # rows naming none: BERT's 15%, at least one, never special tokens or padding
+    rest = pos & ~has
+    rate = chosen[rest].sum() / words[rest].sum()
+    assert abs(rate - 0.15) < 0.02 and chosen[rest].any(axis=1).all(), rate
+    assert not chosen[~words].any()
+    assert (b[K.MLM_LABELS][chosen] == orig[chosen]).all()
+    assert abs((b[K.INPUT_IDS][chosen] == MASK).mean() - 0.8) < 0.03

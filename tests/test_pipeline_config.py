@@ -127,3 +127,23 @@ def test_weights_become_shares(world):
     total = coco.examples + cc.examples
     assert coco.rate * coco.examples == pytest.approx(0.75 * total)
     assert cc.rate * cc.examples == pytest.approx(0.25 * total)
+
+
+def test_mlm_obj_object_words_from_config_or_world(world, tiny_world, no_reading):
+    with pytest.raises(DataConfigError) as e:       # no words given, no world manifest above
+        plan_data(cfg(world), {"mlm-obj": 1})
+    assert "data.object_words" in problems_of(e)["object_words"]
+    plan = plan_data(cfg(world, object_words=("cube", "sphere")), {"mlm-obj": 1, "itm": 1})
+    assert plan.object_words == ("cube", "sphere")
+    assert plan_data(cfg(world), {"mlm": 1}).object_words == ()
+    inside = DataConfig(sources=(SourceConfig("coco", str(tiny_world / "images" / "coco")),))
+    names = plan_data(inside, {"mlm-obj": 1}).object_words
+    assert "ball" in names and "__background__" not in names and len(names) == 16
+
+    from vlp.datasets.pretrain_batches import object_word_ids
+    from vlp.datasets.text_tokenizer import load_tokenizer
+    tok = load_tokenizer()
+    ids = object_word_ids(tok, ("Ball", "box", "traffic light"))   # two-piece names are left out
+    assert sorted(ids.tolist()) == sorted(tok.tokenizer.token_to_id(w) for w in ("ball", "box"))
+    with pytest.raises(DataConfigError):
+        cfg(world, object_words=("ball", " "))

@@ -84,6 +84,8 @@ class DataConfig:
     visual: Literal["regions", "pixels"] = "regions"   # pixels = SOHO's end-to-end input
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15
+    object_words: tuple[str, ...] = ()   # words naming objects, the targets of mlm-obj;
+                                      # () = the class names in the sources' world manifest
     itm_neg_prob: float = 0.5
     batch_units: int = 4096           # per worker per batch: B × the longest packed row
                                       # (text + regions; pixels: B × (T + visual tokens))
@@ -146,6 +148,9 @@ class DataConfig:
             yield "cache", f"expected 'auto', 'always' or 'never', got {self.cache!r}"
         if not _finite(self.mask_prob) or not 0 < self.mask_prob < 1:
             yield "mask_prob", f"expected a probability in (0, 1), got {self.mask_prob!r}"
+        bad = [w for w in self.object_words if not isinstance(w, str) or not w.strip()]
+        if bad:
+            yield "object_words", f"expected non-empty words, got {bad[0]!r}"
         if not _finite(self.itm_neg_prob) or not 0 <= self.itm_neg_prob <= 1:
             yield "itm_neg_prob", f"expected a probability in [0, 1], got {self.itm_neg_prob!r}"
         for name in ("bucket_window", "read_rows", "prefetch_blocks"):

@@ -24,6 +24,7 @@ from vlp.datasets.masking import MASKING_POLICIES
 from vlp.datasets.shards import ShardError, list_shards, shard_info
 from vlp.datasets.task_sampler import validate_mix
 from vlp.datasets.text_tokenizer import resolve_tokenizer_path
+from vlp.datasets.world import WorldError, load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class DataPlan:
     tokenizer_path: str
     read_columns: tuple[str, ...]
     needs_soft_labels: bool
+    object_words: tuple[str, ...] = ()   # mlm-obj's targets (empty when no task needs them)
 
     @property
     def loc_dim(self) -> int:
@@ -123,6 +125,14 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
                          ", ".join(f"{n}: {c}" for n, (_, c) in dims.items())))
     if model is not None and config.visual == "regions":
         problems += _model_problems(model, found, classes, needs_soft)
+    object_words: tuple[str, ...] = ()
+    if any(MASKING_POLICIES[t].object_words for t in active):
+        object_words = config.object_words or world_class_names(config)
+        if not object_words:
+            problems.append(("object_words", "task mlm-obj masks the words that name objects: "
+                             "give them (data.object_words) or read sources inside a vlp "
+                             f"world whose manifest.json has class_names (looked above "
+                             f"{config.sources[0].path if config.sources else '?'})"))
     if problems:
         raise DataConfigError(problems)
 
@@ -133,9 +143,22 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
                     feature_dim=next(iter(found)) if found else 0,
                     num_classes=next(iter(classes)) if classes else None,
                     tokenizer_path=tokenizer_path, read_columns=columns,
-                    needs_soft_labels=needs_soft)
+                    needs_soft_labels=needs_soft, object_words=object_words)
     log.info("data plan: %s", plan.summary())
     return plan
+
+
+def world_class_names(config: DataConfig) -> tuple[str, ...]:
+    """The detector class names (background excluded) from the manifest of the world the
+    sources sit in (``<world>/images/<source>/``), or () when there is none."""
+    for s in config.sources:
+        for root in Path(s.path).resolve().parents[:2]:
+            try:
+                names = load_manifest(root, check_files=False).class_names
+            except (WorldError, OSError):
+                continue
+            return tuple(n for n in names[1:] if n and not n.startswith("__"))
+    return ()
 
 
 def _model_problems(model: Any, dims: set, classes: set, needs_soft: bool

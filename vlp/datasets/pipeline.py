@@ -129,5 +129,5 @@ class TaskCollateFn(ArrowBatchCollateFn):
         caps = np.arange(len(rows)) - np.repeat(block.cap_start[:-1], n)
         zeros = np.zeros(len(rows), np.int64)
         refs = ExampleRefs(zeros, rows, caps, zeros, rows, np.ones(len(rows), bool))
-        return task_batch(self.plan, tok, mask_context(self.plan.config.mask_prob, tok),
+        return task_batch(self.plan, tok, mask_context(self.plan, tok),
                           {0: block}, refs, self.task, self.rng, Counter())

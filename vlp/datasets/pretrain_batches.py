@@ -75,7 +75,7 @@ class PretrainBatches:
         self._with_ids = with_ids   # add example_image_key / example_text_key (evaluation, tests)
         self.rng = np.random.default_rng([self.cfg.seed, rank, 0x5EED])   # recycling picks
         self.tok = load_tokenizer(plan.tokenizer_path or None)
-        self.ctx = mask_context(self.cfg.mask_prob, self.tok)
+        self.ctx = mask_context(plan, self.tok)
         self.window = ExampleWindow(plan, self._window_rng(0))
         self.stats: Counter = Counter()
         self.epoch = 0                 # the epoch of the last batch served
@@ -289,8 +289,19 @@ class PretrainBatches:
 
 # ---- one task batch (shared with the fixed-size Ray collate) ---------------------------------
 
-def mask_context(mask_prob: float, tok: TextTokenizer) -> MaskContext:
-    return MaskContext(mask_prob, tok.mask_id, tok.cls_id, tok.sep_id, tok.random_ids)
+def mask_context(plan: DataPlan, tok: TextTokenizer) -> MaskContext:
+    return MaskContext(plan.config.mask_prob, tok.mask_id, tok.cls_id, tok.sep_id,
+                       tok.random_ids, object_word_ids(tok, plan.object_words))
+
+
+def object_word_ids(tok: TextTokenizer, words: tuple[str, ...]) -> np.ndarray:
+    """Ids of the object words that are one word piece (a name split into pieces has no
+    single token to mask and predict)."""
+    if not words:
+        return np.zeros(0, np.int64)
+    flat, lengths = tok.encode(list(words))   # the tokenizer normalises case itself
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.unique(flat[starts[lengths == 1]].astype(np.int64))
 
 
 def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,

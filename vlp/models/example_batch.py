@@ -65,7 +65,7 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
         positive = labels.bool()
     batch[bs.POSITIVE] = positive
 
-    if task == "mlm":
+    if task in ("mlm", "mlm-obj"):   # example batches: any word stands for an object word
         words = text_mask.clone()
         words[:, 0] = False
         words[torch.arange(b), lengths - 1] = False

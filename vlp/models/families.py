@@ -12,15 +12,20 @@ from __future__ import annotations
 from .config import (RESNET18, RESNET101, RESNET_TINY, FamilyConfig, ImageBertVisualConfig,
                      SohoVisualConfig, TransformerConfig, UniterVisualConfig, VLBertVisualConfig)
 
-UNITER_TASKS = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra")
-IMAGEBERT_TASKS = ("mlm", "itm", "moc", "mrfr")
-VLBERT_TASKS = ("mlm", "itm", "mrc-vlbert")
-SOHO_TASKS = ("mlm", "itm", "mvm")
+# mlm-obj (MLM on the words that name objects) is ours, not the papers': every family has MLM
+UNITER_TASKS = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra", "mlm-obj")
+IMAGEBERT_TASKS = ("mlm", "itm", "moc", "mrfr", "mlm-obj")
+VLBERT_TASKS = ("mlm", "itm", "mrc-vlbert", "mlm-obj")
+SOHO_TASKS = ("mlm", "itm", "mvm", "mlm-obj")
 
 BASE = TransformerConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)
 LARGE = TransformerConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096)
 MINILM = TransformerConfig(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
-TINY = TransformerConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256)
+# BERT's init std 0.02 is tuned for width 768 (0.02·√768 ≈ 0.55 per projection output); at
+# width 64 it leaves attention near uniform, and image-text grounding never starts on a CPU
+# budget (itm_toy.py, grounding_probe.py). The tiny sizes keep BERT-base's scale instead.
+TINY = TransformerConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
+                         initializer_range=round(0.02 * (768 / 64) ** 0.5, 4))
 
 
 def _with_types(t: TransformerConfig, n: int) -> TransformerConfig:

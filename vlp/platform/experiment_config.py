@@ -25,9 +25,9 @@ from vlp.datasets.data_config import DataConfig, DataConfigError, RegionConfig, 
 from vlp.platform.config_loader import ConfigError, bounded, load_config
 
 # Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
-# WRA. The model registry supplies the authoritative list once it exists.
+# WRA + MLM on object words (mlm-obj). The model registry supplies the authoritative list.
 PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
-                                "mvm", "wra")
+                                "mvm", "wra", "mlm-obj")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -104,6 +104,8 @@ class DataSection:
     overlong: Literal["drop", "truncate"] = _pipeline_default("overlong")
     itm_neg_prob: float = _pipeline_default("itm_neg_prob")
     mask_prob: float = _pipeline_default("mask_prob")
+    # mlm-obj's targets; [] = the class names of the world the sources sit in
+    object_words: tuple[str, ...] = _pipeline_default("object_words")
     regions: RegionConfig = field(default_factory=RegionConfig)
     split: str | None = _pipeline_default("split")
     tokenizer_path: str | None = _pipeline_default("tokenizer_path")   # None: the model's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import numpy as np
@@ -17,6 +17,8 @@ class MaskContext:
     cls_id: int
     sep_id: int
     random_ids: np.ndarray    # MLM's "random token" draws come from these ids
+    object_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+                              # word pieces that name a detector class (mlm-obj's targets)
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class MaskingPolicy:
     needs_soft_labels: bool = False   # detector class distributions (MRC family, MOC)
     itm_negatives: bool = False       # the batch holds swapped negative pairs (ITM)
     image_feat: bool = False          # the task needs the whole-image feature (VL-BERT)
+    object_words: bool = False        # the task masks the words naming objects (mlm-obj)
 
 
 MASKING_POLICIES: dict[str, MaskingPolicy] = {}

@@ -1,0 +1,23 @@
+"""MLM-obj: MLM whose masked words are the ones naming objects (the masking lives in
+``vlp.datasets.masking.mlm_obj``). Same head (shared with MLM when both are trained) and loss;
+its metrics are reported apart (``mlm-obj_loss``, ``mlm-obj_acc``) so a mix of both shows how
+well object words, which need the image, are predicted."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..backbone import EncoderOutput
+from .base import Batch, register_task
+from .mlm import MaskedLanguageModeling
+
+
+@register_task
+class ObjectWordModeling(MaskedLanguageModeling):
+    name = "mlm-obj"
+    head_name = "mlm"
+
+    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        out = super().compute(head, enc, batch)
+        return {"mlm-obj_loss": out["mlm_loss"], "mlm-obj_acc": out["mlm_acc"]}
