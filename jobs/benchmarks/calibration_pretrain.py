@@ -17,7 +17,7 @@ SOURCES = ("coco", "vg", "cc", "sbu")
 
 def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[str, float],
              steps: int, lr: float, batch_units: int, seed: int, mode: str = "auto",
-             say=print) -> str:
+             dropout: float = 0.1, say=print) -> str:
     """Pretrain and return the checkpoint path (reused when it exists already)."""
     if mode in ("auto", "platform"):
         try:
@@ -29,7 +29,7 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
         else:
             cfg = load_pretrain_config(data={
                 "run": {"name": name, "output_dir": out_dir, "seed": seed},
-                "model": {"family": family},
+                "model": {"family": family, "dropout": dropout},
                 "data": {"sources": {s: {"path": f"{world}/images/{s}"} for s in SOURCES},
                          "batch_input_units": batch_units},
                 "tasks": tasks, "train": {"steps": steps, "log_every": max(1, steps // 10)},
@@ -38,11 +38,13 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
                 "mlflow": {"enabled": False}})
             return run_job(cfg, progress=False, say=say).checkpoint_path
     return local_pretrain(world, str(Path(out_dir) / f"{name}.pt"), family=family, tasks=tasks,
-                          steps=steps, lr=lr, batch_units=batch_units, seed=seed, say=say)
+                          steps=steps, lr=lr, batch_units=batch_units, seed=seed,
+                          dropout=dropout, say=say)
 
 
 def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float], steps: int,
-                   lr: float, batch_units: int, seed: int, say=print) -> str:
+                   lr: float, batch_units: int, seed: int, dropout: float = 0.1,
+                   say=print) -> str:
     from vlp.datasets.data_config import DataConfig, SourceConfig
     from vlp.datasets.data_plan import plan_data
     from vlp.datasets.local_stream import local_batches
@@ -56,7 +58,9 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
     sources = tuple(SourceConfig(s, f"{world}/images/{s}") for s in SOURCES)
     plan = plan_data(DataConfig(sources=sources, batch_units=batch_units, seed=seed), tasks)
     model, _, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
-                               num_classes=plan.num_classes or 1601)
+                               num_classes=plan.num_classes or 1601,
+                               overrides={"transformer.hidden_dropout": dropout,
+                                          "transformer.attention_dropout": dropout})
     batches, sampler = local_batches(plan), TaskSampler(tasks, seed)
     # the platform's recipe: AdamW (0.9, 0.98), no decay on biases/norms, warm-up + linear
     opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-6)

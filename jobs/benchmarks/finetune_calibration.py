@@ -1,6 +1,6 @@
 """Calibration of the synthetic world: does pretraining matter downstream?
 
-For each seed: pretrain a small model with MLM + ITM on the demo world's corpora, then
+For each seed: pretrain a small model with MLM + ITM (``--tasks``) on the demo world's corpora, then
 finetune and evaluate both it and a fresh initialisation ("no pretraining", UNITER Table 3
 line 1) on the Meta-Sum benchmarks through the product path (``finetune_and_evaluate``: the
 Ray Train + DeepSpeed loop, sharded evaluation). Prints one figure per line — per seed, then
@@ -57,6 +57,10 @@ def main() -> int:
     p.add_argument("--steps-scale", type=float, default=1.0, help="× every finetune's steps")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--set", action="append", default=[], help="finetune config override")
+    p.add_argument("--tasks", default="mlm=1,itm=1",
+                   help="pretraining mix, task=ratio,... (e.g. mlm-obj=1,itm=1)")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="hidden/attention dropout in pretraining and finetuning")
     p.add_argument("--demo-budget", action="store_true",
                    help="the demo sweep's budget (see above); --set still applies after it")
     args = p.parse_args()
@@ -77,19 +81,27 @@ def main() -> int:
         generate_world(world, scale=args.scale, seed=0, overwrite=world.exists())
         figure("world_generation_s", time.perf_counter() - t, "s")
     results: dict[str, list[dict[str, float]]] = {"none": [], "pretrained": []}
-    overrides = [f"train.steps_scale={args.steps_scale}", *args.set]
+    overrides = [f"train.steps_scale={args.steps_scale}", f"train.dropout={args.dropout}",
+                 *args.set]
+    try:
+        tasks = {k: float(v) for k, v in (kv.split("=") for kv in args.tasks.split(","))}
+    except ValueError:
+        p.error(f"--tasks: expected task=ratio,..., got {args.tasks!r}")
+    mix = "-".join(tasks)
     for seed in args.seeds:
         t = time.perf_counter()
-        ckpt = pretrain(str(world), str(out), f"pretrain-mlm-itm-s{seed}", family=args.family,
-                        tasks={"mlm": 1.0, "itm": 1.0}, steps=args.pretrain_steps,
+        ckpt = pretrain(str(world), str(out), f"pretrain-{mix}-d{args.dropout:g}-s{seed}",
+                        family=args.family, tasks=tasks, steps=args.pretrain_steps,
                         lr=args.pretrain_lr, batch_units=args.pretrain_units, seed=seed,
-                        mode=args.pretrain_mode, say=lambda s: print(s, flush=True))
+                        mode=args.pretrain_mode, dropout=args.dropout,
+                        say=lambda s: print(s, flush=True))
         figure(f"seed{seed}.pretrain_s", time.perf_counter() - t, "s")
         for arm, checkpoint in (("none", None), ("pretrained", ckpt)):
             t = time.perf_counter()
             report = finetune_and_evaluate(
                 checkpoint, META_SUM_BENCHMARKS, world=str(world), family=args.family,
-                run_name=f"ft-{arm}-s{seed}", output_dir=str(out), seed=seed,
+                run_name=f"ft-{arm}-{mix}-d{args.dropout:g}-s{seed}", output_dir=str(out),
+                seed=seed,
                 num_workers=args.workers, overrides=overrides, mlflow=False)
             scores = {**report.scores, "meta_sum": report.meta_sum}
             results[arm].append(scores)

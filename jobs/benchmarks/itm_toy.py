@@ -36,8 +36,9 @@ CLS, SEP, FIRST_CLASS_WORD = 101, 102, 3000
 # BERT-base's std 0.02 at width 768 gives a projection std·sqrt(width) ≈ 0.55; a 64-wide
 # model keeps that scale with std 0.069 (×3.46)
 VARIANTS = {
-    "bert-init": {},
-    "bert-init-no-dropout": {"transformer.hidden_dropout": 0.0,
+    "bert-init": {"transformer.initializer_range": 0.02},
+    "bert-init-no-dropout": {"transformer.initializer_range": 0.02,
+                             "transformer.hidden_dropout": 0.0,
                              "transformer.attention_dropout": 0.0},
     "width-scaled-init": {"transformer.initializer_range": "width"},
     "width-scaled-init-no-dropout": {"transformer.initializer_range": "width",
@@ -80,7 +81,7 @@ def run_variant(family: str, overrides: dict, args) -> tuple[int, float, float]:
     overrides = dict(overrides)
     if overrides.get("transformer.initializer_range") == "width":
         t = get_family(family).transformer
-        overrides["transformer.initializer_range"] = t.initializer_range * (768 / t.hidden_size) ** 0.5
+        overrides["transformer.initializer_range"] = 0.02 * (768 / t.hidden_size) ** 0.5
     torch.manual_seed(args.seed)
     model = create_model(family, ["itm"], region_feat_dim=args.feat_dim, num_classes=2,
                          overrides=overrides).model
