@@ -61,6 +61,9 @@ def main() -> int:
                    help="pretraining mix, task=ratio,... (e.g. mlm-obj=1,itm=1)")
     p.add_argument("--dropout", type=float, default=0.1,
                    help="hidden/attention dropout in pretraining and finetuning")
+    p.add_argument("--none-from", metavar="JSON",
+                   help="reuse the no-pretraining arm of an earlier run's calibration.json "
+                        "(same seeds, world and finetune settings) instead of finetuning it again")
     p.add_argument("--demo-budget", action="store_true",
                    help="the demo sweep's budget (see above); --set still applies after it")
     args = p.parse_args()
@@ -88,6 +91,13 @@ def main() -> int:
     except ValueError:
         p.error(f"--tasks: expected task=ratio,..., got {args.tasks!r}")
     mix = "-".join(tasks)
+    reused: dict[int, dict[str, float]] = {}
+    if args.none_from:
+        earlier = json.loads(Path(args.none_from).read_text())
+        reused = dict(zip(earlier.get("seeds", []), earlier.get("none", [])))
+        missing = [s for s in args.seeds if s not in reused]
+        if missing:
+            p.error(f"--none-from {args.none_from}: no no-pretraining scores for seed(s) {missing}")
     for seed in args.seeds:
         t = time.perf_counter()
         ckpt = pretrain(str(world), str(out), f"pretrain-{mix}-d{args.dropout:g}-s{seed}",
@@ -97,6 +107,9 @@ def main() -> int:
                         say=lambda s: print(s, flush=True))
         figure(f"seed{seed}.pretrain_s", time.perf_counter() - t, "s")
         for arm, checkpoint in (("none", None), ("pretrained", ckpt)):
+            if arm == "none" and seed in reused:
+                results[arm].append(reused[seed])
+                continue
             t = time.perf_counter()
             report = finetune_and_evaluate(
                 checkpoint, META_SUM_BENCHMARKS, world=str(world), family=args.family,
@@ -108,7 +121,8 @@ def main() -> int:
             for k, v in scores.items():
                 figure(f"seed{seed}.{arm}.{k}", v)
             figure(f"seed{seed}.{arm}.finetune_s", time.perf_counter() - t, "s")
-        (out / "calibration.json").write_text(json.dumps(results, indent=1))
+        done = {"seeds": args.seeds[:len(results["pretrained"])], **results}
+        (out / f"calibration-{mix}-d{args.dropout:g}.json").write_text(json.dumps(done, indent=1))
     return summarise(results)
 
 
