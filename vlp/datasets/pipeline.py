@@ -119,9 +119,12 @@ class TaskCollateFn(ArrowBatchCollateFn):
     def __init__(self, plan: DataPlan, task: str, seed: int = 0):
         self.plan, self.task = plan, task
         self.rng = np.random.default_rng([plan.config.seed, seed, 0xC011])
+        self._ctx = None   # built on first use, in the process that collates
 
     def __call__(self, table: pa.Table) -> dict[str, torch.Tensor]:
         tok = load_tokenizer(self.plan.tokenizer_path or None)
+        if self._ctx is None:   # once: it tokenizes the object words
+            self._ctx = mask_context(self.plan, tok)
         block = ImageBlock.from_table(table, self.plan.feature_dim, self.plan.num_classes,
                                       self.plan.loc_dim)
         n = block.num_captions()
@@ -129,5 +132,5 @@ class TaskCollateFn(ArrowBatchCollateFn):
         caps = np.arange(len(rows)) - np.repeat(block.cap_start[:-1], n)
         zeros = np.zeros(len(rows), np.int64)
         refs = ExampleRefs(zeros, rows, caps, zeros, rows, np.ones(len(rows), bool))
-        return task_batch(self.plan, tok, mask_context(self.plan, tok),
-                          {0: block}, refs, self.task, self.rng, Counter())
+        return task_batch(self.plan, tok, self._ctx, {0: block}, refs, self.task, self.rng,
+                          Counter())
