@@ -354,3 +354,29 @@ def test_itm_length_fallback_is_counted():
     d = draw_negatives(refs, keys, T, N, 1.0, np.random.default_rng(0))
     assert d.negative.all() and d.length_mismatch == B
     assert (T[d.refs.text_row] + N[d.refs.image_row] <= (T + N).max()).all()
+
+
+def test_mlm_obj_masks_a_class_word_of_the_synthetic_world(tiny_world):
+    from vlp.datasets.synth.vocabulary import CLASSES
+    cfg = DataConfig(sources=(SourceConfig("coco", str(tiny_world / "images" / "coco")),),
+                     batch_units=800, bucket_window=256)
+    plan = plan_data(cfg, {"mlm-obj": 1})
+    tok = load_tokenizer()
+    class_ids = torch.tensor([tok.tokenizer.token_to_id(c) for c in CLASSES])
+    src = local_batches(plan)
+    try:
+        named = fallback = 0
+        for _ in range(4):
+            b = src.next("mlm-obj")
+            labels = b[K.MLM_LABELS]
+            chosen = labels != -100
+            has_class = torch.isin(torch.where(chosen, labels, b[K.INPUT_IDS]), class_ids)
+            has_class = (has_class & (b[K.TEXT_MASK] == 1)).any(1)
+            assert chosen.any(1).all()
+            one = chosen[has_class].sum(1) == 1
+            assert one.all() and torch.isin(labels[chosen & has_class[:, None]], class_ids).all()
+            named += int(has_class.sum())
+            fallback += int((~has_class).sum())
+        assert named > 5 * fallback    # coco captions nearly always name an object
+    finally:
+        src.close()
