@@ -1,12 +1,12 @@
 """Calibration of the synthetic world: does pretraining matter downstream?
 
-For each seed: pretrain a small model with MLM + ITM (``--tasks``) on the demo world's corpora, then
-finetune and evaluate both it and a fresh initialisation ("no pretraining", UNITER Table 3
-line 1) on the Meta-Sum benchmarks through the product path (``finetune_and_evaluate``: the
-Ray Train + DeepSpeed loop, sharded evaluation). Prints one figure per line — per seed, then
-mean and standard deviation per benchmark and Meta-Sum for both arms, the gap, and whether it
-clears the bar (≥ 10 Meta-Sum points and > 2σ, σ the larger arm's standard deviation of
-Meta-Sum over seeds).
+For each seed: pretrain a small model with MLM + ITM (or the ``--tasks`` mix) on the demo
+world's corpora, then finetune and evaluate both it and a fresh initialisation ("no
+pretraining", UNITER Table 3 line 1) on the Meta-Sum benchmarks through the product path
+(``finetune_and_evaluate``: the Ray Train + DeepSpeed loop, sharded evaluation). Prints one
+figure per line — per seed, then mean and standard deviation per benchmark and Meta-Sum for
+both arms, the gap, and whether it clears the bar (≥ 10 Meta-Sum points and > 2σ, σ the
+larger arm's standard deviation of Meta-Sum over seeds).
 
     python jobs/benchmarks/finetune_calibration.py --out runs/calibration --seeds 0 1 2
     python jobs/benchmarks/finetune_calibration.py --demo-budget ...   # the demo sweep's budget
@@ -62,8 +62,9 @@ def main() -> int:
     p.add_argument("--dropout", type=float, default=0.1,
                    help="hidden/attention dropout in pretraining and finetuning")
     p.add_argument("--none-from", metavar="JSON",
-                   help="reuse the no-pretraining arm of an earlier run's calibration.json "
-                        "(same seeds, world and finetune settings) instead of finetuning it again")
+                   help="reuse the no-pretraining arm of an earlier run's "
+                        "calibration-<mix>-d<dropout>.json (same seeds, world and finetune "
+                        "settings) instead of finetuning it again")
     p.add_argument("--demo-budget", action="store_true",
                    help="the demo sweep's budget (see above); --set still applies after it")
     args = p.parse_args()
@@ -90,7 +91,7 @@ def main() -> int:
         tasks = {k: float(v) for k, v in (kv.split("=") for kv in args.tasks.split(","))}
     except ValueError:
         p.error(f"--tasks: expected task=ratio,..., got {args.tasks!r}")
-    mix = "-".join(tasks)
+    tag = f"{'-'.join(tasks)}-d{args.dropout:g}"   # names this mix's runs and results
     reused: dict[int, dict[str, float]] = {}
     if args.none_from:
         earlier = json.loads(Path(args.none_from).read_text())
@@ -100,7 +101,7 @@ def main() -> int:
             p.error(f"--none-from {args.none_from}: no no-pretraining scores for seed(s) {missing}")
     for seed in args.seeds:
         t = time.perf_counter()
-        ckpt = pretrain(str(world), str(out), f"pretrain-{mix}-d{args.dropout:g}-s{seed}",
+        ckpt = pretrain(str(world), str(out), f"pretrain-{tag}-s{seed}",
                         family=args.family, tasks=tasks, steps=args.pretrain_steps,
                         lr=args.pretrain_lr, batch_units=args.pretrain_units, seed=seed,
                         mode=args.pretrain_mode, dropout=args.dropout,
@@ -113,8 +114,7 @@ def main() -> int:
             t = time.perf_counter()
             report = finetune_and_evaluate(
                 checkpoint, META_SUM_BENCHMARKS, world=str(world), family=args.family,
-                run_name=f"ft-{arm}-{mix}-d{args.dropout:g}-s{seed}", output_dir=str(out),
-                seed=seed,
+                run_name=f"ft-{arm}-{tag}-s{seed}", output_dir=str(out), seed=seed,
                 num_workers=args.workers, overrides=overrides, mlflow=False)
             scores = {**report.scores, "meta_sum": report.meta_sum}
             results[arm].append(scores)
@@ -122,7 +122,7 @@ def main() -> int:
                 figure(f"seed{seed}.{arm}.{k}", v)
             figure(f"seed{seed}.{arm}.finetune_s", time.perf_counter() - t, "s")
         done = {"seeds": args.seeds[:len(results["pretrained"])], **results}
-        (out / f"calibration-{mix}-d{args.dropout:g}.json").write_text(json.dumps(done, indent=1))
+        (out / f"calibration-{tag}.json").write_text(json.dumps(done, indent=1))
     return summarise(results)
 
 
