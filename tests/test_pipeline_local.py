@@ -76,10 +76,10 @@ def test_location_features():
 # ---- batches -------------------------------------------------------------------------------
 
 SPEC_DTYPES = {K.INPUT_IDS: torch.long, K.TEXT_MASK: torch.long, K.MLM_LABELS: torch.long,
-               K.REGION_FEATS: torch.float32, K.REGION_LOC: torch.float32,
+               K.REGION_FEATS: torch.float16, K.REGION_LOC: torch.float32,
                K.REGION_MASK: torch.long, K.REGION_MASKED: torch.bool,
-               K.REGION_ZEROED: torch.bool, K.REGION_FEAT_TARGETS: torch.float32,
-               K.REGION_SOFT_LABELS: torch.float32, K.REGION_CLASS_LABELS: torch.long,
+               K.REGION_ZEROED: torch.bool, K.REGION_FEAT_TARGETS: torch.float16,
+               K.REGION_SOFT_LABELS: torch.float16, K.REGION_CLASS_LABELS: torch.long,
                K.IMAGE_FEAT: torch.float32, K.ITM_LABELS: torch.long, K.POSITIVE: torch.bool,
                K.PIXELS: torch.float32, K.PIXEL_MASK: torch.long, K.IMAGE_INDEX: torch.long,
                K.MVM_APPLY: torch.bool, K.NUM_EXAMPLES: torch.long, K.INPUT_UNITS: torch.long}

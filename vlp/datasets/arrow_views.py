@@ -64,22 +64,3 @@ def ranges(lengths: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     return np.arange(total) - np.repeat(starts, lengths)
-
-
-CONVERT_CHUNK = 16384   # elements: below torch's parallel grain size
-
-
-def fp16_to_f32(a: np.ndarray) -> np.ndarray:
-    """float16 → float32, with torch's vectorised (F16C) cast, 5× faster than numpy's.
-
-    The copy goes in chunks below torch's parallel grain size: a single large copy is split
-    across the intra-op thread pool, which on a small machine shared with the train step is
-    several times slower than one thread."""
-    import torch
-
-    src = torch.from_numpy(np.ascontiguousarray(a)).reshape(-1)
-    out = np.empty(a.shape, dtype=np.float32)
-    dst = torch.from_numpy(out).reshape(-1)
-    for i in range(0, src.numel(), CONVERT_CHUNK):
-        dst[i:i + CONVERT_CHUNK].copy_(src[i:i + CONVERT_CHUNK])
-    return out

@@ -16,7 +16,11 @@ TEXT_MASK = "text_mask"            # long [B, T]  1 = real token (CLS/SEP includ
 MLM_LABELS = "mlm_labels"          # long [B, T]  (mlm) original id at masked positions, -100 elsewhere
 
 # ---- regions (uniter / vlbert / imagebert families) ------------------------------------
-REGION_FEATS = "region_feats"      # float [B, N, D] model input: masked rows already zeroed
+REGION_FEATS = "region_feats"      # half [B, N, D] model input: masked rows already zeroed.
+                                   #   Region features, their targets and soft labels stay
+                                   #   fp16 as stored (half the host bytes and host→device
+                                   #   copy); the train loop casts floats to its dtype on the
+                                   #   device, the models cast what they read
 REGION_LOC = "region_loc"          # float [B, N, L] UNITER 7-d [x1,y1,x2,y2,w,h,w*h] normalised;
                                    #   ImageBERT 5-d [x1/W,y1/H,x2/W,y2/H,area ratio];
                                    #   VL-BERT 4-d normalised box [x1,y1,x2,y2] (model adds sine)
@@ -25,8 +29,8 @@ REGION_MASKED = "region_masked"    # bool [B, N]  (region tasks) positions whose
 REGION_ZEROED = "region_zeroed"    # bool [B, N]  (region tasks) rows replaced at the input
                                    #   (zeroed; families with a learned mask embedding add it
                                    #   here). MOC keeps 10% of masked rows: masked but not zeroed.
-REGION_FEAT_TARGETS = "region_feat_targets"  # float [B, N, D] (mrfr) raw features before masking
-REGION_SOFT_LABELS = "region_soft_labels"    # float [B, N, C] (mrc-kl) detector distribution
+REGION_FEAT_TARGETS = "region_feat_targets"  # half [B, N, D] (mrfr) raw features before masking
+REGION_SOFT_LABELS = "region_soft_labels"    # half [B, N, C] (mrc-kl) detector distribution
 REGION_CLASS_LABELS = "region_class_labels"  # long [B, N] (mrc, moc, mrc-vlbert) argmax over
                                              #   classes 1..C-1 (background excluded); -100
                                              #   where not masked

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from vlp.datasets import batch_spec as K
-from vlp.datasets.arrow_views import fp16_to_f32, ranges
+from vlp.datasets.arrow_views import ranges
 from vlp.datasets.data_config import PixelConfig
 from vlp.datasets.image_block import ImageBlock
 from vlp.datasets.masking.regions import SOFT_LABELS
@@ -108,7 +108,7 @@ def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int,
         first[sel] = blocks[b].region_start[rows]
         keys[sel] = blocks[b].image_key[rows]
     N = int(n.max())
-    # gather the fp16 rows into the padded layout first, then cast the whole array at once
+    # the rows stay fp16 as stored (see batch_spec.REGION_FEATS)
     feats = np.zeros((B * N, feature_dim), dtype=np.float16)
     loc = np.zeros((B * N, loc_dim), dtype=np.float32)
     soft = np.zeros((B * N, num_classes), dtype=np.float16) if need_soft else None
@@ -120,10 +120,10 @@ def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int,
         loc[dst[m]] = blocks[b].region_loc[src[m]]
         if need_soft:
             soft[dst[m]] = blocks[b].soft_labels[src[m]]
-    feats = fp16_to_f32(feats).reshape(B, N, feature_dim)
+    feats = feats.reshape(B, N, feature_dim)
     loc = loc.reshape(B, N, loc_dim)
     if need_soft:
-        soft = fp16_to_f32(soft).reshape(B, N, num_classes)
+        soft = soft.reshape(B, N, num_classes)
     out = {K.REGION_FEATS: feats, K.REGION_LOC: loc,
            K.REGION_MASK: (np.arange(N)[None, :] < n[:, None]).astype(np.int64),
            IMAGE_KEYS: keys}

@@ -96,7 +96,8 @@ class DataConfig:
                                       # object store after one pass: no per-epoch Ray Data
                                       # restart (seconds); auto = when the shards take under a
                                       # quarter of the object store
-    read_rows: int = 32               # image rows per Arrow block handed to the batcher
+    read_rows: int = 32               # image rows per Arrow block of the local reader (the
+                                      # Ray stream hands over Ray Data's own blocks)
     prefetch_blocks: int = 8          # blocks queued ahead of the batcher (bounds host memory)
     seed: int = 0
     pixels: PixelConfig = field(default_factory=PixelConfig)

