@@ -22,6 +22,10 @@ def image_key(image_id: str) -> int:
                           "little") >> 1
 
 
+def image_keys(image_ids: list[str]) -> np.ndarray:
+    return np.fromiter((image_key(i) for i in image_ids), dtype=np.int64, count=len(image_ids))
+
+
 @dataclass
 class ImageBlock:
     table: pa.Table | None       # keeps the Arrow buffers alive (None: a gathered copy)
@@ -64,15 +68,16 @@ class ImageBlock:
                    loc_dim: int) -> "ImageBlock":
         cap_start, caps = list_parts(table.column("caption_ids"))
         tok_start, tokens = list_parts(caps)
-        ids = table.column("image_id").to_pylist()
+        names = table.column_names
+        keys = (table.column("image_key").to_numpy() if "image_key" in names
+                else image_keys(table.column("image_id").to_pylist()))
         block = cls(
             table=table,
-            image_key=np.fromiter((image_key(i) for i in ids), dtype=np.int64, count=len(ids)),
+            image_key=keys.astype(np.int64, copy=False),
             source_index=table.column("source_index").to_numpy().astype(np.int64),
             cap_start=cap_start, tok_start=tok_start, tokens=flat_numpy(tokens, np.int32),
             n_overlong=int(np.sum(table.column("n_overlong").to_numpy())),
             n_truncated=int(np.sum(table.column("n_truncated").to_numpy())))
-        names = table.column_names
         if "features" in names:
             n = table.column("num_regions").to_numpy().astype(np.int64)
             block.num_regions = n

@@ -7,7 +7,8 @@ location features (or decodes and resizes the pixels). Rows stay *images*: the e
 (image, caption) pairs happens in the worker's batcher, so an image's features cross the
 object store and sit in the batching window once, not once per caption (COCO has five).
 
-Output columns: image_id, source_index, caption_ids (list<list<int32>>, no [CLS]/[SEP]),
+Output columns: image_id, image_key (``image_key(image_id)``, hashed once here rather than
+in every epoch's batcher), source_index, caption_ids (list<list<int32>>, no [CLS]/[SEP]),
 n_overlong, n_truncated; regions: num_regions, region_loc (N·L float32), features (N·D fp16),
 soft_labels (N·C fp16, when a task needs them), region_fallback; pixels: pixels (uint8 h·w·3),
 pixel_h, pixel_w.
@@ -22,6 +23,7 @@ import pyarrow.compute as pc
 from vlp.datasets.arrow_views import (binary_array, binary_parts, flat_numpy, list_array,
                                       list_parts, ranges)
 from vlp.datasets.data_plan import DataPlan
+from vlp.datasets.image_block import image_keys
 from vlp.datasets.location import LOCATION_FEATURES
 from vlp.datasets.pixels import decode_resize
 from vlp.datasets.regions import select_regions
@@ -45,8 +47,10 @@ class ImageRowTransform:
             keep = pc.and_(keep, pc.equal(table.column("split"), cfg.split))
         table = table.filter(keep)
         src = self._source_indices(table, source_index)
+        image_id = _single(table.column("image_id")).cast(pa.string())
         cols: dict[str, pa.Array] = {
-            "image_id": _single(table.column("image_id")).cast(pa.string()),
+            "image_id": image_id,
+            "image_key": pa.array(image_keys(image_id.to_pylist()), pa.int64()),
             "source_index": pa.array(src, pa.int16()),
         }
         cols.update(self._captions(table))
