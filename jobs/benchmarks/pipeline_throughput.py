@@ -107,15 +107,20 @@ def raw_scan(plan, repeats: int) -> float:
     return best
 
 
-def batcher_rate(plan, epochs: int) -> float:
+def batcher_rate(plan, epochs: int) -> tuple[float, float]:
+    """(pairs/s, region-feature bytes the batches carry per feature byte of the rows)."""
     tables = list(local_blocks(plan)(0))
     src, sampler = PretrainBatches(plan, lambda epoch: iter(tables)), TaskSampler(MIX, seed=0)
     src.next(sampler.next())
-    t, n, start_epoch = time.perf_counter(), 0, src.epoch
+    t, n, start_epoch, carried = time.perf_counter(), 0, src.epoch, 0
     while src.epoch < start_epoch + epochs:
-        n += int(src.next(sampler.next())[K.NUM_EXAMPLES])
+        b = src.next(sampler.next())
+        n += int(b[K.NUM_EXAMPLES])
+        carried += b[K.REGION_FEATS].numel() * b[K.REGION_FEATS].element_size()
+    rate = n / (time.perf_counter() - t)
     src.close()
-    return n / (time.perf_counter() - t)
+    stored = sum(t.column("features").nbytes for t in tables) * epochs
+    return rate, carried / stored
 
 
 def local_rate(plan, epochs: int) -> float:
@@ -201,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     figure("raw_scan_pairs_per_s", raw, "pairs/s")
     if not args.skip_local:
         figure("local_pipeline_pairs_per_s", local_rate(plan, args.epochs), "pairs/s")
-        figure("batcher_pairs_per_s", batcher_rate(plan, max(args.epochs, 5)), "pairs/s")
+        rate, expansion = batcher_rate(plan, max(args.epochs, 5))
+        figure("batcher_pairs_per_s", rate, "pairs/s")
+        # each pair carries its image's regions (COCO: ~5 captions), padded to the batch's
+        # most regions: the bytes a batcher writes per byte a scan reads
+        figure("batch_feature_bytes_per_row_byte", expansion)
     r = ray_rates(plan, args.epochs, args.num_cpus)
     figure("ray_data_startup_s", r["startup_s"], "s")
     if "restart_gap_s" in r:
