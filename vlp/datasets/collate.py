@@ -52,36 +52,45 @@ class ExampleRefs:
 _FIELDS = ("text_block", "text_row", "text_cap", "image_block", "image_row", "positive")
 
 
-def example_lengths(blocks: Mapping[int, ImageBlock], refs: ExampleRefs
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per example: image_key of the caption's image, text length with [CLS]/[SEP], regions."""
-    B = len(refs)
-    keys, text_len, regions = (np.zeros(B, np.int64) for _ in range(3))
+def caption_spans(blocks: Mapping[int, ImageBlock], refs: ExampleRefs
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per example: where its caption's word pieces start in its block, how many there are,
+    and the image_key of the image the caption belongs to."""
+    at, count, keys = (np.zeros(len(refs), np.int64) for _ in range(3))
     for b in np.unique(refs.text_block):
         sel = np.flatnonzero(refs.text_block == b)
         blk = blocks[b]
         g = blk.cap_start[refs.text_row[sel]] + refs.text_cap[sel]
+        at[sel] = blk.tok_start[g]
+        count[sel] = blk.tok_start[g + 1] - blk.tok_start[g]
         keys[sel] = blk.image_key[refs.text_row[sel]]
-        text_len[sel] = blk.tok_start[g + 1] - blk.tok_start[g] + 2
+    return at, count, keys
+
+
+def image_spans(blocks: Mapping[int, ImageBlock], refs: ExampleRefs
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per example: its image's first region row in its block, its regions, its image_key."""
+    at, count, keys = (np.zeros(len(refs), np.int64) for _ in range(3))
     for b in np.unique(refs.image_block):
         sel = np.flatnonzero(refs.image_block == b)
-        regions[sel] = blocks[b].num_regions[refs.image_row[sel]]
-    return keys, text_len, regions
+        rows = refs.image_row[sel]
+        at[sel] = blocks[b].region_start[rows]
+        count[sel] = blocks[b].num_regions[rows]
+        keys[sel] = blocks[b].image_key[rows]
+    return at, count, keys
+
+
+def example_lengths(blocks: Mapping[int, ImageBlock], refs: ExampleRefs
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per example: image_key of the caption's image, text length with [CLS]/[SEP], regions."""
+    _, n_tok, keys = caption_spans(blocks, refs)
+    return keys, n_tok + 2, image_spans(blocks, refs)[1]
 
 
 def text_arrays(blocks: list[ImageBlock], refs: ExampleRefs, tok: TextTokenizer
                 ) -> dict[str, np.ndarray]:
     B = len(refs)
-    starts = np.zeros(B, np.int64)
-    lengths = np.zeros(B, np.int64)
-    keys = np.zeros(B, np.int64)
-    for b in np.unique(refs.text_block):
-        sel = np.flatnonzero(refs.text_block == b)
-        blk = blocks[b]
-        g = blk.cap_start[refs.text_row[sel]] + refs.text_cap[sel]
-        starts[sel] = blk.tok_start[g]
-        lengths[sel] = blk.tok_start[g + 1] - blk.tok_start[g]
-        keys[sel] = blk.image_key[refs.text_row[sel]]
+    starts, lengths, keys = caption_spans(blocks, refs)
     T = int(lengths.max()) + 2
     ids = np.full((B, T), tok.pad_id, dtype=np.int64)
     ids[:, 0] = tok.cls_id
@@ -98,15 +107,7 @@ def text_arrays(blocks: list[ImageBlock], refs: ExampleRefs, tok: TextTokenizer
 def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int, loc_dim: int,
                   num_classes: int | None, need_soft: bool) -> dict[str, np.ndarray]:
     B = len(refs)
-    n = np.zeros(B, np.int64)
-    first = np.zeros(B, np.int64)
-    keys = np.zeros(B, np.int64)
-    for b in np.unique(refs.image_block):
-        sel = np.flatnonzero(refs.image_block == b)
-        rows = refs.image_row[sel]
-        n[sel] = blocks[b].num_regions[rows]
-        first[sel] = blocks[b].region_start[rows]
-        keys[sel] = blocks[b].image_key[rows]
+    first, n, keys = image_spans(blocks, refs)
     N = int(n.max())
     # the rows stay fp16 as stored (see batch_spec.REGION_FEATS)
     feats = np.zeros((B * N, feature_dim), dtype=np.float16)

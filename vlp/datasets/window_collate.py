@@ -20,7 +20,8 @@ import numpy as np
 
 from vlp.datasets import batch_spec as K
 from vlp.datasets.arrow_views import ranges
-from vlp.datasets.collate import IMAGE_KEYS, TEXT_KEYS, ExampleRefs
+from vlp.datasets.collate import (IMAGE_KEYS, TEXT_KEYS, ExampleRefs, caption_spans,
+                                  image_spans)
 from vlp.datasets.image_block import ImageBlock
 from vlp.datasets.itm import Donors
 from vlp.datasets.masking.regions import SOFT_LABELS
@@ -43,21 +44,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     slot = np.arange(E) - first[batch_of]                      # row within its batch
 
     # per example: where its caption's word pieces are, its image's region rows, identities
-    tok_at, n_tok, text_key = (np.zeros(E, np.int64) for _ in range(3))
-    for b in np.unique(refs.text_block):
-        sel = np.flatnonzero(refs.text_block == b)
-        blk = blocks[b]
-        g = blk.cap_start[refs.text_row[sel]] + refs.text_cap[sel]
-        tok_at[sel] = blk.tok_start[g]
-        n_tok[sel] = blk.tok_start[g + 1] - blk.tok_start[g]
-        text_key[sel] = blk.image_key[refs.text_row[sel]]
-    reg_at, n_reg, image_key = (np.zeros(E, np.int64) for _ in range(3))
-    for b in np.unique(refs.image_block):
-        sel = np.flatnonzero(refs.image_block == b)
-        rows = refs.image_row[sel]
-        reg_at[sel] = blocks[b].region_start[rows]
-        n_reg[sel] = blocks[b].num_regions[rows]
-        image_key[sel] = blocks[b].image_key[rows]
+    tok_at, n_tok, text_key = caption_spans(blocks, refs)
+    reg_at, n_reg, image_key = image_spans(blocks, refs)
 
     # text: [CLS] pieces [SEP] [PAD]… rows of each batch's own width, gathered in one take
     # from the blocks' pieces with the three special ids appended
