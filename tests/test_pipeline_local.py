@@ -298,6 +298,46 @@ def test_pixel_batches(pixel_world):
     src.close()
 
 
+def test_window_collate_equals_per_batch_collate(world):
+    """The window collate (one pass over several blocks, then the ITM swap in the collated
+    arrays) gives exactly the arrays of collating each batch's references, swapped or not."""
+    from vlp.datasets.collate import ExampleRefs, collate_examples, example_lengths
+    from vlp.datasets.image_block import ImageBlock
+    from vlp.datasets.itm import apply_donors, choose_donors
+    from vlp.datasets.window_collate import collate_window, swap_negatives
+    plan = plan_data(config(world, read_rows=8), {"mrc-kl": 1})
+    blocks = {i: ImageBlock.from_table(t, plan.feature_dim, plan.num_classes, plan.loc_dim)
+              for i, t in enumerate(local_blocks(plan)(0))}
+    assert len(blocks) > 3
+    rng = np.random.default_rng(0)
+    pairs = [(b, r, c) for b, blk in blocks.items() for r in range(blk.num_images)
+             for c in range(int(blk.num_captions()[r]))]
+    batches = []
+    for size in (1, 7, 30, 12):
+        pick = [pairs[i] for i in rng.choice(len(pairs), size, replace=False)]
+        b, r, c = (np.array(x, np.int64) for x in zip(*pick))
+        batches.append(ExampleRefs(b, r, c, b, r, np.ones(size, bool)))
+    tok = load_tokenizer(plan.tokenizer_path or None)
+    kw = dict(feature_dim=plan.feature_dim, loc_dim=plan.loc_dim, num_classes=plan.num_classes,
+              need_soft=True)
+    trimmed = 0
+    for refs, collated in zip(batches, collate_window(blocks, batches, tok, **kw)):
+        for draw in range(-1, 20):   # -1: as collated; then ITM swaps of 20 donor draws
+            want_refs, got = refs, collated
+            if draw >= 0:
+                keys, t, n = example_lengths(blocks, refs)
+                donors = choose_donors(keys, t, n, 0.7, np.random.default_rng(draw))
+                want_refs = apply_donors(refs, donors)
+                got = swap_negatives({k: v.copy() for k, v in collated.items()}, donors)
+                trimmed += got[K.INPUT_IDS].shape != collated[K.INPUT_IDS].shape
+                trimmed += got[K.REGION_MASK].shape != collated[K.REGION_MASK].shape
+            want = collate_examples(blocks, want_refs, tok, visual="regions", **kw)
+            assert set(got) == set(want)
+            for k in want:
+                assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+    assert trimmed   # some swaps gave away the longest text or the most regions
+
+
 def test_itm_donors_differ_in_image_and_fit_the_row():
     from vlp.datasets.collate import ExampleRefs
     from vlp.datasets.itm import draw_negatives

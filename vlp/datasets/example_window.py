@@ -144,7 +144,7 @@ class ExampleWindow:
                                         packed=True, sort=self.cfg.bucketing,
                                         keep_tails=final)
         self._carry_tails(items, tails, E, batches)
-        return [refs.take(b) for b in batches]
+        return [refs.take(b) for b in batches if len(b)]
 
     def _carry_tails(self, items: Items, tails: list[np.ndarray], E: np.ndarray,
                      batches: list[np.ndarray]) -> None:
