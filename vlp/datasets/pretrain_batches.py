@@ -26,8 +26,8 @@ deterministic.
 Exact resume: the window's randomness is seeded per epoch and each batch's (ITM negatives,
 masking) by its place in the epoch, so a batch depends on the stream and the seed, not on
 the tasks of the batches before it. ``state_dict`` records the epoch and the batches served
-in it; a restored loader reads that epoch again and skips those batches without collating
-them. It continues exactly when the stream is the same every time (the local reader; Ray
+in it; a restored loader reads that epoch again and skips those batches without masking
+them (region windows are collated as they are cut, skipped batches included). It continues exactly when the stream is the same every time (the local reader; Ray
 Data with ``build_dataset(reshuffle_files=False)`` and ``preserve_order``).
 """
 
@@ -288,7 +288,9 @@ class PretrainBatches:
     def _cut_regions(self, final: bool) -> None:
         """Region input: the window's batches are collated here, straight from the blocks
         they were read from; after that only the carried items (and the recycling reservoir)
-        need blocks, so the others are released."""
+        need blocks, so the others are released. The queue then holds one window's collated
+        batches (~``bucket_window`` pairs × padded regions × D × 2 bytes: ~25 MB at D=256,
+        ~200 MB at D=2048 on the demo world) instead of its images once."""
         batches = self.window.cut_refs(self._live, final)
         plan = self.plan
         collated = collate_window(self._live, batches, self.tok,
