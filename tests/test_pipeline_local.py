@@ -340,7 +340,7 @@ def test_window_collate_equals_per_batch_collate(world):
 
 def test_itm_donors_differ_in_image_and_fit_the_row():
     from vlp.datasets.collate import ExampleRefs
-    from vlp.datasets.itm import draw_negatives
+    from vlp.datasets.itm import apply_donors, choose_donors
     rng = np.random.default_rng(0)
     B = 12
     keys = np.array([7] * 11 + [9])                 # 11 captions of one image, one other
@@ -350,8 +350,9 @@ def test_itm_donors_differ_in_image_and_fit_the_row():
                        np.ones(B, bool))
     width = (T + N).max()
     for _ in range(50):
-        d = draw_negatives(refs, keys, T, N, 1.0, rng)
-        new_img, new_txt = d.refs.image_row, d.refs.text_row
+        d = choose_donors(keys, T, N, 1.0, rng)
+        new = apply_donors(refs, d)
+        new_img, new_txt = new.image_row, new.text_row
         assert (keys[new_img] != keys[new_txt])[d.negative].all()   # never its own caption
         assert (keys[new_img] == keys[new_txt])[~d.negative].all()
         assert (T[new_txt] + N[new_img] <= width).all()              # the budget still holds
@@ -362,7 +363,7 @@ def test_itm_negatives_keep_the_example_lengths():
     """A negative has its example's (text, regions) lengths whenever the batch holds a donor
     of the same length: lengths alone then cannot tell negatives from positives."""
     from vlp.datasets.collate import ExampleRefs
-    from vlp.datasets.itm import draw_negatives
+    from vlp.datasets.itm import apply_donors, choose_donors
     rng = np.random.default_rng(1)
     B = 64
     keys = rng.integers(0, 40, B)
@@ -372,8 +373,9 @@ def test_itm_negatives_keep_the_example_lengths():
                        np.ones(B, bool))
     changed_total = negatives = 0
     for _ in range(50):
-        d = draw_negatives(refs, keys, T, N, 0.5, rng)
-        t_new, n_new = T[d.refs.text_row], N[d.refs.image_row]
+        d = choose_donors(keys, T, N, 0.5, rng)
+        new = apply_donors(refs, d)
+        t_new, n_new = T[new.text_row], N[new.image_row]
         changed = (t_new != T) | (n_new != N)
         assert changed.sum() == d.length_mismatch
         assert not changed[~d.negative].any()
@@ -385,15 +387,16 @@ def test_itm_negatives_keep_the_example_lengths():
 def test_itm_length_fallback_is_counted():
     """No donor of equal length: the swap falls back to one that fits the row, and says so."""
     from vlp.datasets.collate import ExampleRefs
-    from vlp.datasets.itm import draw_negatives
+    from vlp.datasets.itm import apply_donors, choose_donors
     B = 4
     keys, T, N = np.arange(B), np.array([5, 6, 7, 8]), np.array([9, 8, 7, 6])
     ar = np.arange(B)
     refs = ExampleRefs(np.zeros(B, np.int64), ar, ar, np.zeros(B, np.int64), ar,
                        np.ones(B, bool))
-    d = draw_negatives(refs, keys, T, N, 1.0, np.random.default_rng(0))
+    d = choose_donors(keys, T, N, 1.0, np.random.default_rng(0))
+    new = apply_donors(refs, d)
     assert d.negative.all() and d.length_mismatch == B
-    assert (T[d.refs.text_row] + N[d.refs.image_row] <= (T + N).max()).all()
+    assert (T[new.text_row] + N[new.image_row] <= (T + N).max()).all()
 
 
 def test_mlm_obj_masks_a_class_word_of_the_synthetic_world(tiny_world):

@@ -97,20 +97,17 @@ class ExampleWindow:
 
     def cut(self, blocks: dict[int, ImageBlock], final: bool, merged_id: int
             ) -> tuple[list[ExampleRefs], ImageBlock | None]:
-        """Bucket the pending items (and the carried ones) into batches. ``final`` (end of an
-        epoch) emits everything; otherwise fresh tails are carried into the next window.
+        """Pixel input: bucket the pending items (and the carried ones) into batches.
+        ``final`` (end of an epoch) emits everything; otherwise fresh tails are carried into
+        the next window.
 
         Every image the batches and the carried items refer to is gathered into one block,
         returned to be registered under ``merged_id``: batches and carry then refer only to
         it, and the blocks the window was read from can be released."""
-        items = Items.concat([self._carry] + self._pending)
-        self._pending, self._carry, self.pending_examples = [], Items.empty(), 0
+        items = self._take_items()
         if not len(items):
             return [], None
-        if self.cfg.visual == "regions":
-            refs, T, V, E, owner = self._pair_examples(blocks, items)
-        else:
-            refs, T, V, E, owner = self._pixel_examples(blocks, items)
+        refs, T, V, E, owner = self._pixel_examples(blocks, items)
         n_ex = len(refs)
         merged, index = gather_images(
             blocks, np.concatenate([refs.text_block, refs.image_block, items.block]),
@@ -121,8 +118,8 @@ class ExampleWindow:
         items = Items(np.full(len(items), merged_id, np.int64), index[2 * n_ex:], items.cap,
                       items.aged)
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
-                                        packed=self.cfg.visual == "regions",
-                                        sort=self.cfg.bucketing, keep_tails=final)
+                                        packed=False, sort=self.cfg.bucketing,
+                                        keep_tails=final)
         self._carry_tails(items, tails, E, batches)
         order = np.argsort(owner, kind="stable")
         starts = np.searchsorted(owner[order], np.arange(len(items) + 1))
@@ -133,10 +130,10 @@ class ExampleWindow:
         return out, merged
 
     def cut_refs(self, blocks: dict[int, ImageBlock], final: bool) -> list[ExampleRefs]:
-        """Region input: ``cut`` without gathering a window block; the batches refer to the
-        blocks the pairs were read from (``collate_window`` reads them there)."""
-        items = Items.concat([self._carry] + self._pending)
-        self._pending, self._carry, self.pending_examples = [], Items.empty(), 0
+        """Region input: bucket the window's (image, caption) pairs into batches, which refer
+        to the blocks the pairs were read from (``collate_window`` reads them there); tails
+        are carried as in ``cut``."""
+        items = self._take_items()
         if not len(items):
             return []
         refs, T, V, E, _ = self._pair_examples(blocks, items)   # one example per item
@@ -145,6 +142,12 @@ class ExampleWindow:
                                         keep_tails=final)
         self._carry_tails(items, tails, E, batches)
         return [refs.take(b) for b in batches if len(b)]
+
+    def _take_items(self) -> Items:
+        """The carried items and the pending ones; the window starts empty again."""
+        items = Items.concat([self._carry] + self._pending)
+        self._pending, self._carry, self.pending_examples = [], Items.empty(), 0
+        return items
 
     def _carry_tails(self, items: Items, tails: list[np.ndarray], E: np.ndarray,
                      batches: list[np.ndarray]) -> None:

@@ -48,14 +48,6 @@ class Donors:
         return idx, self.donor[idx]
 
 
-@dataclass(frozen=True)
-class ItmDraw:
-    refs: ExampleRefs
-    negative: np.ndarray     # bool [B]
-    no_donor: int            # pairs drawn as negatives that found no image to swap in
-    length_mismatch: int = 0  # negatives whose donor changed the pair's lengths (fallback)
-
-
 def choose_donors(image_keys: np.ndarray, text_len: np.ndarray, visual_len: np.ndarray,
                   neg_prob: float, rng: np.random.Generator) -> Donors:
     """``image_keys[i]``: identity of example i's image (its caption belongs to it);
@@ -92,14 +84,6 @@ def choose_donors(image_keys: np.ndarray, text_len: np.ndarray, visual_len: np.n
             mismatched += 0 if exact else int(take.sum())
         donor[todo] = chosen
     return Donors(donor, swap_image, int(want.sum() - (donor >= 0).sum()), mismatched)
-
-
-def draw_negatives(refs: ExampleRefs, image_keys: np.ndarray, text_len: np.ndarray,
-                   visual_len: np.ndarray, neg_prob: float, rng: np.random.Generator
-                   ) -> ItmDraw:
-    """``choose_donors`` applied to example references (the batch is collated after)."""
-    d = choose_donors(image_keys, text_len, visual_len, neg_prob, rng)
-    return ItmDraw(apply_donors(refs, d), d.negative, d.no_donor, d.length_mismatch)
 
 
 def apply_donors(refs: ExampleRefs, d: Donors) -> ExampleRefs:
