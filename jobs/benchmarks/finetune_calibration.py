@@ -13,7 +13,7 @@ larger arm's standard deviation of Meta-Sum over seeds).
 
 The acceptance run (issue 6), about 25 minutes per seed on two cores:
 
-    python jobs/benchmarks/finetune_calibration.py --dropout 0 --pretrain-mode local \
+    python jobs/benchmarks/finetune_calibration.py --dropout 0 --pretrain-mode local \\
         --demo-finetunes --world W --out O
 
 Why 10,000 pretraining steps of 4,096 units by default: MLM with BERT's random 15% masking
