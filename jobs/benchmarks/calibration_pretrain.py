@@ -44,7 +44,9 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
 
 def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float], steps: int,
                    lr: float, batch_units: int, seed: int, dropout: float = 0.1,
-                   say=print) -> str:
+                   say=print, every: int = 0, on_every=None) -> str:
+    """``on_every(step, model, spec)`` (``spec``: ``create_model``'s) runs after every
+    ``every``-th step (e.g. a probe), in eval mode; training resumes in train mode after it."""
     from vlp.datasets.data_config import DataConfig, SourceConfig
     from vlp.datasets.data_plan import plan_data
     from vlp.datasets.local_stream import local_batches
@@ -57,7 +59,7 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
     torch.manual_seed(seed)
     sources = tuple(SourceConfig(s, f"{world}/images/{s}") for s in SOURCES)
     plan = plan_data(DataConfig(sources=sources, batch_units=batch_units, seed=seed), tasks)
-    model, _, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
+    model, spec, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
                                num_classes=plan.num_classes or 1601,
                                overrides={"transformer.hidden_dropout": dropout,
                                           "transformer.attention_dropout": dropout})
@@ -80,6 +82,10 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
             if step % max(1, steps // 10) == 0:
                 means = " ".join(f"{k} {np.mean(v[-50:]):.3f}" for k, v in sorted(seen.items()))
                 say(f"  pretrain {step}/{steps} {time.perf_counter() - start:.0f}s {means}")
+            if on_every is not None and every > 0 and step % every == 0:
+                model.eval()
+                on_every(step, model, spec)
+                model.train()
     finally:
         batches.close()
     Path(out).parent.mkdir(parents=True, exist_ok=True)

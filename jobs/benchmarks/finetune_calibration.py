@@ -17,10 +17,10 @@ The acceptance run (issue 6), about 25 minutes per seed on two cores:
         --demo-finetunes --world W --out O
 
 Why 10,000 pretraining steps of 4,096 units by default: MLM with BERT's random 15% masking
-learns to read the image late. The grounding probe (``grounding_probe.py``: masked class words
-of val captions with the caption's own image / another image, chance 6.25) of one MLM+ITM run
-reads 14.8 / 14.8 at step 4,000 (text prior only), 17.1 / 11.5 at 7,000, 23.9 / 9.9 at 10,000;
-ITM accuracy leaves 0.50 only after step 8,000. At 1,000 or 3,000 steps the pretrained model
+learns to read the image late. Along one MLM+ITM run (``grounding_curve.py``), the grounding
+probe (masked class words of val captions with the caption's own image / another image,
+chance 6.25) reads 14.8 / 14.8 at step 4,000 (text prior only), 17.1 / 11.5 at 7,000 and
+23.9 / 9.9 at 10,000; ITM accuracy leaves 0.50 only after step 8,000. At 1,000 or 3,000 steps the pretrained model
 has nothing visual to bring to finetuning, and the calibration fails. MLM-obj (``--tasks
 mlm-obj=1,itm=1``) grounds within 1,000 steps.
 

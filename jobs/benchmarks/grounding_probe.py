@@ -20,10 +20,6 @@ import torch
 
 def attribute_accuracy(checkpoint: str, world: str, family: str = "uniter-tiny",
                        split: str = "val", captions: int = 1000) -> dict[str, float]:
-    from vlp.datasets import batch_spec as K
-    from vlp.datasets.downstream import data_config_for
-    from vlp.datasets.downstream.retrieval import RetrievalData
-    from vlp.datasets.synth.vocabulary import CLASSES, COLOUR_NAMES
     from vlp.datasets.world import load_manifest
     from vlp.models import create_model
     from vlp.platform.finetune import checkpoint as ckpt
@@ -36,6 +32,17 @@ def attribute_accuracy(checkpoint: str, world: str, family: str = "uniter-tiny",
                                   num_classes=m.num_classes, vocab_size=weights.vocab_size)
     ckpt.load_into(model, weights)
     model.eval()
+    return probe(model, spec, world, split, captions)
+
+
+def probe(model, spec, world: str, split: str = "val", captions: int = 1000
+          ) -> dict[str, float]:
+    """The probe on a model in memory (in eval mode) whose ``create_model`` spec is ``spec``."""
+    from vlp.datasets import batch_spec as K
+    from vlp.datasets.downstream import data_config_for
+    from vlp.datasets.downstream.retrieval import RetrievalData
+    from vlp.datasets.synth.vocabulary import CLASSES, COLOUR_NAMES
+
     data = RetrievalData(data_config_for(spec, world), split)
     tok = data.tok
     out: dict[str, float] = {}
