@@ -68,3 +68,17 @@ def test_data_section_offers_every_pipeline_option_the_model_does_not_decide():
         name = {v: k for k, v in DATA_CONFIG_NAMES.items()}.get(f.name, f.name)
         if name in section and f.default is not dataclasses.MISSING:
             assert getattr(defaults, name) == f.default, name
+
+
+def test_finetune_default_lr_scales_with_width_and_a_set_lr_is_kept():
+    """The benchmarks' default lrs are BERT-base's (width 768): a 64-wide family gets 12x, the
+    768-wide one 1x, and an lr given in settings is never rescaled."""
+    def lr(family, *overrides):
+        cfg = load_finetune_config(data={"world": "w", "model": {"family": family,
+                                                                 "init": "random"}},
+                                   overrides=list(overrides))
+        return cfg.settings_for("refcoco+")[2]
+    assert lr("uniter-base") == pytest.approx(1e-4)
+    assert lr("uniter-tiny") == pytest.approx(1.2e-3)
+    assert lr("uniter-minilm") == pytest.approx(2e-4)
+    assert lr("uniter-tiny", "settings.refcoco+.lr=3e-4") == pytest.approx(3e-4)
