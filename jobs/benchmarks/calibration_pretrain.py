@@ -60,9 +60,9 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
     sources = tuple(SourceConfig(s, f"{world}/images/{s}") for s in SOURCES)
     plan = plan_data(DataConfig(sources=sources, batch_units=batch_units, seed=seed), tasks)
     model, spec, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
-                               num_classes=plan.num_classes or 1601,
-                               overrides={"transformer.hidden_dropout": dropout,
-                                          "transformer.attention_dropout": dropout})
+                                  num_classes=plan.num_classes or 1601,
+                                  overrides={"transformer.hidden_dropout": dropout,
+                                             "transformer.attention_dropout": dropout})
     batches, sampler = local_batches(plan), TaskSampler(tasks, seed)
     # the platform's recipe: AdamW (0.9, 0.98), no decay on biases/norms, warm-up + linear
     opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-6)

@@ -11,7 +11,7 @@ larger arm's standard deviation of Meta-Sum over seeds).
     python jobs/benchmarks/finetune_calibration.py --out runs/calibration --seeds 0 1 2
     python jobs/benchmarks/finetune_calibration.py --demo-budget ...   # the demo sweep's budget
 
-The acceptance run (issue 6), about 25 minutes per seed on two cores:
+The acceptance run (issue 6), 25-30 minutes per seed on two cores:
 
     python jobs/benchmarks/finetune_calibration.py --dropout 0 --pretrain-mode local \\
         --demo-finetunes --world W --out O
@@ -20,9 +20,9 @@ Why 10,000 pretraining steps of 4,096 units by default: MLM with BERT's random 1
 learns to read the image late. Along one MLM+ITM run (``grounding_curve.py``), the grounding
 probe (masked class words of val captions with the caption's own image / another image,
 chance 6.25) reads 14.8 / 14.8 at step 4,000 (text prior only), 17.1 / 11.5 at 7,000 and
-23.9 / 9.9 at 10,000; ITM accuracy leaves 0.50 only after step 8,000. At 1,000 or 3,000 steps the pretrained model
-has nothing visual to bring to finetuning, and the calibration fails. MLM-obj (``--tasks
-mlm-obj=1,itm=1``) grounds within 1,000 steps.
+23.9 / 9.9 at 10,000; ITM accuracy leaves 0.50 only after step 8,000. At 1,000 or 3,000
+steps the pretrained model has nothing visual to bring to finetuning, and the calibration
+fails. MLM-obj (``--tasks mlm-obj=1,itm=1``) grounds within 1,000 steps.
 
 ``--demo-budget``: the budget of ``jobs/configs/sweep-demo.yaml`` (300 pretraining steps of
 2,048 units; 300-step finetunes at lr 1e-3) instead of the defaults (10,000 pretraining steps

@@ -91,8 +91,9 @@ def list_benchmarks() -> None:
     from vlp.platform.finetune.benchmarks import BENCHMARKS
     from vlp.platform.finetune.config import DEFAULT_LR_WIDTH, default_lr_scale
 
+    tiny = default_lr_scale("uniter-tiny")
     print(f"(lr: at hidden width {DEFAULT_LR_WIDTH}; the default of a narrower or wider family "
-          f"is scaled by {DEFAULT_LR_WIDTH} / width, e.g. uniter-tiny x{default_lr_scale('uniter-tiny'):g})")
+          f"is scaled by {DEFAULT_LR_WIDTH} / width, e.g. uniter-tiny x{tiny:g})")
     for name, b in BENCHMARKS.items():
         d = b.defaults
         print(f"{name:12s} {b.description}")
