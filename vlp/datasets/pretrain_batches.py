@@ -27,8 +27,9 @@ Exact resume: the window's randomness is seeded per epoch and each batch's (ITM 
 masking) by its place in the epoch, so a batch depends on the stream and the seed, not on
 the tasks of the batches before it. ``state_dict`` records the epoch and the batches served
 in it; a restored loader reads that epoch again and skips those batches without masking
-them (region windows are collated as they are cut, skipped batches included). It continues exactly when the stream is the same every time (the local reader; Ray
-Data with ``build_dataset(reshuffle_files=False)`` and ``preserve_order``).
+them (region windows are collated as they are cut, skipped batches included). It continues
+exactly when the stream is the same every time (the local reader; Ray Data with
+``build_dataset(reshuffle_files=False)`` and ``preserve_order``).
 """
 
 from __future__ import annotations

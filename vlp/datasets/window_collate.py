@@ -3,8 +3,9 @@ collated batch.
 
 Collating batch by batch cost ~40 numpy calls per batch, each dearer than the bytes it moved
 (a demo-world batch is ~240 pairs). Here a window's batches share flat buffers: one scatter
-places every token, one gather per source block places every region row, and each batch is a set of views into the buffers (disjoint, so a task
-may mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
+places every token, one take per region array (over the source blocks' rows laid end to end)
+places every region row, and each batch is a set of views into the buffers (disjoint, so a
+task may mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
 same references, batch by batch.
 
 The task of a batch is not known when the window is cut, so batches are collated unmasked and
