@@ -133,18 +133,44 @@ def test_nlvr2_triplet_gives_the_second_image_its_own_type(cfg):
 
 def test_retrieval_groups_hold_true_negatives(cfg):
     data = RetrievalData(cfg, "train", negatives=3)
-    b = data.batch(np.arange(4), np.random.default_rng(1))
+    n = 40                      # enough draws that a negative equal to its own image shows
+    b = data.batch(np.arange(n), np.random.default_rng(1))
     g = int(b[D.GROUP_SIZE])
     assert g == 7 and int(b[D.IMAGE_NEGATIVES]) == int(b[D.TEXT_NEGATIVES]) == 3
-    own = data.text_to_image[np.arange(4)]
-    # rebuild which image / caption each row used from the draw: negatives never match
-    rng = np.random.default_rng(1)
-    from vlp.datasets.downstream.retrieval import _others
-    neg_img = _others(own, len(data.image_ids), 3, rng)
-    assert (neg_img != own[:, None]).all()
+    own = data.text_to_image[np.arange(n)]
+    # decode each row of the batch back to (caption, image): group = [pos, 3 image negatives
+    # (own caption, other images), 3 text negatives (other images' captions, own image)]
+    images, captions = decode_retrieval_rows(data, b)
+    images, captions = images.reshape(n, g), captions.reshape(n, g)
+    assert (images[:, 0] == own).all() and (images[:, 4:] == own[:, None]).all()
+    assert (images[:, 1:4] != own[:, None]).all()
+    for e in range(n):
+        assert all(captions[e, c] == {e} for c in range(4))       # own caption, exactly
+        for c in range(4, g):                                     # a caption of another image
+            assert captions[e, c] and all(data.text_to_image[t] != own[e]
+                                          for t in captions[e, c])
     hard = RetrievalData(cfg, "train", negatives=1, hard_candidates=4)
     hb = hard.batch(np.arange(2), np.random.default_rng(0))
     assert int(hb[D.GROUP_SIZE]) == 9 and int(hb[D.HARD_KEEP]) == 1
+
+
+def decode_retrieval_rows(data, b):
+    """(gallery column of each row's regions, set of caption rows whose tokens each row holds)."""
+    gallery = data.images.visual_arrays(data.gallery)[K.REGION_FEATS]
+    feats = b[K.REGION_FEATS].numpy()
+    n = min(gallery.shape[1], feats.shape[1])
+    images = np.array([[c for c in range(len(gallery)) if np.array_equal(gallery[c, :n], f[:n])]
+                       for f in feats], dtype=object)
+    assert all(len(m) == 1 for m in images), "a row's regions match no or several images"
+    ids, mask = b[K.INPUT_IDS], b[K.TEXT_MASK].bool()
+    every = text_batch(data.tok, [(data.captions, np.arange(len(data.captions)), 0)])
+    every_ids = [r[m].tolist()
+                 for r, m in zip(every[K.INPUT_IDS], every[K.TEXT_MASK].astype(bool))]
+    captions = np.empty(len(ids), dtype=object)
+    for r in range(len(ids)):
+        row = ids[r][mask[r]].tolist()
+        captions[r] = {t for t, e in enumerate(every_ids) if e == row}
+    return np.array([m[0] for m in images]), captions
 
 
 def test_epoch_sampler_shares_are_disjoint_and_resume_exactly():
@@ -185,11 +211,22 @@ def data_config_for_world(cfg, world):
 
 
 def test_refexp_labels_detected_by_iou_and_gt_by_index(cfg):
-    det = RefExpData(cfg, "val", "detected")
+    from vlp.platform.evaluation.metrics import box_iou
+
+    det = RefExpData(cfg, "train", "detected")     # train holds both kinds of expression
+    assert 0 < det.unlabelled < len(det) and len(det.labelled) == len(det) - det.unlabelled
     for k in range(len(det)):
-        if det.labels[k] >= 0:
-            from vlp.platform.evaluation.metrics import box_iou
-            assert box_iou(det.region_boxes(k)[det.labels[k]], det.target_boxes[k]) >= 0.5
+        iou = np.array([box_iou(r, det.target_boxes[k]) for r in det.region_boxes(k)])
+        if det.labels[k] >= 0:       # the label is the region of highest IoU, and it is >= 0.5
+            assert det.labels[k] == int(iou.argmax()) and iou.max() >= 0.5
+        else:                        # left unlabelled only when no region reaches 0.5
+            assert iou.max() < 0.5
+    # the 0.5 line itself: a target shrunk to 0.45 of its best region's width is unlabelled
+    k = int(det.labelled[0])
+    x1, y1, x2, y2 = det.region_boxes(k)[det.labels[k]]
+    det.target_boxes[k] = [x1, y1, x1 + 0.45 * (x2 - x1), y2]
+    iou = np.array([box_iou(r, det.target_boxes[k]) for r in det.region_boxes(k)])
+    assert 0.3 < iou.max() < 0.5 and det._best_region(k) == -1
     gt = RefExpData(cfg, "val", "gt")
     picked = np.stack([gt.region_boxes(k)[gt.labels[k]] for k in range(len(gt))])
     np.testing.assert_allclose(picked, gt.target_boxes, atol=1e-3)

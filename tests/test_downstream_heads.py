@@ -147,7 +147,8 @@ def test_token_type_extension_keeps_pretrained_rows_and_outputs():
     assert ids == {"image_types": (1, 2)}
     table = base.backbone.text_embeddings.token_type_embeddings.weight
     assert table.shape[0] == 3
-    torch.testing.assert_close(table[:2], old) and torch.testing.assert_close(table[2], old[1])
+    torch.testing.assert_close(table[:2], old)
+    torch.testing.assert_close(table[2], old[1])
     torch.testing.assert_close(base.encode(batch).sequence_output, before)
     # regions typed 2 read the new row: moving it changes exactly those examples
     typed = dict(batch, **{K.REGION_TYPE_IDS: torch.ones_like(batch[K.REGION_MASK])})
