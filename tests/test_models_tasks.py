@@ -87,6 +87,12 @@ def test_masked_losses_count_only_positive_pairs(family, task):
     model.eval()
     batch = example_batch(spec, task, batch_size=4)
     batch[bs.POSITIVE] = torch.tensor([True, True, False, False])
+    if task == "mvm":   # the negative pairs get images of their own, so they can be changed
+        g = torch.Generator().manual_seed(1)
+        batch[bs.PIXELS] = torch.randn(4, *batch[bs.PIXELS].shape[1:], generator=g)
+        batch[bs.PIXEL_MASK] = torch.ones(4, *batch[bs.PIXEL_MASK].shape[1:], dtype=torch.long)
+        batch[bs.IMAGE_INDEX] = torch.arange(4)
+        batch[bs.MVM_APPLY] = torch.ones(4, dtype=torch.bool)
     torch.manual_seed(0)
     loss = model(batch, task=task)["loss"]
     # the negative pairs' targets do not matter
@@ -103,6 +109,10 @@ def test_masked_losses_count_only_positive_pairs(family, task):
         labels = batch[bs.REGION_CLASS_LABELS].clone()
         labels[2:][labels[2:] != -100] = 1
         changed[bs.REGION_CLASS_LABELS] = labels
+    elif task == "mvm":  # other pixels: other dictionary cells masked and other labels
+        pixels = batch[bs.PIXELS].clone()
+        pixels[2:] = pixels[2:].flip(-1, -2) * 3
+        changed[bs.PIXELS] = pixels
     torch.manual_seed(0)
     assert model(changed, task=task)["loss"] == loss
     # no positive pair at all: a finite zero that still backpropagates
