@@ -122,12 +122,49 @@ def test_itm_scores_match_the_model_and_ignore_batching(web, itm_model):
     many = ItmScorer(scoring, batch_size=64, feature_dim=m.feature_dim,
                      num_classes=m.num_classes).score(pairs, which)
     assert np.allclose(one, many, atol=1e-5) and ((one > 0) & (one < 1)).all()
+    # by hand, from the detector output the fixture imported: softmax(itm(encode))[:, 1]
+    from vlp.datasets.text_tokenizer import load_tokenizer
+    detections = {str(d["id"]): d for d in make_images(range(7), seed=5)}
+    tok = load_tokenizer(None)
+    first_two = which[:2]
+    hand = [hand_itm_score(model, tok, detections[pairs.image_id[pairs.image[p]]],
+                           pairs.text[p]) for p in first_two]
+    np.testing.assert_allclose(one[:2], hand, atol=1e-5)
+    # the same two images with their captions swapped: other pairs, other scores
+    swapped = [hand_itm_score(model, tok, detections[pairs.image_id[pairs.image[p]]],
+                              pairs.text[q]) for p, q in zip(first_two, first_two[::-1])]
+    assert not np.allclose(swapped, hand, atol=1e-3)
+    pairs.text[0], pairs.text[1] = pairs.text[1], pairs.text[0]
+    rescored = ItmScorer(scoring, batch_size=64, feature_dim=m.feature_dim,
+                         num_classes=m.num_classes).score(pairs, first_two)
+    np.testing.assert_allclose(rescored, swapped, atol=1e-5)
     # the loaded weights are the saved ones: the scores do not depend on the load path
     again = load_scoring_model(weights, region_feat_dim=m.feature_dim,
                                num_classes=m.num_classes or 2)
     assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(),
                                                   scoring.model.state_dict().values()))
     assert torch.equal(scoring.model.heads["itm"].weight, model.heads["itm"].weight)
+
+
+def hand_itm_score(model, tok, detection: dict, text: str) -> float:
+    """P(match) of one pair built without the pipeline: [CLS] pieces [SEP]; every detector
+    region (fp16 as the shards store it) with UNITER's 7-d location; column 1 of the ITM
+    head's softmax on the pooled [CLS]."""
+    from vlp.datasets import batch_spec as K
+    pieces, _ = tok.encode([text])
+    ids = torch.tensor([[tok.cls_id, *pieces.tolist(), tok.sep_id]])
+    b, w, h = detection["boxes"], detection["w"], detection["h"]
+    x1, y1, x2, y2 = (np.clip(b / [w, h, w, h], 0, 1)).T
+    loc = np.stack([x1, y1, x2, y2, x2 - x1, y2 - y1, (x2 - x1) * (y2 - y1)], 1)
+    feats = torch.from_numpy(detection["features"].astype(np.float16))
+    batch = {K.INPUT_IDS: ids, K.TEXT_MASK: torch.ones_like(ids),
+             K.REGION_FEATS: feats[None],
+             K.REGION_LOC: torch.tensor(loc[None], dtype=torch.float32),
+             K.REGION_MASK: torch.ones(1, len(b), dtype=torch.long)}
+    model.eval()
+    with torch.no_grad():
+        logits = model.heads["itm"](model.encode(batch, pool=True).pooled_output)
+    return float(torch.softmax(logits.float(), -1)[0, 1])
 
 
 def test_checkpoint_formats(web, itm_model, tmp_path):
