@@ -3,6 +3,8 @@ broken checkpoints failing with the offending key named."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -49,6 +51,38 @@ def test_uniter_round_trip_is_exact(tmp_path):
                          init=f"uniter:{path}").model
     _assert_same_state(ours, again)
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary
+
+
+RELEASE_KEYS = Path(__file__).parent / "data" / "uniter_base_release_keys.txt"
+TIED = {"cls.predictions.decoder.weight": "uniter.embeddings.word_embeddings.weight",
+        "feat_regress.weight": "uniter.img_embeddings.img_linear.weight"}
+
+
+def _release_layout() -> dict[str, tuple[int, ...]]:
+    rows = [line.split("\t") for line in RELEASE_KEYS.read_text().splitlines()
+            if line and not line.startswith("#")]
+    return {key: tuple(int(n) for n in shape.split()) for key, shape in rows}
+
+
+def test_the_official_uniter_base_layout_loads_and_exports_unchanged():
+    """A state dict with every key and shape of the released uniter-base.pt (the committed
+    list, written from UNITER's code, not from ours), fp16 as released, distinct values per
+    tensor: loading it must consume every key and exporting must give back exactly it."""
+    layout = _release_layout()
+    assert len(layout) == 230 and set(TIED) <= set(layout)
+    g = torch.Generator().manual_seed(0)
+    release = {k: torch.randn(shape, generator=g).half() for k, shape in layout.items()}
+    for copy, original in TIED.items():
+        release[copy] = release[original]
+    release["uniter.img_embeddings.mask_embedding.weight"][0] = 0   # padding_idx=0 row
+    model = create_model("uniter-base", tasks=UNITER_TASKS, vocab_size=28996).model
+    report = load_uniter(model, release)
+    assert not report.random_init and not report.dropped
+    exported = export_uniter(model, dtype=torch.float16)
+    assert sorted(exported) == sorted(layout)
+    for key, value in release.items():
+        assert exported[key].shape == value.shape, key
+        assert torch.equal(exported[key], value), key
 
 
 def test_fp16_release_with_gamma_beta_names_loads():
