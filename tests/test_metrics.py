@@ -35,7 +35,7 @@ def test_vqa_accuracy_official_subset_averaging(agree, expected):
 def test_vqa_score_mean_percent():
     answers = [["2"] * 10, ["yes"] * 3 + ["no"] * 7]
     assert vqa_score(["two", "yes"], answers) == pytest.approx(100 * (1.0 + 0.9) / 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 predictions for 2 questions"):
         vqa_score(["a"], answers)
 
 

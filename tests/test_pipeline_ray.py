@@ -77,18 +77,17 @@ def _train_loop(config):
     batches = shard_batches(ray.train.get_dataset_shard("train"), plan, rank=rank,
                             world_size=world, with_ids=True)
     sampler = TaskSampler(config["mix"], seed=11)
-    tasks, epoch0, steps = [], set(), 0
+    epoch0, steps = set(), 0
     while batches.epoch < 1 or steps < 5:   # through epoch 0 and into epoch 1 (barrier)
         task = sampler.next()
         b = batches.next(task)
-        tasks.append(task)
         if batches.epoch == 0:
             epoch0 |= set(b["example_image_key"].tolist()) | set(b["example_text_key"].tolist())
         assert int(b[K.INPUT_UNITS]) <= plan.config.batch_units
         steps += 1
     batches.close()
     with open(f"{config['out']}/rank{rank}.json", "w") as f:
-        json.dump({"keys": sorted(epoch0), "tasks": tasks[:20], "stats": dict(batches.stats)}, f)
+        json.dump({"keys": sorted(epoch0), "stats": dict(batches.stats)}, f)
 
 
 def test_two_worker_train_run_sees_disjoint_data(dataset, world, tmp_path):
@@ -112,5 +111,5 @@ def test_two_worker_train_run_sees_disjoint_data(dataset, world, tmp_path):
     assert a and b and not a & b                      # disjoint shards, ITM swaps included
     assert a | b <= {image_key(i) for i in ids}
     assert len(a | b) >= 0.6 * len(ids)   # (source weights down-sample coco: not every image)
-    n = min(len(s["tasks"]) for s in seen)
-    assert n >= 5 and seen[0]["tasks"][:n] == seen[1]["tasks"][:n]   # same draws on every rank
+    # (the task draws of this stand-in loop are its own; that the platform's loop draws the
+    # same tasks on every rank is checked on a real run: test_pretrain_train.py)

@@ -74,6 +74,26 @@ ENGINE_SCRIPT = textwrap.dedent("""
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}
+
+    def draws():
+        import random, numpy as np
+        return [random.random(), float(np.random.rand()), float(torch.rand(()))]
+
+    def same_params(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a.module.state_dict().values(),
+                                                     b.module.state_dict().values()))
+
+    def one_step(engine, src, gas, dtype):
+        torch.manual_seed(7)
+        losses = []
+        for _ in range(gas):
+            b = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in
+                 src.next("mlm").items()}
+            loss = engine(b, task="mlm")["loss"]
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        return losses
     for combo in json.loads(sys.argv[2]):
         cfg = load_experiment_config(data={
             "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
@@ -96,12 +116,31 @@ ENGINE_SCRIPT = textwrap.dedent("""
                 losses.append(loss.item())
         with tempfile.TemporaryDirectory() as d:
             st = checkpointing.TrainerState(step=6, world_size=1)
+            checkpointing.seed_everything(5)         # the RNG state the checkpoint must keep
             checkpointing.save(engine, d, st, 0, src.state_dict())
-            state, per_rank = checkpointing.load(engine, d, 0, 1)
-        out["-".join(map(str, combo))] = {"losses": losses, "lrs": lrs, "step": state.step,
-                                          "calls": per_rank["batch_source"]["calls"],
-                                          "optimizer_steps": engine.global_steps}
+            at_save = draws()
+            # a fresh engine from other initial weights: everything must come from the files
+            torch.manual_seed(1)
+            fresh = build_engine(ToyModel(["mlm"]), cfg, stage_steps=6, world_size=1)
+            differed = not same_params(engine, fresh)
+            state, per_rank = checkpointing.load(fresh, d, 0, 1)
+            checkpointing.set_rng_state(per_rank["rng"])
+            restored = draws()
+        loaded = same_params(engine, fresh)
+        src2 = ToyBatchSource(16, 0, 0, 0)
+        src2.load_state_dict(per_rank["batch_source"])
+        # the next optimizer step on both, dropout drawn alike: the same losses and weights
+        # only if Adam's moments, the step count and the schedule came back too
+        nxt = [one_step(e, s, combo[2], dtype) for e, s in ((engine, src), (fresh, src2))]
+        out["-".join(map(str, combo))] = {
+            "losses": losses, "lrs": lrs, "step": state.step,
+            "calls": per_rank["batch_source"]["calls"], "optimizer_steps": engine.global_steps,
+            "differed": differed, "loaded": loaded, "rng": at_save == restored,
+            "next_losses": nxt, "after_next": same_params(engine, fresh),
+            "fresh_steps": fresh.global_steps, "fresh_lr": fresh.get_lr()[0],
+            "lr": engine.get_lr()[0]}
         engine.destroy()
+        fresh.destroy()
 
     # the loop's non-finite policy on a real engine: raise, or skip up to a limit
     from vlp.platform.train_loop import _Worker
@@ -170,3 +209,7 @@ def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
         assert len(r["losses"]) == 6 * gas and all(l == l for l in r["losses"]), name
         assert r["lrs"][:2] == pytest.approx([5e-3, 1e-2]) and r["lrs"][-1] < 1e-2, name
         assert r["optimizer_steps"] == 6 and r["step"] == 6 and r["calls"] == 6 * gas, name
+        # loaded into a fresh, differently seeded engine: weights, RNG, optimizer, schedule
+        assert r["differed"] and r["loaded"] and r["rng"], name
+        assert r["fresh_steps"] == 7 and r["fresh_lr"] == r["lr"], name
+        assert r["next_losses"][0] == r["next_losses"][1] and r["after_next"], name

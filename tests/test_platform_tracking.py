@@ -49,10 +49,16 @@ def test_relative_sqlite_and_file_stores_are_refused():
         check_reachable("file:///tmp/mlruns")
 
 
-def test_reachable_server_passes_the_health_check():
+@pytest.mark.parametrize("health_status", [200, 500, 404])
+def test_the_health_check_passes_only_on_200_from_health(health_status):
+    """A server answering 200 on /health passes; one answering 500 (up but broken) or 404 (no
+    /health: not an MLflow server) is refused with the status named."""
+    asked = []
+
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            asked.append(self.path)
+            self.send_response(health_status if self.path == "/health" else 404)
             self.end_headers()
             self.wfile.write(b"OK")
 
@@ -61,10 +67,17 @@ def test_reachable_server_passes_the_health_check():
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_port}"
     try:
-        check_reachable(f"http://127.0.0.1:{server.server_port}", timeout_s=2)
+        if health_status == 200:
+            check_reachable(uri, timeout_s=2)
+        else:
+            with pytest.raises(TrackingUnreachable, match=f"answered /health with HTTP "
+                                                          f"{health_status}"):
+                check_reachable(uri, timeout_s=2)
     finally:
         server.shutdown()
+    assert asked == ["/health"]
 
 
 def test_runs_by_key_nested_runs_params_metrics_artifacts(tmp_path):

@@ -4,6 +4,7 @@ exactly the batches an uninterrupted one serves — mid-epoch and epochs later."
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import pytest
@@ -44,8 +45,21 @@ class AnyOf:
         return sync
 
 
+def batch_digest(batch: dict) -> str:
+    """A hash of every tensor's key, dtype, shape and bytes: permuted examples or re-paired
+    ITM negatives change it (a sum of the values would not)."""
+    h = hashlib.sha1()
+    for key in sorted(batch):
+        v = batch[key]
+        if torch.is_tensor(v):
+            h.update(f"{key}:{v.dtype}:{tuple(v.shape)}".encode())
+            h.update(v.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                     if v.dtype != torch.bool else v.numpy().tobytes())
+    return h.hexdigest()
+
+
 def serve(plan, steps: int, states=None, start: int = 0):
-    """Per rank: (task, epoch, checksum of the batch) per step, and the final state."""
+    """Per rank: (task, epoch, digest of the batch) per step, and the final state."""
     sync, out = AnyOf(WORLD), [None] * WORLD
 
     def worker(rank: int):
@@ -59,8 +73,7 @@ def serve(plan, steps: int, states=None, start: int = 0):
         for _ in range(steps):
             task = sampler.next()
             b = batches.next(task)
-            seen.append((task, batches.epoch,
-                         float(sum(v.double().sum() for v in b.values() if torch.is_tensor(v)))))
+            seen.append((task, batches.epoch, batch_digest(b)))
         out[rank] = (seen, batches.state_dict())
         batches.close()
 

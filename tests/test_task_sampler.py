@@ -1,4 +1,4 @@
-"""The task sampler: same draws on every rank, exact resume, ratios, clear errors."""
+"""The task sampler: same draws for the same seed, exact resume, ratios, clear errors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from vlp.datasets.task_sampler import TaskSampler
 UNITER_MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}
 
 
-def test_identical_across_ranks():
-    ranks = [TaskSampler(UNITER_MIX, seed=7) for _ in range(4)]   # one per rank, no comms
+def test_the_same_seed_gives_the_same_draws():
+    # (that every rank of a real 2-worker run draws the same tasks is checked on the lists
+    # the ranks record: test_pretrain_train.py)
+    ranks = [TaskSampler(UNITER_MIX, seed=7) for _ in range(4)]
     draws = [[s.next() for _ in range(500)] for s in ranks]
     assert all(d == draws[0] for d in draws)
     assert draws[0] != [s for s in (TaskSampler(UNITER_MIX, seed=8).next() for _ in range(500))]
