@@ -114,6 +114,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
                 engine.backward(loss)
                 engine.step()
                 losses.append(loss.item())
+        optimizer_steps = engine.global_steps
         with tempfile.TemporaryDirectory() as d:
             st = checkpointing.TrainerState(step=6, world_size=1)
             checkpointing.seed_everything(5)         # the RNG state the checkpoint must keep
@@ -134,7 +135,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
         nxt = [one_step(e, s, combo[2], dtype) for e, s in ((engine, src), (fresh, src2))]
         out["-".join(map(str, combo))] = {
             "losses": losses, "lrs": lrs, "step": state.step,
-            "calls": per_rank["batch_source"]["calls"], "optimizer_steps": engine.global_steps,
+            "calls": per_rank["batch_source"]["calls"], "optimizer_steps": optimizer_steps,
             "differed": differed, "loaded": loaded, "rng": at_save == restored,
             "next_losses": nxt, "after_next": same_params(engine, fresh),
             "fresh_steps": fresh.global_steps, "fresh_lr": fresh.get_lr()[0],
@@ -181,8 +182,11 @@ ENGINE_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.integration
 def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
-    """fp32 and bf16 with ZeRO-0, bf16/ZeRO-1 with accumulation, bf16/ZeRO-2, torch-fused AdamW: each runs
-    6 optimizer steps, follows the schedule, and saves + loads a checkpoint. Then the loop's
+    """fp32 and bf16 with ZeRO-0, bf16/ZeRO-1 with accumulation, bf16/ZeRO-2, torch-fused
+    AdamW: each runs 6 optimizer steps and follows the schedule; its checkpoint, loaded into a
+    fresh engine built from other initial weights, gives back the weights, the RNG state,
+    the step count and schedule, and Adam's moments (the next step's loss and weights are
+    the saving engine's, exactly). Then the loop's
     non-finite policy: raise names the step and task; skip drops the batch (no optimizer
     step for it) and gives up after max_nonfinite_skips in a row."""
     import socket
