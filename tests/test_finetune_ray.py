@@ -43,3 +43,20 @@ def test_finetune_through_ray_train_logs_a_child_run(ray_local, tiny_world, tmp_
     assert arts == ["predictions/retrieval-val.json"]
     assert client.get_run(parent.run_id).data.metrics["downstream.ir"] == \
         pytest.approx(report.scores["ir"])
+
+    # the same call again: the finished job resumes from its last checkpoint, trains no step
+    # and evaluates the same weights into the same MLflow child run
+    trained = [(m.step, m.value) for m in client.get_metric_history(r.mlflow_run_id,
+                                                                     "retrieval_loss")]
+    again = finetune_and_evaluate(
+        None, ["retrieval"], world=str(tiny_world), run_name="ft", output_dir=str(tmp_path),
+        parent_run_id=parent.run_id, tracking_uri=uri, num_workers=2,
+        overrides=["settings.retrieval.steps=4", "settings.retrieval.batch_size=4",
+                   "eval.batch_size=256"])
+    r2 = again.benchmarks["retrieval"]
+    assert r2.mlflow_run_id == r.mlflow_run_id and r2.metrics == r.metrics
+    assert [(m.step, m.value) for m in client.get_metric_history(
+        r.mlflow_run_id, "retrieval_loss")] == trained                 # 0 new steps
+    children = client.search_runs([child.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent.run_id}'")
+    assert [c.info.run_id for c in children] == [r.mlflow_run_id]

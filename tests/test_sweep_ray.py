@@ -37,17 +37,24 @@ class InterruptAfterFirstTrial(ray.tune.Callback):
 
 
 @pytest.fixture(scope="module")
-def sweep(ray_local, tiny_world, tmp_path_factory):
+def overrides(tiny_world, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     corrupt = out / "not-bert.safetensors"
     corrupt.write_bytes(b"this is not a checkpoint")
-    cfg = load_sweep_config(CONFIG, [
+    return [
         f"world={tiny_world}", f"sweep.output_dir={out}", "sweep.num_samples=4",
         "sweep.include=[none,paper-best,none,text-init]", "sweep.max_concurrent=1",
         "space.init=[random,text]", f"model.text_init=bert:{corrupt}",
         # FIFO: the session's Ray has no dashboard, which Train needs to free the placement
         # groups of trials ASHA stops (the demo's local Ray has one)
-        "sweep.scheduler=fifo"])
+        "sweep.scheduler=fifo"]
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_local, overrides):
+    out = Path(next(o for o in overrides if o.startswith("sweep.output_dir="))
+               .split("=", 1)[1])
+    cfg = load_sweep_config(CONFIG, overrides)
     first = run_sweep(cfg, callbacks=[InterruptAfterFirstTrial(str(out / "interrupted"))])
     second = run_sweep(cfg)
     return cfg.resolved(), first, second
@@ -115,3 +122,14 @@ def test_mlflow_holds_the_sweep_and_the_leaderboard(sweep, capsys):
     printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("|")]
     assert printed == table                          # the same numbers, from the same runs
     assert f"{best.data.metrics['ir']:.2f}" in next(l for l in printed if "t002" in l)
+
+
+def test_a_changed_config_is_refused_on_restore(sweep, overrides):
+    """The sweep's folder holds its config: running the same sweep.name with another value
+    fails before any trial starts, naming the key and the folder."""
+    from vlp.platform.config_loader import ConfigError
+
+    cfg, _, _ = sweep
+    with pytest.raises(ConfigError, match="sweep.num_samples") as e:
+        run_sweep(load_sweep_config(CONFIG, overrides + ["sweep.num_samples=5"]))
+    assert f"differs from the sweep already in {cfg.sweep_dir}" in str(e.value)
