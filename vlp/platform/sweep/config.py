@@ -38,7 +38,13 @@ TEXT_INITS = ("auto", "minilm", "world-text")
 class SweepSection:
     name: str = "sweep"              # the sweep's folder and MLflow parent run
     output_dir: str = "runs/sweeps"  # runs root: <output_dir>/<name>/, MLflow store beside it
-    seed: int = bounded(0, ge=0)     # Optuna's TPE seed and every trial's training seed
+    seed: int = bounded(0, ge=0)     # Optuna's TPE seed and the first replicate's training seed
+    # replicates: every point trains and finetunes `seeds` times, with training seeds
+    # seed, seed+1, ... (the world stays fixed); Optuna and ASHA see the replicates' mean
+    seeds: int = bounded(1, ge=1)
+    # replicates of the `include` points (0 = `seeds`): e.g. 3 with seeds 1 gives the
+    # leaderboard a noise estimate (no pretraining's spread) for the single-seed lines
+    include_seeds: int = bounded(0, ge=0)
     replay: str = ""                 # "" = Optuna search over `space`; else a replay (table3)
     num_samples: int = bounded(8, gt=0)       # search: trials, the `include` points among them
     include: list[str] = field(default_factory=lambda: ["none", "paper-best"])
@@ -119,6 +125,11 @@ class SweepConfig:
             yield "finetune.benchmarks", f"a benchmark is listed twice: {self.finetune.benchmarks}"
         if self.sweep.replay:
             return
+        dup = sorted({n for n in self.sweep.include if self.sweep.include.count(n) > 1})
+        if dup:
+            yield "sweep.include", (f"lists {', '.join(dup)} more than once: a point is one "
+                                    f"line (for replicates set sweep.seeds or "
+                                    f"sweep.include_seeds)")
         if len(self.sweep.include) > self.sweep.num_samples:
             yield "sweep.include", (f"{len(self.sweep.include)} points to evaluate first but "
                                     f"sweep.num_samples is {self.sweep.num_samples}")

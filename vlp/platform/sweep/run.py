@@ -81,7 +81,8 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     total = len(lines) or cfg.sweep.num_samples
     for line in _summary(cfg, plan, per_trial, concurrency, parent.run_id):
         say(f"[sweep] {line}")
-    ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines)
+    ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines,
+                       include_keys=tuple(p.key() for _, p in plan.first))
     trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0.01})   # it waits; its Train workers hold CPUs
     tune_path = sweep_dir / TUNE_DIR
