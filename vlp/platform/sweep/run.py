@@ -36,6 +36,7 @@ from vlp.platform.sweep.trial import TrialContext, run_trial
 CONFIG_FILE = "sweep.yaml"
 INSTANCE_FILE = "instance"
 TUNE_DIR = "tune"
+EXHAUSTED_FILE = "space_exhausted"   # the search ran out of new points (distinct_search.py)
 METRIC, TIME_ATTR = "score", "stage"
 # may change between a sweep and its resumption; everything else must match
 RESUMABLE_CHANGES = ("sweep.max_concurrent", "sweep.trial_retries")
@@ -104,7 +105,12 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     grid = tuner.fit()
     statuses = [r.metrics.get("stage") for r in grid]
     errors = sum(r.error is not None for r in grid)
-    interrupted = _interrupted(tune_path, total)
+    from vlp.platform.sweep.distinct_search import space_exhausted
+
+    exhausted = space_exhausted(sweep_dir / EXHAUSTED_FILE)
+    if exhausted:
+        say(f"[sweep] the search ran out of new points ({exhausted}): it ends early")
+    interrupted = _interrupted(tune_path, total, bool(exhausted))
     board = load_leaderboard(cfg.mlflow.tracking_uri, parent.run_id)
     log_leaderboard(cfg.mlflow.tracking_uri, board)
     parent.log_metrics({"trials": len(statuses), "trial_errors": errors,
@@ -137,13 +143,16 @@ def _tune_config(cfg: SweepConfig, plan: SweepPlan, concurrency: int) -> Any:
                                    scheduler=FIFOScheduler(),
                                    max_concurrent_trials=concurrency, **names)
     import optuna
-    from ray.tune.search.optuna import OptunaSearch
+
+    from vlp.platform.sweep.distinct_search import DistinctPointSearch
 
     sampler = optuna.samplers.TPESampler(seed=cfg.sweep.seed,
                                          n_startup_trials=cfg.sweep.tpe_startup)
-    search = OptunaSearch(space=SpaceSampler(cfg.space), metric=METRIC, mode="max",
-                          sampler=sampler,
-                          points_to_evaluate=[cfg.space.params_for(p) for _, p in plan.first])
+    # a point is one line: a repeat proposal is turned away, not run as a trial
+    search = DistinctPointSearch(
+        space=SpaceSampler(cfg.space), metric=METRIC, mode="max", sampler=sampler,
+        points_to_evaluate=[cfg.space.params_for(p) for _, p in plan.first],
+        exhausted_marker=str(cfg.sweep_dir / EXHAUSTED_FILE))
     scheduler = FIFOScheduler()
     if cfg.sweep.scheduler == "asha" and stages > cfg.sweep.grace_period:
         # rungs at grace_period · rf^k finetune stages; stage 0 (pretraining) is never a rung
@@ -169,16 +178,17 @@ def tune_trial_dirname(trial: Any) -> str:
     return f"{tune_trial_name(trial)}_{trial.trial_id}"
 
 
-def _interrupted(tune_path: Path, expected: int) -> bool:
+def _interrupted(tune_path: Path, expected: int, exhausted: bool = False) -> bool:
     """Whether the sweep stopped short (Tune returns normally after SIGINT/SIGUSR1): a trial
-    left unfinished, or fewer trials than planned (Tune creates them as slots free up)."""
+    left unfinished, or fewer trials than planned (Tune creates them as slots free up) unless
+    the search ran out of new points."""
     from ray.tune import ExperimentAnalysis
 
     try:
         trials = ExperimentAnalysis(str(tune_path)).trials
     except Exception:
         return False
-    return (len(trials) < expected
+    return ((len(trials) < expected and not exhausted)
             or any(t.status not in ("TERMINATED", "ERROR") for t in trials))
 
 
