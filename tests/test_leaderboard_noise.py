@@ -79,13 +79,18 @@ def _trial(parent: MlflowRun, name: str, point: TrialPoint, metrics: dict,
 def pooled_store(tmp_path):
     """No pretraining with 3 seeds (Meta-Sum 100, 104, 96: s² = 16, 2 df), three pretrained
     mixes with one seed, and a twin of the best that reused its results."""
+    return make_store(tmp_path, (100.0, 104.0, 96.0))
+
+
+def make_store(tmp_path, none_seeds: tuple[float, float, float]):
     uri = embedded_tracking_uri(tmp_path)
     parent = MlflowRun.open(uri, "vlp-sweep", run_name="noise",
                             tags={"vlp.job": "sweep", "vlp.sweep.mode": "search"},
                             artifact_location=(tmp_path / "mlartifacts").as_uri())
-    seeds = {f"seed{s}.meta_sum": v for s, v in enumerate((100.0, 104.0, 96.0))}
+    seeds = {f"seed{s}.meta_sum": v for s, v in enumerate(none_seeds)}
     seeds.update({f"seed{s}.vqa": v for s, v in enumerate((40.0, 41.0, 42.0))})
-    _trial(parent, "t001", TrialPoint(), {"meta_sum": 100.0, "score": 100.0, "vqa": 41.0,
+    mean = sum(none_seeds) / 3
+    _trial(parent, "t001", TrialPoint(), {"meta_sum": mean, "score": mean, "vqa": 41.0,
                                           **seeds})
     best = TrialPoint.of({"mlm": 2, "itm": 2, "mrc-kl": 1, "mrfr": 1})
     _trial(parent, "t002", best, {"meta_sum": 130.0, "score": 130.0, "vqa": 50.0})
@@ -149,3 +154,35 @@ def test_mlflow_and_cli_carry_the_intervals(pooled_store, tmp_path, capsys):
     assert main(["leaderboard", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "± = 95% t-interval" in out and "Welch" in out
+
+
+def test_the_verdicts_say_what_the_ranking_supports(pooled_store, tmp_path):
+    from vlp.commands.demo import pretraining_verdict
+    from vlp.commands.sweep import ranking_verdict
+
+    uri, parent = pooled_store
+    board = load_leaderboard(uri, parent.run_id)
+    # none 100 (var of mean 16/3, 2 df) vs 130 (16, 2 df): t = 30 / √(64/3) = 6.50 → beyond
+    assert "beats no pretraining" in pretraining_verdict(board)
+    said = ranking_verdict(board)
+    assert said[0].startswith("best: t002 MLM+ITM+MRC-kl+MRFR")
+    assert "within noise of the best" in said[1] and "t004" in said[1] and "t003" not in said[1]
+    # none at 124 (seeds 120, 128, 124: the same spread): t = 6 / √(64/3) = 1.30 → within
+    uri, parent = make_store(tmp_path / "close", (120.0, 128.0, 124.0))
+    close = pretraining_verdict(load_leaderboard(uri, parent.run_id))
+    assert "within seed noise" in close and "finetune_calibration.py" in close
+
+
+def test_one_seed_everywhere_is_not_evidence(tmp_path):
+    from vlp.commands.demo import pretraining_verdict
+    from vlp.commands.sweep import ranking_verdict
+
+    uri = embedded_tracking_uri(tmp_path)
+    parent = MlflowRun.open(uri, "vlp-sweep", run_name="one", tags={"vlp.job": "sweep"})
+    _trial(parent, "t001", TrialPoint(), {"meta_sum": 100.0, "score": 100.0})
+    _trial(parent, "t002", TrialPoint.of({"mlm": 1}), {"meta_sum": 140.0, "score": 140.0})
+    board = load_leaderboard(uri, parent.run_id)
+    assert not board.has_intervals() and "| 140.00 |" in board.markdown()
+    assert "vs best" not in board.markdown()
+    assert "not evidence" in pretraining_verdict(board)
+    assert "not evidence" in ranking_verdict(board)[1]

@@ -91,12 +91,35 @@ def report(result) -> int:
     print(f"\nLeaderboard of {board.sweep} ({board.mode}); {result.trials} trials, "
           f"{result.errors} failed, {result.seconds:.0f} s:\n")
     print(board.markdown())
-    best = board.best()
-    if best is not None:
-        print(f"best: {best.trial} {best.tasks} ({best.data}) Meta-Sum {best.meta_sum:.2f}")
+    print(board.noise_note())
+    for line in ranking_verdict(board):
+        print(line)
     print(f"MLflow: parent run {result.parent_run_id} in {result.tracking_uri}")
     print(ui_hint(result.tracking_uri), flush=True)
     if result.interrupted:
         print("interrupted: run the same command again to resume (finished trials are kept)")
         return 130
     return 1 if result.trials and result.errors == result.trials else 0
+
+
+def ranking_verdict(board) -> list[str]:
+    """What the ranking supports, in words: the best line, and the lines that its noise does
+    not separate from it (or that there is no noise estimate to tell)."""
+    best = board.best()
+    if best is None:
+        return []
+    out = [f"best: {best.trial} {best.tasks} ({best.data}) Meta-Sum {best.cell('meta_sum')}"]
+    done = [r for r in board.rows if r.meta_sum is not None and r is not best]
+    if not done:
+        return out
+    if not board.has_intervals():
+        out.append("with one seed per line this order is not evidence: the gaps may be seed "
+                   "noise (set sweep.seeds, or sweep.include_seeds for a pooled estimate)")
+        return out
+    tied = [r for r in done if r.verdict == "≈best"]
+    if tied:
+        out.append(f"within noise of the best (not a real difference at this budget): "
+                   + "; ".join(f"{r.trial} {r.tasks} {r.cell('meta_sum')}" for r in tied))
+    else:
+        out.append("every other line is below the best beyond its noise")
+    return out
