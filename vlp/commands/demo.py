@@ -36,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="discard this folder's previous demo sweep and run a new one")
     p.add_argument("--no-sweep", action="store_true", help="world and audit only")
+    p.add_argument("--verbose", action="store_true",
+                   help="print Ray's own output (Train/Tune logs, every worker's prints) "
+                        "here too; by default it goes to a log file in the run folder")
     p.set_defaults(func=run)
 
 
@@ -92,8 +95,10 @@ def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
     import shutil
 
     from vlp.commands.sweep import report
+    from vlp.platform import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
 
+    console.configure(quiet=not args.verbose)
     overrides = [f"world={world}", f"sweep.output_dir={out}", f"sweep.seed={args.seed}"]
     if args.trials:
         overrides.append(f"sweep.num_samples={args.trials}")

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="check the config, the space and the world; run nothing")
     p.add_argument("--list-replays", action="store_true", help="list the replays and their lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="print Ray's own output (Train/Tune logs, every worker's prints) "
+                        "here too; by default it goes to a log file in the run folder")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -69,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_replays:
         list_replays()
         return 0
+    from vlp.platform import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
 
+    console.configure(quiet=not args.verbose)
     cfg = load_sweep_config(args.config, overrides(args))
     if args.check:
         from vlp.platform.sweep.preflight import check_sweep

@@ -77,11 +77,17 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent), dashboard=True)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
+    from vlp.platform.console import RAY_LOG, log_to
+
+    ray_log = log_to(sweep_dir / RAY_LOG)      # None: not routed (verbose, or a library call)
     parent = open_parent_run(cfg, instance)
     lines = {name: point.to_params() for name, point in plan.lines}
     total = len(lines) or cfg.sweep.num_samples
     for line in _summary(cfg, plan, per_trial, concurrency, parent.run_id):
         say(f"[sweep] {line}")
+    if ray_log is not None:
+        say(f"[sweep] Ray's own output (Train/Tune logs, workers' prints) → {ray_log} "
+            f"(--verbose prints it here)")
     ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines,
                        include_keys=tuple(p.key() for _, p in plan.first))
     trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
@@ -288,6 +294,15 @@ def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: i
              f"{stages}",
              f"{int(ray.cluster_resources().get('CPU', 0))} CPUs in the cluster, {per_trial:g} "
              f"per trial → {concurrency} trial(s) at a time"]
+    sw = cfg.sweep
+    if sw.seeds > 1 or sw.include_seeds > 1:
+        which = (f"{sw.seeds} per point" + (f", {sw.include_seeds} for the include points"
+                                            if sw.include_seeds and not plan.lines else ""))
+        lines.append(f"replicates: {which} (training seeds from {sw.seed}; the world stays "
+                     f"fixed); the search and ASHA see each point's mean")
+    else:
+        lines.append("one seed per point: the leaderboard has no noise estimate (set "
+                     "sweep.seeds, or sweep.include_seeds for a pooled one)")
     if plan.lines:
         lines.append(f"grid: {len(plan.lines)} lines: "
                      + "; ".join(f"{n} {p.mix_label()}" for n, p in plan.lines))
