@@ -1,9 +1,11 @@
 """What reaches the terminal from Ray's processes. Quiet (the ``vlp`` commands' default):
 vlp's own lines (``[sweep] …``, ``[vlp pretrain] …``), printed without Ray's
 ``(RayTrainWorker pid=…)`` prefix, and the raylet's warnings (a worker killed for memory);
-everything else the workers, Train controllers and Tune trials print (Ray Train's INFO logs
-such as ``Reporting training result …``, DeepSpeed's logs, tracebacks) goes to a log file in
-the run folder. Verbose (``--verbose``): Ray prints as it always does.
+everything else the workers, Train controllers, Tune trials and the autoscaler print (Ray
+Train's INFO logs such as ``Reporting training result …``, DeepSpeed's logs, tracebacks,
+the autoscaler's status every few seconds) goes to a log file in the run folder; the
+driver's own INFO chatter from MLflow and Optuna is turned down to warnings. Verbose
+(``--verbose``): everything prints as it always does.
 
     configure(quiet=not args.verbose)      # a command, before it starts anything
     ensure_ray(...)                        # ray_session calls apply() after ray.init
@@ -45,7 +47,7 @@ class RayOutputRouter:
         shown = []
         for line in data.get("lines", []):
             text = str(line)
-            if text.lstrip().startswith(VLP_PREFIXES) or pid in ("raylet", "autoscaler"):
+            if text.lstrip().startswith(VLP_PREFIXES) or pid == "raylet":
                 shown.append(text)
             self._write(f"{prefix} {text}")
         for text in shown:
@@ -74,7 +76,19 @@ _state: dict[str, Any] = {"quiet": False, "router": None, "path": None}
 
 def configure(*, quiet: bool) -> None:
     """Quiet or verbose for this process (the ``vlp`` commands call it from ``--verbose``)."""
+    import logging
+    import os
+
     _state["quiet"] = quiet
+    if quiet:
+        # Tune's default reporter prints its experiment box and a results/TensorBoard hint
+        # even at verbose=0; its legacy reporter at verbose=0 prints nothing (read when the
+        # Tuner runs, in this process only)
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")     # "Creating initial MLflow database tables", "A new study created", ...
+        import mlflow  # noqa: F401  (it sets its loggers' levels on import: import it first)
+
+        for name in ("mlflow", "optuna", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def apply() -> bool:

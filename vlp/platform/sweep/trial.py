@@ -180,8 +180,8 @@ def _run_stage(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, 
         if point.pretrains:
             say(f"stage 0/{total}{of}: pretraining {point.describe()}")
             _pretrain(ctx, point, who, trial_dir, run_id, rep)
-        else:
-            say(f"stage 0/{total}{of}: no pretraining ({point.describe()}); finetunes start "
+        elif rep.seed == ctx.seeds_for(point)[0]:      # once, not once per replicate
+            say(f"stage 0/{total}: no pretraining ({point.describe()}); finetunes start "
                 f"from the init")
     else:
         bench = benchmarks[stage - 1]
