@@ -133,9 +133,19 @@ def test_restore_after_an_interrupted_replicate_reruns_only_that_replicate(setup
     assert [json.loads(a)["resumed_after_stage"] for a in attempts] == [-1, 0]
 
 
-def test_include_seeds_replicate_the_include_points_only(setup):
-    ctx, _ = setup
-    ctx.cfg.sweep.seeds, ctx.cfg.sweep.include_seeds = 1, 3
-    ctx.include_keys = (TrialPoint().key(),)
+def test_include_seeds_replicate_the_named_include_points_only(tmp_path):
+    from vlp.platform.config_loader import ConfigError
+    from vlp.platform.sweep.preflight import SweepPlan
+    from vlp.platform.sweep.run import _summary  # noqa: F401  (the plan's wording)
+
+    cfg = load_sweep_config(CONFIG, [f"world={tmp_path}", "sweep.include_seeds={none: 3}"])
+    plan = SweepPlan(first=(("none", TrialPoint()), ("paper-best", POINT)))
+    ctx = TrialContext(cfg, "p", "i", str(tmp_path),
+                       include_seeds={p.key(): cfg.sweep.include_seeds[n]
+                                      for n, p in plan.first if n in cfg.sweep.include_seeds})
     assert ctx.seeds_for(TrialPoint()) == [0, 1, 2]
     assert ctx.seeds_for(POINT) == [0]
+    with pytest.raises(ConfigError, match="sweep.include_seeds.mlm.*not an include point"):
+        load_sweep_config(CONFIG, [f"world={tmp_path}", "sweep.include_seeds={mlm: 2}"])
+    with pytest.raises(ConfigError, match="lists none more than once"):
+        load_sweep_config(CONFIG, [f"world={tmp_path}", "sweep.include=[none,none]"])

@@ -24,13 +24,14 @@ def test_search_is_seeded_tpe_with_asha_on_the_stage():
     cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", ["sweep.seed=7"])
     tc = _tune_config(cfg, SweepPlan(), concurrency=2)
     assert isinstance(tc.search_alg, OptunaSearch) and isinstance(tc.scheduler, ASHAScheduler)
-    assert (tc.metric, tc.mode, tc.num_samples, tc.max_concurrent_trials) == ("score", "max", 4, 2)
+    assert (tc.metric, tc.mode, tc.num_samples, tc.max_concurrent_trials) == ("score", "max", 3, 2)
     assert tc.scheduler._time_attr == "stage" and tc.scheduler._max_t == 4
     assert _param_space(SweepPlan()) == {}
 
 
 def test_the_search_is_reproducible_for_a_seed():
-    cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", ["sweep.include=[]"])
+    cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", ["sweep.include=[]",
+                                                          "sweep.include_seeds={}"])
 
     def first(seed: int) -> list[dict]:
         cfg.sweep.seed = seed

@@ -89,7 +89,8 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
         say(f"[sweep] Ray's own output (Train/Tune logs, workers' prints) → {ray_log} "
             f"(--verbose prints it here)")
     ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines,
-                       include_keys=tuple(p.key() for _, p in plan.first))
+                       include_seeds={p.key(): cfg.sweep.include_seeds[n]
+                                      for n, p in plan.first if n in cfg.sweep.include_seeds})
     trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0.01})   # it waits; its Train workers hold CPUs
     tune_path = sweep_dir / TUNE_DIR
@@ -295,14 +296,14 @@ def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: i
              f"{int(ray.cluster_resources().get('CPU', 0))} CPUs in the cluster, {per_trial:g} "
              f"per trial → {concurrency} trial(s) at a time"]
     sw = cfg.sweep
-    if sw.seeds > 1 or sw.include_seeds > 1:
-        which = (f"{sw.seeds} per point" + (f", {sw.include_seeds} for the include points"
-                                            if sw.include_seeds and not plan.lines else ""))
+    named = {} if plan.lines else sw.include_seeds
+    if sw.seeds > 1 or any(k > 1 for k in named.values()):
+        which = f"{sw.seeds} per point" + "".join(f", {k} for {n}" for n, k in named.items())
         lines.append(f"replicates: {which} (training seeds from {sw.seed}; the world stays "
                      f"fixed); the search and ASHA see each point's mean")
     else:
         lines.append("one seed per point: the leaderboard has no noise estimate (set "
-                     "sweep.seeds, or sweep.include_seeds for a pooled one)")
+                     "sweep.seeds, or sweep.include_seeds: {none: 3} for a pooled one)")
     if plan.lines:
         lines.append(f"grid: {len(plan.lines)} lines: "
                      + "; ".join(f"{n} {p.mix_label()}" for n, p in plan.lines))

@@ -57,12 +57,13 @@ class TrialContext:
     instance: str                     # this sweep's id (see run._check_resume)
     trials_dir: str                   # <sweep_dir>/trials-<instance>: one folder per trial
     lines: dict[str, dict[str, Any]] = field(default_factory=dict)   # replay: line → point params
-    include_keys: tuple[str, ...] = ()       # search: the `include` points (sweep.include_seeds)
+    # search: point key → replicates of the include points named in sweep.include_seeds
+    include_seeds: dict[str, int] = field(default_factory=dict)
 
     def seeds_for(self, point: TrialPoint) -> list[int]:
         """The training seeds of the point's replicates."""
         s = self.cfg.sweep
-        k = s.include_seeds if s.include_seeds and point.key() in self.include_keys else s.seeds
+        k = self.include_seeds.get(point.key(), s.seeds)
         return [s.seed + i for i in range(k)]
 
 
