@@ -110,7 +110,7 @@ class Leaderboard:
         if not self.has_intervals():
             return ("one seed per line: no noise estimate, so no intervals and no line is "
                     "shown as better than another beyond noise (run with sweep.seeds ≥ 2, or "
-                    "sweep.include_seeds ≥ 2 for a pooled estimate)")
+                    "sweep.include_seeds: {none: 3} for a pooled estimate)")
         rule = ("± = 95% t-interval of the mean over seeds; ≈best = not distinguishable from "
                 "the best line (Welch's two-sided t-test on Meta-Sum, 5%)")
         if seeds[0] == 1:
