@@ -37,6 +37,8 @@ def test_quiet_shows_vlp_lines_and_logs_the_rest(dispatcher, tmp_path, capsys):
                  actor="TrainController"))
     d.emit(batch(["[sweep] t001 stage 1/4: finetune + evaluate vqa",
                   "[2026-11-25] [INFO] [engine.py] DeepSpeed info: version=0.18"]))
+    # the same worker line again on the other stream (Ray Train's print patch): shown once
+    d.emit(batch(["[sweep] t001 stage 1/4: finetune + evaluate vqa"], is_err=True))
     d.emit(batch(["A worker died or was killed while executing a task"], pid="raylet"))
     d.emit(batch(["======== Autoscaler status: 2026-11-25 14:21:21 ========"],
                  pid="autoscaler", actor=""))
@@ -48,7 +50,7 @@ def test_quiet_shows_vlp_lines_and_logs_the_rest(dispatcher, tmp_path, capsys):
                    "[sweep] t001 stage 1/4: finetune + evaluate vqa",
                    "A worker died or was killed while executing a task"]
     written = log.read_text().splitlines()
-    assert len(written) == 7 and ray_printed == []
+    assert len(written) == 8 and ray_printed == []
     assert written[0] == ("(TrainController pid=4242) Reporting training result 1: "
                           "TrainingReport(...)")
     assert written[-1].startswith("(RayTrainWorker pid=4242) Checkpoint successfully")

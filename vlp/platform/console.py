@@ -19,6 +19,7 @@ router is not installed and Ray prints as usual.
 
 from __future__ import annotations
 
+import collections
 import threading
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ class RayOutputRouter:
         self.path: Path | None = None
         self._pending: list[str] = []
         self._lock = threading.Lock()
+        # a Train worker's print reaches the driver twice (Ray Train's print patch logs it
+        # through the root logger, whose console handler echoes it on the other stream):
+        # the terminal shows a process's line once
+        self._shown: dict[Any, collections.deque] = {}
 
     def __call__(self, data: dict[str, Any]) -> None:
         import sys
@@ -48,7 +53,10 @@ class RayOutputRouter:
         for line in data.get("lines", []):
             text = str(line)
             if text.lstrip().startswith(VLP_PREFIXES) or pid == "raylet":
-                shown.append(text)
+                recent = self._shown.setdefault(pid, collections.deque(maxlen=16))
+                if text not in recent:
+                    recent.append(text)
+                    shown.append(text)
             self._write(f"{prefix} {text}")
         for text in shown:
             print(text, file=sys.stdout, flush=True)
