@@ -63,7 +63,8 @@ class Row:
 
     @property
     def seeds(self) -> int:
-        return len(self.seed_values.get("meta_sum") or self.seed_values.get("score") or [1])
+        """Replicates with results (a trial stopped early has parts, not Meta-Sum)."""
+        return max((len(v) for v in self.seed_values.values()), default=1)
 
     def cell(self, key: str) -> str:
         """``165.00 ± 12.42`` (mean ± 95% CI half-width), or the mean alone."""
