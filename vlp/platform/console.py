@@ -92,7 +92,8 @@ def configure(*, quiet: bool) -> None:
         # Tune's default reporter prints its experiment box and a results/TensorBoard hint
         # even at verbose=0; its legacy reporter at verbose=0 prints nothing (read when the
         # Tuner runs, in this process only)
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")     # "Creating initial MLflow database tables", "A new study created", ...
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        # "Creating initial MLflow database tables", "A new study created in memory", ...
         import mlflow  # noqa: F401  (it sets its loggers' levels on import: import it first)
 
         for name in ("mlflow", "optuna", "alembic"):
