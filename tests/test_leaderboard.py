@@ -62,6 +62,14 @@ def test_rows_in_table3_columns_ranked_by_meta_sum(store):
     assert board.best().trial == "t002"
 
 
+def test_without_meta_sum_the_note_says_why_there_are_no_intervals(store):
+    uri, parent = store
+    board = load_leaderboard(uri, parent.run_id)
+    for r in board.rows:          # a sweep whose benchmarks leave Meta-Sum parts out
+        r.meta_sum = None
+    assert "no line has all five Meta-Sum parts" in board.noise_note()
+
+
 def test_replay_keeps_the_papers_line_order(store):
     uri, parent = store
     parent.set_tags({"vlp.sweep.mode": "replay:table3"})

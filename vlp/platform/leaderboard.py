@@ -106,6 +106,9 @@ class Leaderboard:
         """How to read the ± and the ≈ marks (printed under every table)."""
         done = [r for r in self.rows if r.meta_sum is not None]
         if not done:
+            if any(r.state == "completed" for r in self.rows):
+                return ("no line has all five Meta-Sum parts (the sweep's benchmarks leave some "
+                        "out): the intervals and the ranking rule are on Meta-Sum, so none here")
             return "no finished line yet"
         seeds = sorted({r.seeds for r in done})
         if not self.has_intervals():
