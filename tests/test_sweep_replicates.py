@@ -149,3 +149,21 @@ def test_include_seeds_replicate_the_named_include_points_only(tmp_path):
         load_sweep_config(CONFIG, [f"world={tmp_path}", "sweep.include_seeds={mlm: 2}"])
     with pytest.raises(ConfigError, match="lists none more than once"):
         load_sweep_config(CONFIG, [f"world={tmp_path}", "sweep.include=[none,none]"])
+
+
+def test_a_checkpoint_from_before_replicates_resumes_as_one_replicate(setup, monkeypatch,
+                                                                      tmp_path):
+    ctx, tune = setup
+    ctx.cfg.sweep.seeds = 1
+    old = tmp_path / "old-ckpt"
+    old.mkdir()
+    (old / "sweep_trial.json").write_text(json.dumps({
+        "done": 1, "checkpoint": "/ckpt/t001", "scores": {"ir": 10.0, "tr": 20.0},
+        "steps": 6, "seconds": 1.0, "pretrain_loss": 1.0, "mlflow_run_id": None}))
+    tune.checkpoint = ray.tune.Checkpoint.from_directory(str(old))
+    stages = Stages()
+    stages.finetune = lambda ctx, point, name, trial_dir, run_id, bench, rep: (
+        stages.calls.append((bench, rep.seed)), rep.scores.update({"vqa": 40.0}))
+    run_with(stages, ctx, monkeypatch)
+    assert stages.calls == [("vqa", 0)]
+    assert tune.reports[-1]["score"] == pytest.approx(70.0)

@@ -102,8 +102,13 @@ class TrialState:
             else None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "TrialState":
+    def from_json(cls, data: dict[str, Any], first_seed: int = 0) -> "TrialState":
         reps = [Replicate(**r) for r in data.pop("replicates", [])]
+        if not reps and data.get("done", -1) >= 0:
+            # a checkpoint written before replicates: one trial state is its one replicate
+            reps = [Replicate(first_seed, data["done"], data.get("checkpoint"),
+                              dict(data.get("scores") or {}), int(data.get("steps", 0)),
+                              float(data.get("seconds", 0.0)), data.get("pretrain_loss"))]
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known}, replicates=reps)
 
@@ -307,17 +312,18 @@ def _report(state: TrialState, stage: int, total: int, benchmarks: list[str],
         ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(tmp))
 
 
-def _load_state(checkpoint: Any) -> TrialState:
+def _load_state(checkpoint: Any, first_seed: int = 0) -> TrialState:
     if checkpoint is None:
         return TrialState()
     with checkpoint.as_directory() as folder:
-        return TrialState.from_json(json.loads(Path(folder, STATE_FILE).read_text()))
+        return TrialState.from_json(json.loads(Path(folder, STATE_FILE).read_text()),
+                                    first_seed)
 
 
 def _resume_state(checkpoint: Any, trial_dir: str, seeds: list[int]) -> TrialState:
     """The state of Tune's last checkpoint, or the replicates file when it is further on
     (replicates finished after the last report); replicates missing from both start fresh."""
-    state = _load_state(checkpoint)
+    state = _load_state(checkpoint, seeds[0])
     path = Path(trial_dir) / REPLICATES_FILE
     if path.is_file():
         saved = TrialState.from_json(json.loads(path.read_text()))
