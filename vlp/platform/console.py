@@ -95,8 +95,10 @@ def configure(*, quiet: bool) -> None:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         # "Creating initial MLflow database tables", "A new study created in memory", ...
         import mlflow  # noqa: F401  (it sets its loggers' levels on import: import it first)
+        import optuna
 
-        for name in ("mlflow", "optuna", "alembic"):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)   # its logger is set up lazily
+        for name in ("mlflow", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
