@@ -154,6 +154,7 @@ def test_mlflow_and_cli_carry_the_intervals(pooled_store, tmp_path, capsys):
     assert main(["leaderboard", "--run-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "± = 95% t-interval" in out and "Welch" in out
+    assert "within noise of the best (not a real difference at this budget): t004" in out
 
 
 def test_the_verdicts_say_what_the_ranking_supports(pooled_store, tmp_path):
