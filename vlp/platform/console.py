@@ -1,10 +1,10 @@
 """What reaches the terminal from Ray's processes. Quiet (the ``vlp`` commands' default):
 vlp's own lines (``[sweep] …``, ``[vlp pretrain] …``), printed without Ray's
 ``(RayTrainWorker pid=…)`` prefix, and the raylet's warnings (a worker killed for memory);
-everything else the workers, Train controllers, Tune trials and the autoscaler print (Ray
-Train's INFO logs such as ``Reporting training result …``, DeepSpeed's logs, tracebacks,
-the autoscaler's status every few seconds) goes to a log file in the run folder; the
-driver's own INFO chatter from MLflow and Optuna is turned down to warnings. Verbose
+everything else the workers, Train controllers and Tune trials print (Ray Train's INFO logs
+such as ``Reporting training result …``, DeepSpeed's logs, tracebacks) goes to a log file in
+the run folder (the autoscaler's status table, which Ray's own printer drops, is dropped);
+the driver's own INFO chatter from MLflow and Optuna is turned down to warnings. Verbose
 (``--verbose``): everything prints as it always does.
 
     configure(quiet=not args.verbose)      # a command, before it starts anything
@@ -52,6 +52,8 @@ class RayOutputRouter:
         shown = []
         for line in data.get("lines", []):
             text = str(line)
+            if pid == "autoscaler" and ":event_summary:" not in text:
+                continue       # its status table every few seconds: Ray's printer drops it too
             if text.lstrip().startswith(VLP_PREFIXES) or pid == "raylet":
                 recent = self._shown.setdefault(pid, collections.deque(maxlen=16))
                 if text not in recent:
