@@ -129,8 +129,13 @@ def apply() -> bool:
 
 def log_to(path: str | Path) -> Path | None:
     """Send the routed output to ``path`` from now on (with what came before it; before Ray
-    starts: once it does); the path, or None when verbose."""
+    starts: once it does); the path, or None when nothing is routed (verbose, or Ray was
+    started by someone else, e.g. a ``ray job`` entry script, and prints as usual)."""
+    import ray
+
     if not _state["quiet"]:
+        return None
+    if _state["router"] is None and ray.is_initialized():
         return None
     _state["path"] = Path(path)
     if _state["router"] is not None:
