@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from vlp.platform import console
 
     cfg = load_finetune_config(args.config, overrides(args))
-    console.configure(quiet=not args.verbose)
+    console.configure(quiet=not getattr(args, "verbose", False))   # jobs/finetune.py: no flag
     ray_log = console.log_to(Path(cfg.run.output_dir).expanduser().resolve()
                              / f"{cfg.run.name}-{console.RAY_LOG}")
     if ray_log is not None:
