@@ -30,14 +30,17 @@ def leaderboard_figure(board: Leaderboard, title: str = "") -> Any:
         ax.barh(y, widths, left=left, color=colour, label=label, height=0.7)
         left = [a + b for a, b in zip(left, widths)]
     cis = [(r.est["meta_sum"].ci95() if "meta_sum" in r.est else None) or 0.0 for r in rows]
+    # the bar's end is the sum of the mean parts, which is the mean Meta-Sum; a line without
+    # Meta-Sum (stopped early) ends at its parts so far
+    ends = [r.meta_sum if r.meta_sum is not None else total for r, total in zip(rows, left)]
     if any(cis):
-        ax.errorbar(left, y, xerr=cis, fmt="none", ecolor="black", elinewidth=1.2, capsize=3)
+        ax.errorbar(ends, y, xerr=cis, fmt="none", ecolor="black", elinewidth=1.2, capsize=3)
         best = board.best()
         if best is not None and best.est["meta_sum"].ci95() is not None:
             ax.axvline(best.meta_sum - best.est["meta_sum"].ci95(), color="grey",
                        linestyle="--", linewidth=0.8)
-    right = max([a + c for a, c in zip(left, cis)] + [1.0])
-    for yi, r, total, ci in zip(y, rows, left, cis):
+    right = max([a + c for a, c in zip(ends, cis)] + [1.0])
+    for yi, r, total, ci in zip(y, rows, ends, cis):
         text = r.status() if r.meta_sum is None else (
             f"{r.meta_sum:.1f}" + (f" ± {ci:.1f}" if ci else "")
             + (f" ({r.verdict})" if r.verdict and r.verdict != "below" else ""))
