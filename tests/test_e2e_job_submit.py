@@ -212,7 +212,8 @@ def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job):
     assert parent.info.status == "FINISHED" and parent.data.tags["vlp.state"] == "completed"
     assert parent.data.metrics["trials"] == 2 and parent.data.metrics["trial_errors"] == 0
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "leaderboard")} == {
-        "leaderboard/leaderboard.md", "leaderboard/meta_sum.png"}
+        "leaderboard/leaderboard.md", "leaderboard/leaderboard.csv",
+        "leaderboard/leaderboard.json", "leaderboard/meta_sum.png"}
 
     trials = {t.data.tags["vlp.sweep.trial"]: t for t in client.search_runs(
         [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}

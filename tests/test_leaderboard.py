@@ -50,14 +50,24 @@ def test_rows_in_table3_columns_ranked_by_meta_sum(store):
     assert [r.trial for r in board.rows] == ["t002", "t001", "t003", "t004"]
     md = board.markdown().splitlines()
     assert md[0] == ("| # | Trial | Pre-training data | Pre-training tasks | Ratios | Init | "
-                     "Meta-Sum | VQA | IR | TR | NLVR2 | RefCOCO+ | Steps | Status |")
-    assert md[2] == ("| 1 | t002 | In-domain | MLM+ITM+MRC-kl+MRFR | 2:2:1:1 | random | 275.75 "
-                     "| 60.00 | 50.00 | 55.50 | 70.25 | 40.00 | 1,500 | done |")
-    assert "| None | None | - | random | 175.75 |" in md[3]
+                     "Seeds | Meta-Sum | VQA | IR | TR | NLVR2 | RefCOCO+ | Steps | Status |")
+    assert md[2] == ("| 1 | t002 | In-domain | MLM+ITM+MRC-kl+MRFR | 2:2:1:1 | random | 1 | "
+                     "275.75 | 60.00 | 50.00 | 55.50 | 70.25 | 40.00 | 1,500 | done |")
+    assert "| None | None | - | random | 1 | 175.75 |" in md[3]
+    # one seed per line and no replicated line: no intervals, and it says so
+    assert not board.has_intervals() and "one seed per line" in board.noise_note()
     assert md[4].endswith("| 400 | stopped by ASHA after stage 1/4 |")
     assert "Out-of-domain | ITM (w/o cond. mask)" in md[4]
     assert md[5].endswith("| failed |")
     assert board.best().trial == "t002"
+
+
+def test_without_meta_sum_the_note_says_why_there_are_no_intervals(store):
+    uri, parent = store
+    board = load_leaderboard(uri, parent.run_id)
+    for r in board.rows:          # a sweep whose benchmarks leave Meta-Sum parts out
+        r.meta_sum = None
+    assert "no line has all five Meta-Sum parts" in board.noise_note()
 
 
 def test_replay_keeps_the_papers_line_order(store):

@@ -24,13 +24,14 @@ def test_search_is_seeded_tpe_with_asha_on_the_stage():
     cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", ["sweep.seed=7"])
     tc = _tune_config(cfg, SweepPlan(), concurrency=2)
     assert isinstance(tc.search_alg, OptunaSearch) and isinstance(tc.scheduler, ASHAScheduler)
-    assert (tc.metric, tc.mode, tc.num_samples, tc.max_concurrent_trials) == ("score", "max", 4, 2)
+    assert (tc.metric, tc.mode, tc.num_samples, tc.max_concurrent_trials) == ("score", "max", 3, 2)
     assert tc.scheduler._time_attr == "stage" and tc.scheduler._max_t == 4
     assert _param_space(SweepPlan()) == {}
 
 
 def test_the_search_is_reproducible_for_a_seed():
-    cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", ["sweep.include=[]"])
+    cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", ["sweep.include=[]",
+                                                          "sweep.include_seeds={}"])
 
     def first(seed: int) -> list[dict]:
         cfg.sweep.seed = seed
@@ -68,3 +69,35 @@ def test_a_trial_reports_the_meta_sum_parts_so_far():
     m = result_metrics(state, 4, 4)
     assert m["meta_sum"] == pytest.approx(167.0) == m["score"]
     assert m["refcoco_plus"] == 50.0 and "refcoco+" not in m      # MLflow-safe key
+
+
+def test_a_repeat_proposal_is_not_a_trial(tmp_path):
+    """A two-point space (no pretraining, MLM alone): the search hands out each point once,
+    numbered by distinct point, turns repeats away as PRUNED, then ends as exhausted."""
+    from optuna.trial import TrialState as OptunaState
+    from ray.tune.search import Searcher
+
+    from vlp.platform.sweep.distinct_search import space_exhausted
+    from vlp.platform.sweep.point import TrialPoint
+    from vlp.platform.sweep.run import EXHAUSTED_FILE
+
+    cfg = load_sweep_config(CONFIGS / "sweep-demo.yaml", [
+        f"sweep.output_dir={tmp_path}", "sweep.include=[none]", "sweep.num_samples=4",
+        "space.tasks=[mlm]", "space.ratios=[1]", "space.masking=[conditional]",
+        "space.data=[in]", "sweep.tpe_startup=1"]).resolved()
+    search = _tune_config(cfg, SweepPlan(first=(("none", TrialPoint()),)), 1).search_alg
+    first = search.suggest("a")
+    assert TrialPoint.from_params(first["point"]) == TrialPoint() and first["trial_number"] == 0
+    search.on_trial_complete("a", {"score": 10.0})
+    second = search.suggest("b")
+    assert TrialPoint.from_params(second["point"]) == TrialPoint.of({"mlm": 1})
+    assert second["trial_number"] == 1
+    search.on_trial_complete("b", {"score": 20.0})
+    before = search.redraws                  # repeats turned away while finding the second
+    assert search.suggest("c") == Searcher.FINISHED           # only repeats are left
+    assert search.redraws - before == 51
+    states = [t.state for t in search._ot_study.trials]
+    assert states.count(OptunaState.COMPLETE) == 2
+    assert states.count(OptunaState.PRUNED) == search.redraws == len(states) - 2
+    marker = cfg.sweep_dir / EXHAUSTED_FILE
+    assert space_exhausted(marker).startswith("2 distinct points")

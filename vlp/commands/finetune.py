@@ -37,6 +37,9 @@ def register(sub) -> None:
     add_common(p)
     p.add_argument("--list-benchmarks", action="store_true",
                    help="list the registered benchmarks with their options and defaults, exit")
+    p.add_argument("--verbose", action="store_true",
+                   help="print Ray's own output (Train logs, every worker's prints) here too; "
+                        "by default it goes to a log file in the run folder")
     p.set_defaults(func=run)
 
 
@@ -107,7 +110,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from vlp.platform.finetune import load_finetune_config, run_finetune
 
+    from pathlib import Path
+
+    from vlp.platform import console
+
     cfg = load_finetune_config(args.config, overrides(args))
+    console.configure(quiet=not getattr(args, "verbose", False))   # jobs/finetune.py: no flag
+    ray_log = console.log_to(Path(cfg.run.output_dir).expanduser().resolve()
+                             / f"{cfg.run.name}-{console.RAY_LOG}")
+    if ray_log is not None:
+        print(f"[vlp finetune] Ray's own output → {ray_log} (--verbose prints it here)")
     report = run_finetune(cfg)
     print("\n".join(report.lines()))
     return 0

@@ -1,4 +1,6 @@
-"""`vlp leaderboard`: print a sweep's leaderboard (Table 3's columns) from MLflow."""
+"""`vlp leaderboard`: print a sweep's leaderboard (Table 3's columns, each line's mean ± 95%
+interval over its seeds, and which lines are not distinguishable from the best) from MLflow;
+``--csv`` / ``--json`` print it as data."""
 
 from __future__ import annotations
 
@@ -9,12 +11,17 @@ def register(sub) -> None:
     p = sub.add_parser("leaderboard", help="print a sweep's leaderboard from MLflow",
                        description="Print the leaderboard of the latest sweep (or the one "
                                    "named) from its MLflow runs: pre-training data, task mix, "
-                                   "Meta-Sum, VQA, IR, TR, NLVR2, RefCOCO+ per trial.")
+                                   "Meta-Sum, VQA, IR, TR, NLVR2, RefCOCO+ per line: the mean "
+                                   "over its seeds ± the 95%% t-interval, and whether it is "
+                                   "distinguishable from the best line (Welch's t-test, 5%%).")
     add_store_arguments(p)
     p.add_argument("--experiment", metavar="NAME",
                    help="MLflow experiment (default: any experiment holding sweeps)")
     p.add_argument("--sweep", metavar="NAME", help="the sweep's name (default: the latest)")
     p.add_argument("--run-id", help="the sweep's parent run id")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="print the lines as CSV")
+    fmt.add_argument("--json", action="store_true", help="print the lines as JSON")
     p.set_defaults(func=run)
 
 
@@ -52,6 +59,16 @@ def run(args: argparse.Namespace) -> int:
     uri = tracking_uri(args)
     run_id = args.run_id or find_sweep_run(uri, args.experiment, sweep=args.sweep).info.run_id
     board = load_leaderboard(uri, run_id)
+    if args.csv or args.json:
+        from vlp.platform.leaderboard_export import csv_text, json_text
+
+        print((csv_text if args.csv else json_text)(board), end="")
+        return 0
     print(f"# {board.sweep} ({board.mode}), parent run {run_id}\n")
-    print(board.markdown(), end="")
+    print(board.markdown())
+    print(board.noise_note())
+    from vlp.commands.sweep import ranking_verdict
+
+    for line in ranking_verdict(board):
+        print(line)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -55,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="validate the config and the data, print the derived sizes, exit "
                         "(no Ray, no training)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print Ray's own output (Train logs, every worker's prints) here too; "
+                        "by default it goes to a log file in the run folder")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -96,7 +100,14 @@ def _run(args: argparse.Namespace) -> int:
         for line in summary(cfg, prepare(cfg)):
             print(f"[vlp pretrain] {line}")
         return 0
+    from vlp.platform import console
+
+    console.configure(quiet=not getattr(args, "verbose", False))
+    ray_log = console.log_to(Path(cfg.run.output_dir).expanduser().resolve() / cfg.run.name
+                             / console.RAY_LOG)
     start_ray(cfg)
+    if ray_log is not None:
+        print(f"[vlp pretrain] Ray's own output → {ray_log} (--verbose prints it here)")
     result = pretrain(cfg, parent_run_id=args.parent_run_id)
     print("\n".join(result_lines(result)))
     return 0 if result.completed or cfg.train.stop_after else 1

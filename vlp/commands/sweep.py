@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="check the config, the space and the world; run nothing")
     p.add_argument("--list-replays", action="store_true", help="list the replays and their lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="print Ray's own output (Train/Tune logs, every worker's prints) "
+                        "here too; by default it goes to a log file in the run folder")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -69,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_replays:
         list_replays()
         return 0
+    from vlp.platform import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
 
+    console.configure(quiet=not args.verbose)
     cfg = load_sweep_config(args.config, overrides(args))
     if args.check:
         from vlp.platform.sweep.preflight import check_sweep
@@ -91,12 +96,35 @@ def report(result) -> int:
     print(f"\nLeaderboard of {board.sweep} ({board.mode}); {result.trials} trials, "
           f"{result.errors} failed, {result.seconds:.0f} s:\n")
     print(board.markdown())
-    best = board.best()
-    if best is not None:
-        print(f"best: {best.trial} {best.tasks} ({best.data}) Meta-Sum {best.meta_sum:.2f}")
+    print(board.noise_note())
+    for line in ranking_verdict(board):
+        print(line)
     print(f"MLflow: parent run {result.parent_run_id} in {result.tracking_uri}")
     print(ui_hint(result.tracking_uri), flush=True)
     if result.interrupted:
         print("interrupted: run the same command again to resume (finished trials are kept)")
         return 130
     return 1 if result.trials and result.errors == result.trials else 0
+
+
+def ranking_verdict(board) -> list[str]:
+    """What the ranking supports, in words: the best line, and the lines that its noise does
+    not separate from it (or that there is no noise estimate to tell)."""
+    best = board.best()
+    if best is None:
+        return []
+    out = [f"best: {best.trial} {best.tasks} ({best.data}) Meta-Sum {best.cell('meta_sum')}"]
+    done = [r for r in board.rows if r.meta_sum is not None and r is not best]
+    if not done:
+        return out
+    if not board.has_intervals():
+        out.append("with one seed per line this order is not evidence: the gaps may be seed "
+                   "noise (set sweep.seeds, or sweep.include_seeds for a pooled estimate)")
+        return out
+    tied = [r for r in done if r.verdict == "≈best"]
+    if tied:
+        out.append(f"within noise of the best (not a real difference at this budget): "
+                   + "; ".join(f"{r.trial} {r.tasks} {r.cell('meta_sum')}" for r in tied))
+    else:
+        out.append("every other line is below the best beyond its noise")
+    return out

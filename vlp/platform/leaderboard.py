@@ -1,24 +1,37 @@
-"""A sweep's leaderboard, read from MLflow: one row per trial in UNITER Table 3's columns.
+"""A sweep's leaderboard, read from MLflow: one row per point of the space (a line) in UNITER
+Table 3's columns, each with its seeds' mean and 95% interval.
 
     board = load_leaderboard(tracking_uri, parent_run_id)     # or find_sweep_run(...) first
     print(board.markdown())
-    board.rows[0].meta_sum, board.rows[0].scores["vqa"]
+    board.rows[0].meta_sum, board.rows[0].est["meta_sum"].ci95(), board.rows[0].verdict
 
 The rows come from the trial runs' metrics and tags, so the table logged on the sweep's
 parent run and the one ``vlp leaderboard`` prints are the same numbers. A replay lists its
-lines in the paper's order; a search ranks by Meta-Sum (then by the score so far, for trials
-stopped early or still running).
+lines in the paper's order; a search ranks by mean Meta-Sum (then by the score so far, for
+trials stopped early or still running). A trial that reused a twin's results (the search
+proposed a point it had run) is not a line of its own.
+
+Noise (``leaderboard_stats``): a line with several seeds gets mean ± the 95% t-interval of
+the mean; a line with one seed gets the pooled spread of the replicated lines when there are
+any, and no interval otherwise. The rule for "not distinguishable from the best line" is
+Welch's two-sided t-test at 5% on Meta-Sum.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from vlp.platform.leaderboard_stats import (Estimate, estimate, indistinguishable,
+                                            pooled_variance, welch_p)
 
 PARTS = (("vqa", "VQA"), ("ir", "IR"), ("tr", "TR"), ("nlvr2", "NLVR2"),
          ("refcoco_plus", "RefCOCO+"))       # metric key on the trial run → Table 3 column
 SWEEP_JOB, TRIAL_JOB = "sweep", "sweep-trial"      # vlp.platform.sweep.tracking
+KEYS = ("meta_sum",) + tuple(k for k, _ in PARTS)
+_SEED_KEY = re.compile(r"^seed(\d+)\.(.+)$")         # per replicate (sweep/trial.py)
 
 
 class LeaderboardError(LookupError):
@@ -42,6 +55,24 @@ class Row:
     seconds: float | None
     run_id: str
     error: str = ""
+    point_key: str = ""
+    seed_values: dict[str, list[float]] = field(default_factory=dict)   # key → one per seed
+    est: dict[str, Estimate] = field(default_factory=dict)    # key → mean and its noise
+    verdict: str = ""          # best | ≈best | below | "" (no noise estimate / not finished)
+    p_vs_best: float | None = None
+
+    @property
+    def seeds(self) -> int:
+        """Replicates with results (a trial stopped early has parts, not Meta-Sum)."""
+        return max((len(v) for v in self.seed_values.values()), default=1)
+
+    def cell(self, key: str) -> str:
+        """``165.00 ± 12.42`` (mean ± 95% CI half-width), or the mean alone."""
+        e = self.est.get(key)
+        if e is None:
+            return _num(self.meta_sum if key == "meta_sum" else self.scores.get(key))
+        ci = e.ci95()
+        return _num(e.mean) if ci is None else f"{e.mean:.2f} ± {ci:.2f}"
 
     def status(self) -> str:
         if self.state == "completed":
@@ -60,24 +91,76 @@ class Leaderboard:
     mode: str                   # search | replay:<name>
     parent_run_id: str
     rows: list[Row] = field(default_factory=list)
+    pooled_from: list[str] = field(default_factory=list)   # lines whose spread is pooled
+    pooled_df: float = 0.0
 
     def best(self) -> Row | None:
         done = [r for r in self.rows if r.meta_sum is not None]
         return max(done, key=lambda r: r.meta_sum) if done else None
 
+    def has_intervals(self) -> bool:
+        return any(r.est.get("meta_sum") is not None and r.est["meta_sum"].df > 0
+                   for r in self.rows)
+
+    def noise_note(self) -> str:
+        """How to read the ± and the ≈ marks (printed under every table)."""
+        done = [r for r in self.rows if r.meta_sum is not None]
+        if not done:
+            if any(r.state == "completed" for r in self.rows):
+                return ("no line has all five Meta-Sum parts (the sweep's benchmarks leave some "
+                        "out): the intervals and the ranking rule are on Meta-Sum, so none here")
+            return "no finished line yet"
+        seeds = sorted({r.seeds for r in done})
+        if not self.has_intervals():
+            return ("one seed per line: no noise estimate, so no intervals and no line is "
+                    "shown as better than another beyond noise (run with sweep.seeds ≥ 2, or "
+                    "sweep.include_seeds: {none: 3} for a pooled estimate)")
+        rule = ("± = 95% t-interval of the mean over seeds; ≈best = not distinguishable from "
+                "the best line (Welch's two-sided t-test on Meta-Sum, 5%)")
+        if seeds[0] == 1:
+            rule += (f"; lines with one seed take the pooled spread of "
+                     f"{', '.join(self.pooled_from)} ({self.pooled_df:g} degrees of freedom)")
+        return f"{'/'.join(map(str, seeds))} seed(s) per line; {rule}"
+
     def markdown(self) -> str:
-        head = ["#", "Trial", "Pre-training data", "Pre-training tasks", "Ratios", "Init",
-                "Meta-Sum"] + [label for _, label in PARTS] + ["Steps", "Status"]
+        marks = self.has_intervals()
+        head = (["#", "Trial", "Pre-training data", "Pre-training tasks", "Ratios", "Init",
+                 "Seeds", "Meta-Sum"] + (["vs best"] if marks else [])
+                + [label for _, label in PARTS] + ["Steps", "Status"])
         lines = [_md_row(head), _md_row(["---:" if h in _NUMERIC else "---" for h in head])]
         for i, r in enumerate(self.rows, 1):
-            cells = [str(i), r.trial, r.data, r.tasks, r.ratios, r.init, _num(r.meta_sum)]
-            cells += [_num(r.scores.get(k)) for k, _ in PARTS]
+            cells = [str(i), r.trial, r.data, r.tasks, r.ratios, r.init, str(r.seeds),
+                     r.cell("meta_sum")] + ([r.verdict] if marks else [])
+            cells += [r.cell(k) for k, _ in PARTS]
             cells += ["" if r.steps is None else f"{r.steps:,}", r.status()]
             lines.append(_md_row(cells))
         return "\n".join(lines) + "\n"
 
+    def estimate_noise(self) -> None:
+        """Each line's estimates and its verdict against the best line (see the module)."""
+        done = [r for r in self.rows if r.meta_sum is not None]
+        replicated = [r for r in done if len(r.seed_values.get("meta_sum", [])) >= 2]
+        self.pooled_from = [f"{r.trial} {r.tasks} ({r.seeds} seeds)" for r in replicated]
+        for key in KEYS:
+            pooled = pooled_variance([r.seed_values.get(key, []) for r in replicated])
+            if key == "meta_sum" and pooled is not None:
+                self.pooled_df = pooled[1]
+            for r in done:
+                if r.seed_values.get(key):
+                    r.est[key] = estimate(r.seed_values[key], pooled)
+        if not done:
+            return
+        best = max(done, key=lambda r: r.est["meta_sum"].mean)
+        for r in done:
+            if r is best:
+                r.verdict = "best"
+                continue
+            same = indistinguishable(r.est["meta_sum"], best.est["meta_sum"])
+            r.p_vs_best = welch_p(r.est["meta_sum"], best.est["meta_sum"])
+            r.verdict = "" if same is None else ("≈best" if same else "below")
 
-_NUMERIC = {"#", "Meta-Sum", "Steps"} | {label for _, label in PARTS}
+
+_NUMERIC = {"#", "Seeds", "Meta-Sum", "Steps"} | {label for _, label in PARTS}
 
 
 def _md_row(cells: list[str]) -> str:
@@ -128,13 +211,19 @@ def load_leaderboard(tracking_uri: str, parent_run_id: str) -> Leaderboard:
         [parent.info.experiment_id], max_results=10_000,
         filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
                       f"tags.`vlp.job` = '{TRIAL_JOB}'")
-    rows = [_row(t) for t in trials]
+    # a twin's reused results are its original's, not a line of their own
+    rows = [_row(t) for t in trials if "vlp.duplicate_of" not in t.data.tags]
+    board = Leaderboard(parent.info.run_name, mode, parent_run_id, rows)
+    board.estimate_noise()
+    for r in rows:                            # the line's value is its mean
+        if r.meta_sum is not None:
+            r.meta_sum = r.est["meta_sum"].mean
     if mode.startswith("replay"):
         rows.sort(key=lambda r: r.trial)
     else:
         rows.sort(key=lambda r: (r.meta_sum is None, -(r.meta_sum or 0.0), -(r.score or 0.0),
                                  r.trial))
-    return Leaderboard(parent.info.run_name, mode, parent_run_id, rows)
+    return board
 
 
 def _row(run: Any) -> Row:
@@ -150,7 +239,21 @@ def _row(run: Any) -> Row:
                meta_sum=m.get("meta_sum"), scores={k: m.get(k) for k, _ in PARTS},
                score=m.get("score"), stage=as_int("stage"), stages=as_int("stages"),
                state=state, steps=as_int("trial_steps"), seconds=m.get("trial_seconds"),
-               run_id=run.info.run_id, error=t.get("vlp.error", ""))
+               run_id=run.info.run_id, error=t.get("vlp.error", ""),
+               point_key=t.get("vlp.point_key", ""), seed_values=_seed_values(m))
+
+
+def _seed_values(m: dict[str, float]) -> dict[str, list[float]]:
+    """key → the replicates' values in seed order; a run without per-seed metrics (one
+    seed, or logged before replicates existed) has its one value."""
+    per: dict[str, dict[int, float]] = {}
+    for k, v in m.items():
+        hit = _SEED_KEY.match(k)
+        if hit:
+            per.setdefault(hit.group(2), {})[int(hit.group(1))] = v
+    if per:
+        return {k: [vals[s] for s in sorted(vals)] for k, vals in per.items()}
+    return {k: [m[k]] for k in KEYS if k in m}
 
 
 def _shown(uri: str) -> str:
@@ -162,23 +265,40 @@ def _shown(uri: str) -> str:
 # ---- writing to the parent run -----------------------------------------------------------------
 
 LEADERBOARD_MD = "leaderboard/leaderboard.md"
+LEADERBOARD_CSV = "leaderboard/leaderboard.csv"
+LEADERBOARD_JSON = "leaderboard/leaderboard.json"
 LEADERBOARD_PNG = "leaderboard/meta_sum.png"
 
 
 def log_leaderboard(tracking_uri: str, board: Leaderboard) -> None:
-    """The table (markdown) and the chart (PNG) as artifacts of the sweep's parent run, and
-    the best Meta-Sum as a metric."""
+    """The table (markdown, CSV, JSON) and the chart (PNG, with error bars) as artifacts of
+    the sweep's parent run; the best mean Meta-Sum there; each line's ``meta_sum_mean`` and
+    ``meta_sum_ci95`` on its trial run."""
     from mlflow.tracking import MlflowClient
 
+    from vlp.platform.leaderboard_export import csv_text, json_text
     from vlp.platform.leaderboard_plot import leaderboard_figure
 
     client = MlflowClient(tracking_uri)
     title = f"{board.sweep} ({board.mode})"
-    client.log_text(board.parent_run_id, f"# {title}\n\n{board.markdown()}", LEADERBOARD_MD)
+    client.log_text(board.parent_run_id,
+                    f"# {title}\n\n{board.markdown()}\n{board.noise_note()}\n", LEADERBOARD_MD)
+    client.log_text(board.parent_run_id, csv_text(board), LEADERBOARD_CSV)
+    client.log_text(board.parent_run_id, json_text(board), LEADERBOARD_JSON)
     client.log_figure(board.parent_run_id, leaderboard_figure(board, title), LEADERBOARD_PNG)
+    for r in board.rows:
+        e = r.est.get("meta_sum")
+        if e is None:
+            continue
+        client.log_metric(r.run_id, "meta_sum_mean", e.mean)
+        if e.ci95() is not None:
+            client.log_metric(r.run_id, "meta_sum_ci95", e.ci95())
+        if r.verdict:
+            client.set_tag(r.run_id, "vlp.vs_best", r.verdict)
     best = board.best()
     if best is not None:
         client.log_metric(board.parent_run_id, "best_meta_sum", best.meta_sum)
         client.set_tag(board.parent_run_id, "best_trial", f"{best.trial} {best.tasks}")
+    client.set_tag(board.parent_run_id, "vlp.leaderboard.noise", board.noise_note()[:5000])
     client.log_metric(board.parent_run_id, "trials_completed",
                       sum(r.state == "completed" for r in board.rows))

@@ -37,10 +37,13 @@ def ensure_ray(cpus_wanted: float, *, dashboard: bool = False, log_to_driver: bo
     that runs several."""
     import ray
 
+    from vlp.platform.console import apply as route_worker_output
+
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
+        route_worker_output()      # quiet `vlp` commands: workers' output to the run folder
         return
     num_cpus = max(os.cpu_count() or 1, math.ceil(cpus_wanted) + 1)
     kwargs: dict = dict(address="local", num_cpus=num_cpus, log_to_driver=log_to_driver,
@@ -53,3 +56,4 @@ def ensure_ray(cpus_wanted: float, *, dashboard: bool = False, log_to_driver: bo
     else:
         kwargs.update(include_dashboard=False)
     ray.init(**kwargs)
+    route_worker_output()

@@ -59,8 +59,10 @@ class SweepProgress(ray.tune.Callback):
         bench = result.get("benchmark", "")
         parts = " ".join(f"{k} {result[metric_key(k)]:.2f}" for k in _parts_of(bench)
                          if metric_key(k) in result)
+        seeds = int(result.get("seeds", 1))
+        mean = f" (mean of {seeds} seeds)" if seeds > 1 else ""
         self.say(f"{name} stage {stage}/{stages} {bench}: {parts} → score "
-                 f"{result.get('score', 0):.2f} ({cost})")
+                 f"{result.get('score', 0):.2f}{mean} ({cost})")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
         name = trial_name(trial.config)

@@ -38,7 +38,13 @@ TEXT_INITS = ("auto", "minilm", "world-text")
 class SweepSection:
     name: str = "sweep"              # the sweep's folder and MLflow parent run
     output_dir: str = "runs/sweeps"  # runs root: <output_dir>/<name>/, MLflow store beside it
-    seed: int = bounded(0, ge=0)     # Optuna's TPE seed and every trial's training seed
+    seed: int = bounded(0, ge=0)     # Optuna's TPE seed and the first replicate's training seed
+    # replicates: every point trains and finetunes `seeds` times, with training seeds
+    # seed, seed+1, ... (the world stays fixed); Optuna and ASHA see the replicates' mean
+    seeds: int = bounded(1, ge=1)
+    # replicates of named `include` points (others: `seeds`): e.g. {none: 3} with seeds 1
+    # gives the leaderboard a noise estimate (no pretraining's spread) for single-seed lines
+    include_seeds: dict[str, int] = field(default_factory=dict)
     replay: str = ""                 # "" = Optuna search over `space`; else a replay (table3)
     num_samples: int = bounded(8, gt=0)       # search: trials, the `include` points among them
     include: list[str] = field(default_factory=lambda: ["none", "paper-best"])
@@ -119,6 +125,17 @@ class SweepConfig:
             yield "finetune.benchmarks", f"a benchmark is listed twice: {self.finetune.benchmarks}"
         if self.sweep.replay:
             return
+        dup = sorted({n for n in self.sweep.include if self.sweep.include.count(n) > 1})
+        if dup:
+            yield "sweep.include", (f"lists {', '.join(dup)} more than once: a point is one "
+                                    f"line (for replicates set sweep.seeds, or "
+                                    f"sweep.include_seeds: {{{dup[0]}: K}})")
+        for name, k in self.sweep.include_seeds.items():
+            if name not in self.sweep.include:
+                yield f"sweep.include_seeds.{name}", (f"{name!r} is not an include point "
+                                                      f"(sweep.include: {self.sweep.include})")
+            elif not isinstance(k, int) or k < 1:
+                yield f"sweep.include_seeds.{name}", f"expected a number of seeds ≥ 1, got {k!r}"
         if len(self.sweep.include) > self.sweep.num_samples:
             yield "sweep.include", (f"{len(self.sweep.include)} points to evaluate first but "
                                     f"sweep.num_samples is {self.sweep.num_samples}")

@@ -36,6 +36,7 @@ from vlp.platform.sweep.trial import TrialContext, run_trial
 CONFIG_FILE = "sweep.yaml"
 INSTANCE_FILE = "instance"
 TUNE_DIR = "tune"
+EXHAUSTED_FILE = "space_exhausted"   # the search ran out of new points (distinct_search.py)
 METRIC, TIME_ATTR = "score", "stage"
 # may change between a sweep and its resumption; everything else must match
 RESUMABLE_CHANGES = ("sweep.max_concurrent", "sweep.trial_retries")
@@ -76,12 +77,20 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent), dashboard=True)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
+    from vlp.platform.console import RAY_LOG, log_to
+
+    ray_log = log_to(sweep_dir / RAY_LOG)      # None: not routed (verbose, or a library call)
     parent = open_parent_run(cfg, instance)
     lines = {name: point.to_params() for name, point in plan.lines}
     total = len(lines) or cfg.sweep.num_samples
     for line in _summary(cfg, plan, per_trial, concurrency, parent.run_id):
         say(f"[sweep] {line}")
-    ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines)
+    if ray_log is not None:
+        say(f"[sweep] Ray's own output (Train/Tune logs, workers' prints) → {ray_log} "
+            f"(--verbose prints it here)")
+    ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines,
+                       include_seeds={p.key(): cfg.sweep.include_seeds[n]
+                                      for n, p in plan.first if n in cfg.sweep.include_seeds})
     trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0.01})   # it waits; its Train workers hold CPUs
     tune_path = sweep_dir / TUNE_DIR
@@ -103,7 +112,12 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     grid = tuner.fit()
     statuses = [r.metrics.get("stage") for r in grid]
     errors = sum(r.error is not None for r in grid)
-    interrupted = _interrupted(tune_path, total)
+    from vlp.platform.sweep.distinct_search import space_exhausted
+
+    exhausted = space_exhausted(sweep_dir / EXHAUSTED_FILE)
+    if exhausted:
+        say(f"[sweep] the search ran out of new points ({exhausted}): it ends early")
+    interrupted = _interrupted(tune_path, total, bool(exhausted))
     board = load_leaderboard(cfg.mlflow.tracking_uri, parent.run_id)
     log_leaderboard(cfg.mlflow.tracking_uri, board)
     parent.log_metrics({"trials": len(statuses), "trial_errors": errors,
@@ -136,13 +150,16 @@ def _tune_config(cfg: SweepConfig, plan: SweepPlan, concurrency: int) -> Any:
                                    scheduler=FIFOScheduler(),
                                    max_concurrent_trials=concurrency, **names)
     import optuna
-    from ray.tune.search.optuna import OptunaSearch
+
+    from vlp.platform.sweep.distinct_search import DistinctPointSearch
 
     sampler = optuna.samplers.TPESampler(seed=cfg.sweep.seed,
                                          n_startup_trials=cfg.sweep.tpe_startup)
-    search = OptunaSearch(space=SpaceSampler(cfg.space), metric=METRIC, mode="max",
-                          sampler=sampler,
-                          points_to_evaluate=[cfg.space.params_for(p) for _, p in plan.first])
+    # a point is one line: a repeat proposal is turned away, not run as a trial
+    search = DistinctPointSearch(
+        space=SpaceSampler(cfg.space), metric=METRIC, mode="max", sampler=sampler,
+        points_to_evaluate=[cfg.space.params_for(p) for _, p in plan.first],
+        exhausted_marker=str(cfg.sweep_dir / EXHAUSTED_FILE))
     scheduler = FIFOScheduler()
     if cfg.sweep.scheduler == "asha" and stages > cfg.sweep.grace_period:
         # rungs at grace_period · rf^k finetune stages; stage 0 (pretraining) is never a rung
@@ -168,16 +185,17 @@ def tune_trial_dirname(trial: Any) -> str:
     return f"{tune_trial_name(trial)}_{trial.trial_id}"
 
 
-def _interrupted(tune_path: Path, expected: int) -> bool:
+def _interrupted(tune_path: Path, expected: int, exhausted: bool = False) -> bool:
     """Whether the sweep stopped short (Tune returns normally after SIGINT/SIGUSR1): a trial
-    left unfinished, or fewer trials than planned (Tune creates them as slots free up)."""
+    left unfinished, or fewer trials than planned (Tune creates them as slots free up) unless
+    the search ran out of new points."""
     from ray.tune import ExperimentAnalysis
 
     try:
         trials = ExperimentAnalysis(str(tune_path)).trials
     except Exception:
         return False
-    return (len(trials) < expected
+    return ((len(trials) < expected and not exhausted)
             or any(t.status not in ("TERMINATED", "ERROR") for t in trials))
 
 
@@ -277,6 +295,15 @@ def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: i
              f"{stages}",
              f"{int(ray.cluster_resources().get('CPU', 0))} CPUs in the cluster, {per_trial:g} "
              f"per trial → {concurrency} trial(s) at a time"]
+    sw = cfg.sweep
+    named = {} if plan.lines else sw.include_seeds
+    if sw.seeds > 1 or any(k > 1 for k in named.values()):
+        which = f"{sw.seeds} per point" + "".join(f", {k} for {n}" for n, k in named.items())
+        lines.append(f"replicates: {which} (training seeds from {sw.seed}; the world stays "
+                     f"fixed); the search and ASHA see each point's mean")
+    else:
+        lines.append("one seed per point: the leaderboard has no noise estimate (set "
+                     "sweep.seeds, or sweep.include_seeds: {none: 3} for a pooled one)")
     if plan.lines:
         lines.append(f"grid: {len(plan.lines)} lines: "
                      + "; ".join(f"{n} {p.mix_label()}" for n, p in plan.lines))

@@ -12,8 +12,15 @@ the pretraining checkpoint path, the scores): a trial resumed by ``Tuner.restore
 finished stages, and its Ray Train runs have deterministic names, so an interrupted
 pretraining resumes from its own last checkpoint.
 
+Replicates (``sweep.seeds`` K > 1, or ``include_seeds`` for the ``include`` points): each
+stage runs once per replicate (training seeds seed, seed+1, ...) and the report after the
+stage carries the replicates' mean, so ASHA cuts and Optuna learns on the mean. Every
+finished (replicate, stage) is written to ``replicates.json`` in the trial's folder at once:
+a trial interrupted between replicates resumes with the unfinished ones only.
+
 MLflow: the trial's run is a child of the sweep's parent run; the pretraining run and each
-finetune run nest under the trial's run.
+finetune run nest under the trial's run. The trial's run holds the mean of each part and,
+per replicate, ``seed<k>.<part>`` (what the leaderboard's intervals come from).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 
 STATE_FILE = "sweep_trial.json"
+REPLICATES_FILE = "replicates.json"  # per-replicate progress, written after each (replicate, stage)
 ATTEMPTS_FILE = "attempts.jsonl"     # one line per start of the trial function (resume audit)
 TRIAL_TAG = "vlp.sweep.trial"
 JOB_TAG_VALUE = "sweep-trial"
@@ -49,17 +57,60 @@ class TrialContext:
     instance: str                     # this sweep's id (see run._check_resume)
     trials_dir: str                   # <sweep_dir>/trials-<instance>: one folder per trial
     lines: dict[str, dict[str, Any]] = field(default_factory=dict)   # replay: line → point params
+    # search: point key → replicates of the include points named in sweep.include_seeds
+    include_seeds: dict[str, int] = field(default_factory=dict)
+
+    def seeds_for(self, point: TrialPoint) -> list[int]:
+        """The training seeds of the point's replicates."""
+        s = self.cfg.sweep
+        k = self.include_seeds.get(point.key(), s.seeds)
+        return [s.seed + i for i in range(k)]
+
+
+@dataclass
+class Replicate:
+    seed: int
+    done: int = -1                    # last stage this replicate finished
+    checkpoint: str | None = None     # its pretraining checkpoint (None: no pretraining)
+    scores: dict[str, float] = field(default_factory=dict)   # its Meta-Sum parts so far
+    steps: int = 0
+    seconds: float = 0.0
+    pretrain_loss: float | None = None
 
 
 @dataclass
 class TrialState:
-    done: int = -1                    # last finished stage (-1: none)
-    checkpoint: str | None = None     # the pretraining checkpoint (None: no pretraining)
-    scores: dict[str, float] = field(default_factory=dict)   # Meta-Sum parts so far
-    steps: int = 0                    # optimizer steps spent: pretraining + finetunes
-    seconds: float = 0.0              # wall time of the finished stages
-    pretrain_loss: float | None = None
+    done: int = -1                    # last stage every replicate finished (-1: none)
+    scores: dict[str, float] = field(default_factory=dict)   # Meta-Sum parts so far (mean)
+    steps: int = 0                    # optimizer steps spent: pretraining + finetunes, all seeds
+    seconds: float = 0.0              # wall time of the finished (replicate, stage)s
+    pretrain_loss: float | None = None    # mean over replicates
     mlflow_run_id: str | None = None
+    replicates: list[Replicate] = field(default_factory=list)
+
+    def gather(self) -> None:
+        """The trial's figures from its replicates': means of the parts every replicate has,
+        sums of the compute."""
+        reps = self.replicates
+        self.done = min((r.done for r in reps), default=-1)
+        self.steps = sum(r.steps for r in reps)
+        self.seconds = sum(r.seconds for r in reps)
+        parts = set.intersection(*(set(r.scores) for r in reps)) if reps else set()
+        self.scores = {p: sum(r.scores[p] for r in reps) / len(reps) for p in sorted(parts)}
+        losses = [r.pretrain_loss for r in reps if r.pretrain_loss is not None]
+        self.pretrain_loss = sum(losses) / len(losses) if losses and len(losses) == len(reps) \
+            else None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], first_seed: int = 0) -> "TrialState":
+        reps = [Replicate(**r) for r in data.pop("replicates", [])]
+        if not reps and data.get("done", -1) >= 0:
+            # a checkpoint written before replicates: one trial state is its one replicate
+            reps = [Replicate(first_seed, data["done"], data.get("checkpoint"),
+                              dict(data.get("scores") or {}), int(data.get("steps", 0)),
+                              float(data.get("seconds", 0.0)), data.get("pretrain_loss"))]
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known}, replicates=reps)
 
 
 def trial_identity(config: dict[str, Any], ctx: TrialContext) -> tuple[str, TrialPoint]:
@@ -79,7 +130,7 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     cfg = ctx.cfg
     trial_dir = str(Path(ctx.trials_dir) / name)
     Path(trial_dir).mkdir(parents=True, exist_ok=True)
-    state = _load_state(ray.tune.get_checkpoint())
+    state = _resume_state(ray.tune.get_checkpoint(), trial_dir, ctx.seeds_for(point))
     _log_attempt(trial_dir, state)
     benchmarks = list(cfg.finetune.benchmarks)
     total = len(benchmarks)
@@ -89,50 +140,71 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     if state.done >= total:     # interrupted between its last stage and Tune noting it
         _finish(run, state, benchmarks)
         return
-    if state.done >= 0:
-        say(f"resumes after stage {state.done}/{total} ({point.describe()})")
+    seeds = [r.seed for r in state.replicates]
+    if state.done >= 0 or any(r.done >= 0 for r in state.replicates):
+        say(f"resumes after stage {state.done}/{total}, replicates at stages "
+            f"{[r.done for r in state.replicates]} ({point.describe()})")
     elif not ctx.lines:
         twin = _finished_twin(ctx, point, run.run_id)
         if twin is not None:
             say(f"same point as {twin[0]} (finished): its results are reused, no compute")
             _replay_twin(run, state, twin, benchmarks)
             return
+    if len(seeds) > 1:
+        say(f"{len(seeds)} replicates (training seeds {', '.join(map(str, seeds))}); the "
+            f"search and ASHA see their mean")
     try:
-        if state.done < 0:
-            t0 = time.perf_counter()
-            if point.pretrains:
-                say(f"stage 0/{total}: pretraining {point.describe()}")
-                _pretrain(ctx, point, name, trial_dir, run.run_id, state)
-            else:
-                say(f"stage 0/{total}: no pretraining ({point.describe()}); finetunes start "
-                    f"from the init")
-            state.seconds += time.perf_counter() - t0
-            state.done = 0
-            _report(state, 0, total, benchmarks, extra={"pretrain_seconds": state.seconds})
-        for k in range(state.done + 1, total + 1):
-            bench = benchmarks[k - 1]
-            say(f"stage {k}/{total}: finetune + evaluate {bench}")
-            t0 = time.perf_counter()
-            _finetune(ctx, point, name, trial_dir, run.run_id, bench, state)
-            state.seconds += time.perf_counter() - t0
-            state.done = k
-            _log_progress(run, state, k, total)
-            if k == total:       # before the last report: ASHA stops a trial at max_t there
+        for stage in range(state.done + 1, total + 1):
+            for rep in state.replicates:
+                if rep.done >= stage:          # a finished replicate is never rerun
+                    continue
+                _run_stage(ctx, point, name, trial_dir, run.run_id, benchmarks, stage, rep,
+                           len(seeds), say)
+                _save_replicates(trial_dir, state)
+            state.gather()
+            if stage == 0:
+                _report(state, 0, total, benchmarks, extra={"pretrain_seconds": state.seconds})
+                continue
+            _log_progress(run, state, stage, total)
+            if stage == total:   # before the last report: ASHA stops a trial at max_t there
                 _finish(run, state, benchmarks)
-            _report(state, k, total, benchmarks)
+            _report(state, stage, total, benchmarks)
     except Exception as e:    # not BaseException: a trial Tune stops is not a failure
         _fail(run, e)
         raise
 
 
+def _run_stage(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, run_id: str,
+               benchmarks: list[str], stage: int, rep: Replicate, replicates: int,
+               say: Any) -> None:
+    """One stage of one replicate: pretraining (stage 0) or one benchmark's finetune."""
+    total = len(benchmarks)
+    who = name if replicates == 1 else f"{name}-seed{rep.seed}"
+    of = "" if replicates == 1 else f" (seed {rep.seed})"
+    t0 = time.perf_counter()
+    if stage == 0:
+        if point.pretrains:
+            say(f"stage 0/{total}{of}: pretraining {point.describe()}")
+            _pretrain(ctx, point, who, trial_dir, run_id, rep)
+        elif rep.seed == ctx.seeds_for(point)[0]:      # once, not once per replicate
+            say(f"stage 0/{total}: no pretraining ({point.describe()}); finetunes start "
+                f"from the init")
+    else:
+        bench = benchmarks[stage - 1]
+        say(f"stage {stage}/{total}{of}: finetune + evaluate {bench}")
+        _finetune(ctx, point, who, trial_dir, run_id, bench, rep)
+    rep.seconds += time.perf_counter() - t0
+    rep.done = stage
+
+
 # ---- stages ---------------------------------------------------------------------------------
 
 def _pretrain(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, run_id: str,
-              state: TrialState) -> None:
+              state: Replicate) -> None:
     from vlp.platform.pretrain_job import pretrain
     from vlp.platform.sweep.trial_configs import pretrain_config
 
-    exp = pretrain_config(ctx.cfg, point, trial=name, trial_dir=trial_dir)
+    exp = pretrain_config(ctx.cfg, point, trial=name, trial_dir=trial_dir, seed=state.seed)
     result = pretrain(exp, parent_run_id=run_id,
                       say=lambda line: print(f"[sweep] {name} {line}", flush=True))
     if not result.completed or not result.checkpoint_path:
@@ -146,13 +218,13 @@ def _pretrain(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, r
 
 
 def _finetune(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, run_id: str,
-              bench: str, state: TrialState) -> None:
+              bench: str, state: Replicate) -> None:
     from vlp.platform.finetune import finetune_and_evaluate
     from vlp.platform.sweep.trial_configs import finetune_kwargs
 
     report = finetune_and_evaluate(**finetune_kwargs(
         ctx.cfg, point, state.checkpoint, bench, trial=name, trial_dir=trial_dir,
-        parent_run_id=run_id))
+        parent_run_id=run_id, seed=state.seed))
     state.scores.update({k: float(v) for k, v in report.scores.items()})
     state.steps += sum(b.steps for b in report.benchmarks.values())
 
@@ -213,6 +285,19 @@ def result_metrics(state: TrialState, stage: int, total: int) -> dict[str, Any]:
         out["meta_sum"] = meta_sum(state.scores)
     if state.pretrain_loss is not None:
         out["pretrain_loss"] = state.pretrain_loss
+    if state.replicates:
+        out["seeds"] = len(state.replicates)
+    return out
+
+
+def replicate_metrics(state: TrialState) -> dict[str, float]:
+    """Each replicate's parts (and Meta-Sum once complete) as ``seed<k>.<part>``: the
+    leaderboard's per-seed values."""
+    out: dict[str, float] = {}
+    for r in state.replicates:
+        out.update({f"seed{r.seed}.{metric_key(k)}": v for k, v in r.scores.items()})
+        if all(p in r.scores for p in META_SUM_PARTS):
+            out[f"seed{r.seed}.meta_sum"] = meta_sum(r.scores)
     return out
 
 
@@ -227,11 +312,35 @@ def _report(state: TrialState, stage: int, total: int, benchmarks: list[str],
         ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(tmp))
 
 
-def _load_state(checkpoint: Any) -> TrialState:
+def _load_state(checkpoint: Any, first_seed: int = 0) -> TrialState:
     if checkpoint is None:
         return TrialState()
     with checkpoint.as_directory() as folder:
-        return TrialState(**json.loads(Path(folder, STATE_FILE).read_text()))
+        return TrialState.from_json(json.loads(Path(folder, STATE_FILE).read_text()),
+                                    first_seed)
+
+
+def _resume_state(checkpoint: Any, trial_dir: str, seeds: list[int]) -> TrialState:
+    """The state of Tune's last checkpoint, or the replicates file when it is further on
+    (replicates finished after the last report); replicates missing from both start fresh."""
+    state = _load_state(checkpoint, seeds[0])
+    path = Path(trial_dir) / REPLICATES_FILE
+    if path.is_file():
+        saved = TrialState.from_json(json.loads(path.read_text()))
+        if sum(r.done for r in saved.replicates) > sum(r.done for r in state.replicates):
+            state.replicates = saved.replicates
+    have = {r.seed for r in state.replicates}
+    state.replicates += [Replicate(seed) for seed in seeds if seed not in have]
+    state.replicates = [r for r in state.replicates if r.seed in seeds]
+    state.gather()
+    return state
+
+
+def _save_replicates(trial_dir: str, state: TrialState) -> None:
+    path = Path(trial_dir) / REPLICATES_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(asdict(state)))
+    os.replace(tmp, path)
 
 
 def _log_attempt(trial_dir: str, state: TrialState) -> None:
@@ -251,6 +360,7 @@ def _open_run(ctx: TrialContext, name: str, point: TrialPoint, fresh: bool):
 def _log_progress(run: Any, state: TrialState, stage: int, total: int) -> None:
     try:
         run.log_metrics({**{metric_key(k): v for k, v in state.scores.items()},
+                         **replicate_metrics(state),
                          "score": float(sum(state.scores.values())), "stage": stage,
                          "stages": total, "trial_steps": state.steps,
                          "trial_seconds": state.seconds}, step=stage)
@@ -261,7 +371,7 @@ def _log_progress(run: Any, state: TrialState, stage: int, total: int) -> None:
 def _finish(run: Any, state: TrialState, benchmarks: list[str]) -> None:
     metrics = result_metrics(state, len(benchmarks), len(benchmarks))
     final = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-    run.log_metrics(final, step=len(benchmarks))
+    run.log_metrics({**final, **replicate_metrics(state)}, step=len(benchmarks))
     run.set_tags({"vlp.state": "completed"})
     run.finish("FINISHED")
 

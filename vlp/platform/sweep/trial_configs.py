@@ -33,16 +33,17 @@ def data_sources(world: str, choice: str) -> dict[str, dict[str, Any]]:
 
 
 def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
-                    trial_dir: str) -> ExperimentConfig:
+                    trial_dir: str, seed: int | None = None) -> ExperimentConfig:
     """The pretraining job of ``point``: the sweep's shared ``pretrain`` sections plus what the
-    point decides. Validated against the model registry (``load_pretrain_config``)."""
+    point decides. ``seed``: the replicate's training seed (default ``sweep.seed``).
+    Validated against the model registry (``load_pretrain_config``)."""
     from vlp.platform.pretrain_job import load_pretrain_config
 
     if not point.pretrains:
         raise ValueError(f"trial {trial}: the point {point.describe()} does not pretrain")
     data = copy.deepcopy(cfg.pretrain)
     data["run"] = {**data.get("run", {}), "name": f"{trial}-pretrain", "output_dir": trial_dir,
-                   "seed": cfg.sweep.seed}
+                   "seed": cfg.sweep.seed if seed is None else seed}
     data["model"] = {**data.get("model", {}), "family": cfg.model.family, **model_init(cfg, point)}
     data["data"] = {**data.get("data", {}), "sources": data_sources(cfg.world, point.data),
                     "masking": point.masking}
@@ -117,9 +118,10 @@ def text_init_checkpoint(cfg: SweepConfig) -> str:
 
 def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
                     benchmark: str, *, trial: str, trial_dir: str,
-                    parent_run_id: str | None) -> dict[str, Any]:
-    """Arguments of ``finetune_and_evaluate`` for one benchmark of one trial. Without a
-    checkpoint the model starts from the point's init (random: Table 3 L1; text: L2)."""
+                    parent_run_id: str | None, seed: int | None = None) -> dict[str, Any]:
+    """Arguments of ``finetune_and_evaluate`` for one benchmark of one trial (``seed``: the
+    replicate's, default ``sweep.seed``). Without a checkpoint the model starts from the
+    point's init (random: Table 3 L1; text: L2)."""
     overrides = list(cfg.finetune.overrides)
     if checkpoint is None and point.init == "text":
         if not cfg.model.text_init.startswith("bert:"):        # minilm (or the preflight)
@@ -131,7 +133,8 @@ def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
         overrides.append("scaling.use_gpu=true")
     return dict(checkpoint=checkpoint, benchmarks=[benchmark], world=cfg.world,
                 family=cfg.model.family, run_name=f"{trial}-ft", output_dir=trial_dir,
-                parent_run_id=parent_run_id, overrides=overrides, seed=cfg.sweep.seed,
+                parent_run_id=parent_run_id, overrides=overrides,
+                seed=cfg.sweep.seed if seed is None else seed,
                 num_workers=cfg.finetune.num_workers, tracking_uri=cfg.mlflow.tracking_uri,
                 mlflow=True)
 

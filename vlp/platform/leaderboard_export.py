@@ -1,0 +1,54 @@
+"""The leaderboard as data: one record per line, as CSV or JSON (``vlp leaderboard --csv /
+--json`` and the parent run's artifacts), with each line's mean, 95% interval half-width,
+per-seed values and verdict against the best line.
+
+    print(csv_text(board))          # header + one row per line
+    json.loads(json_text(board))    # {"sweep", "mode", "noise", "lines": [...]}
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from vlp.platform.leaderboard import KEYS, Leaderboard
+
+
+def records(board: Leaderboard) -> list[dict[str, Any]]:
+    out = []
+    for rank, r in enumerate(board.rows, 1):
+        rec: dict[str, Any] = {
+            "rank": rank, "trial": r.trial, "data": r.data, "tasks": r.tasks,
+            "ratios": r.ratios, "init": r.init, "seeds": r.seeds, "status": r.status(),
+            "vs_best": r.verdict, "p_vs_best": r.p_vs_best, "steps": r.steps,
+            "run_id": r.run_id}
+        for key in KEYS:
+            e = r.est.get(key)
+            mean = e.mean if e else (r.meta_sum if key == "meta_sum" else r.scores.get(key))
+            rec[f"{key}_mean"] = mean
+            rec[f"{key}_ci95"] = e.ci95() if e else None
+            rec[f"{key}_noise"] = ("" if not e or e.df <= 0 else
+                                   "pooled" if e.pooled else "own seeds")
+            rec[f"{key}_seeds"] = list(r.seed_values.get(key, [])) if e else []
+        out.append(rec)
+    return out
+
+
+def csv_text(board: Leaderboard) -> str:
+    recs = records(board)
+    buf = io.StringIO()
+    fields = list(recs[0]) if recs else ["rank", "trial"]
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for rec in recs:
+        w.writerow({k: (" ".join(f"{x:g}" for x in v) if isinstance(v, list) else
+                        "" if v is None else v) for k, v in rec.items()})
+    return buf.getvalue()
+
+
+def json_text(board: Leaderboard) -> str:
+    return json.dumps({"sweep": board.sweep, "mode": board.mode,
+                       "parent_run_id": board.parent_run_id, "noise": board.noise_note(),
+                       "lines": records(board)}, indent=2, ensure_ascii=False) + "\n"
