@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import collections
 import math
+import posixpath
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -167,7 +167,7 @@ class _Worker:
                 "final_step": state.step, "total_steps": self.total, "completed": completed,
                 "examples_seen": state.examples_seen, "input_units_seen": state.input_units_seen,
                 "skipped_batches": state.skipped_batches, "mlflow_run_id": state.mlflow_run_id,
-                "checkpoint_path": str(Path(self.run_dir) / _checkpoint_dir_name(state.step)),
+                "checkpoint_path": posixpath.join(self.run_dir, _checkpoint_dir_name(state.step)),
                 "parameters": self.n_params, "after_training": after}
 
     def _after_training(self) -> Any:
@@ -287,7 +287,7 @@ class _Worker:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=name)
         if self.tracker:
-            self.tracker.flush(metrics, step, checkpoint=str(Path(self.run_dir) / name))
+            self.tracker.flush(metrics, step, checkpoint=posixpath.join(self.run_dir, name))
 
     def _announce(self, fresh: bool) -> None:
         c, plan = self.cfg, self.plan

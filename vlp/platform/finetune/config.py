@@ -151,8 +151,10 @@ class FinetuneConfig:
     def resolved_paths(self) -> "FinetuneConfig":
         import dataclasses
 
-        def absolute(p: str) -> str:
-            return str(Path(p).expanduser().resolve()) if p else p
+        from vlp.platform.run_storage import is_uri
+
+        def absolute(p: str) -> str:   # a URI (s3://...) stays as it is
+            return str(Path(p).expanduser().resolve()) if p and not is_uri(p) else p
         return dataclasses.replace(
             self, world=absolute(self.world),
             run=dataclasses.replace(self.run, output_dir=absolute(self.run.output_dir)),

@@ -13,6 +13,7 @@ and one MLflow child run; evaluation happens on the same workers right after tra
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from vlp.platform.ray_session import ensure_ray
 from vlp.platform.pretrain import run_pretraining
 from vlp.platform.progress import ProgressPrinter
 from vlp.platform.tracking import check_reachable
+from vlp.platform.tracking_choice import TRACKING_ENV, check_tracking_shared
 
 
 @dataclass
@@ -83,7 +85,7 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
 
 
 def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
-    cfg = cfg.resolved_paths()
+    cfg = with_tracking_env(cfg.resolved_paths())
     prepared = prepare(cfg)                        # bad inputs fail here, before Ray starts
     for name in cfg.benchmarks:   # every run's set-up is checked before the first starts
         steps, batch_size, _, options = cfg.settings_for(name)
@@ -99,6 +101,8 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
+    if parent is not None:
+        check_tracking_shared(parent.tracking_uri)
     reports = {}
     for name in cfg.benchmarks:
         reports[name] = finetune_one(cfg, name, prepared, parent)
@@ -108,6 +112,13 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
         tracking.log_summary(parent, scores, total)
     return DownstreamReport(scores, total, reports, parent.run_id if parent else None,
                             parent.tracking_uri if parent else None)
+
+
+def with_tracking_env(cfg: FinetuneConfig) -> FinetuneConfig:
+    """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI`` (``tracking_choice``); still ""
+    means the pretraining run's store if found, else the embedded one."""
+    uri = cfg.mlflow.tracking_uri or os.environ.get(TRACKING_ENV, "")
+    return dataclasses.replace(cfg, mlflow=dataclasses.replace(cfg.mlflow, tracking_uri=uri))
 
 
 def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
