@@ -178,6 +178,8 @@ class ScalingSection:
     num_workers: int = bounded(2, ge=1)
     use_gpu: bool = False
     cpus_per_worker: float = bounded(1.0, gt=0)
+    # PACK: as few nodes as possible; SPREAD: one worker per node where it can
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
 
 
 @dataclass

@@ -163,6 +163,7 @@ class _Worker:
         after = self._after_training() if completed else None
         if self.tracker:
             self.tracker.close(completed, state)
+            state.mlflow_run_id = self.tracker.run_id or state.mlflow_run_id
         return {"history": list(self.history), "start_step": start_step,
                 "final_step": state.step, "total_steps": self.total, "completed": completed,
                 "examples_seen": state.examples_seen, "input_units_seen": state.input_units_seen,
@@ -280,6 +281,8 @@ class _Worker:
             ray.train.report(metrics)
             return
         state.sampler = self.sampler.state_dict()
+        if self.tracker and self.tracker.run_id:   # known once the tracking queue opened it
+            state.mlflow_run_id = self.tracker.run_id
         name = _checkpoint_dir_name(step)
         with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
             checkpointing.save(self.engine, tmp, state, self.rank, self.source.state_dict(),
