@@ -39,6 +39,8 @@ def default_lr_scale(family: str) -> float:
 class FtRunSection:
     name: str = "finetune"         # runs are <output_dir>/<name>-<benchmark>
     output_dir: str = "runs"
+    # the finetune runs' storage (folder or URI); "" = $VLP_STORAGE, else output_dir
+    storage: str = ""
     seed: int = bounded(0, ge=0)
     max_failures: int = bounded(0, ge=-1)
 

@@ -74,7 +74,8 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
     """The sweep's entry point: finetune ``checkpoint`` (None = a fresh random init) on each
     of ``benchmarks`` and evaluate it; per-benchmark scores and Meta-Sum. ``overrides`` are
     ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``)."""
-    data = {"run": {"name": run_name, "output_dir": output_dir, "seed": seed},
+    data = {"run": {"name": run_name, "output_dir": output_dir, "storage": output_dir,
+                    "seed": seed},
             "model": {"family": family, "init": "checkpoint" if checkpoint else "random",
                       "checkpoint": checkpoint or ""},
             "world": world, "benchmarks": list(benchmarks),
@@ -162,7 +163,8 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
     t = cfg.train
     return from_dict(ExperimentConfig, {
         "run": {"name": run_name(cfg, name), "output_dir": cfg.run.output_dir,
-                "seed": cfg.run.seed, "max_failures": cfg.run.max_failures},
+                "storage": cfg.run.storage, "seed": cfg.run.seed,
+                "max_failures": cfg.run.max_failures},
         "model": {"family": cfg.model.family},
         "data": {"sources": {"world": {"path": cfg.world}}},
         "tasks": {get_benchmark(name).task: 1.0},
