@@ -17,7 +17,7 @@ import psutil
 
 from vlp.platform.ray_session import free_local_port
 
-BIN = Path(sys.executable).parent          # the venv's bin (not resolved: a venv's python is a link)
+BIN = Path(sys.executable).parent    # the venv's bin (not resolved: a venv's python is a link)
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -81,7 +81,7 @@ class S3Server:
                                       str(self.port)], stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_http(self.endpoint, 60, proc=self.proc)
+            wait_http(self.endpoint, 300, proc=self.proc)
         except BaseException:
             self.stop()
             raise

@@ -60,7 +60,10 @@ def node_env(s3):
            if not k.startswith(("RAY_ADDRESS", "VLP_STORAGE", "MLFLOW_TRACKING_URI"))}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
                RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex,
-               RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **s3.env)
+               RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **s3.env,
+               # Ray's memory monitor watches the whole machine: on a shared box it kills
+               # our workers for other programs' memory
+               RAY_memory_monitor_refresh_ms="0")
     return env
 
 
@@ -76,7 +79,7 @@ def mlflow_server(s3, node_env, tmp_path_factory):
                             env={**node_env, "MLFLOW_S3_ENDPOINT_URL": s3.endpoint}, cwd=d,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 120, proc=proc)
+        wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_tree(proc.pid)
@@ -93,7 +96,7 @@ class Cluster:
                      "--dashboard-port", str(dash), "--ray-client-server-port",
                      str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "2",
                      "--resources", json.dumps({"head_node": 1})])
-        wait_http(f"{self.address}/api/version", 60,
+        wait_http(f"{self.address}/api/version", 300,
                   {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
         for name in ("node_b", "node_c"):
             self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "1",
@@ -107,7 +110,7 @@ class Cluster:
         start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.groups.append(start.pid)
-        out, _ = start.communicate(timeout=180)
+        out, _ = start.communicate(timeout=600)
         assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
 
     def raylets(self) -> dict[str, psutil.Process]:
@@ -196,6 +199,17 @@ def finish(proc: subprocess.Popen, log: Path, cluster: Cluster, job_id: str) -> 
     return out
 
 
+def registered_checkpoints(s3) -> str:
+    """Ray Train's checkpoint-manager snapshot in the run folder: a checkpoint named there
+    has been fully uploaded and registered (a report in flight can be lost on a kill)."""
+    try:
+        with s3.filesystem().open_input_stream(
+                f"{BUCKET}/vlp/{RUN}/checkpoint_manager_snapshot.json") as f:
+            return f.read().decode()
+    except (OSError, FileNotFoundError):
+        return ""
+
+
 def s3_files(s3, prefix: str) -> list[str]:
     import pyarrow.fs as pafs
 
@@ -212,10 +226,10 @@ def killed_job(cluster, s3, mlflow_server, workdir, tmp_path_factory):
     t0 = time.monotonic()
     proc = cluster.submit(workdir, job_id, ["jobs/pretrain.py", "--config", "multinode.yaml"],
                           job_env(mlflow_server), log)
-    first = f"vlp/{RUN}/checkpoint_step{INTERVAL:08d}/vlp_trainer.json"
+    first = f"checkpoint_step{INTERVAL:08d}"
     killed = None
     while proc.poll() is None and time.monotonic() - t0 < JOB_TIMEOUT_S:
-        if any(p.endswith(first) for p in s3_files(s3, f"vlp/{RUN}")):
+        if first in registered_checkpoints(s3):
             nodes = [n for n in cluster.train_worker_nodes() if n != "head_node"]
             assert nodes, "no Train worker on a worker node (SPREAD placed both on the head)"
             killed = nodes[0]

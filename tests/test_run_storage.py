@@ -44,12 +44,13 @@ def test_a_uri_stays_a_uri_and_names_the_run(no_env):
     cfg = resolve(config(storage="s3://bucket/vlp/"))
     assert cfg.run.storage == "s3://bucket/vlp"          # not <cwd>/s3:/bucket/vlp
     spec = tracking_spec(cfg)
-    assert spec["key"] == run_key("s3://bucket/vlp", "job") and spec["storage"] == "s3://bucket/vlp"
+    assert spec["key"] == run_key("s3://bucket/vlp", "job")
+    assert spec["storage"] == "s3://bucket/vlp"
     storage = run_storage.open_location(cfg.run.storage)
     kwargs = storage.ray_storage()
     assert kwargs["storage_path"] == "bucket/vlp"
     assert type(kwargs["storage_filesystem"]).__name__ == "S3FileSystem"
-    assert storage.uri("job", "checkpoint_step00000002") == "s3://bucket/vlp/job/checkpoint_step00000002"
+    assert storage.uri("job", "checkpoint_2") == "s3://bucket/vlp/job/checkpoint_2"
 
 
 def test_vlp_storage_finds_the_run_again_from_any_working_folder(no_env, tmp_path):
