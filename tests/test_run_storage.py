@@ -89,7 +89,8 @@ def test_multi_node_refuses_storage_other_nodes_cannot_read(no_env, tmp_path):
     work = tmp_path / "_ray_pkg_abc"
     work.mkdir()
     no_env.chdir(work)
-    for given, why in (("runs", "a relative path"), (str(work / "runs"), "inside the job's")):
+    for given, why in (("runs", "a relative path"), ("../elsewhere", "a relative path"),
+                       (str(work / "runs"), "inside the job's")):
         with pytest.raises(run_storage.StorageError, match=why) as e:
             run_storage.check_shared(run_storage.open_location(given), nodes=3)
         msg = str(e.value)
