@@ -94,13 +94,15 @@ class Cluster:
         self.groups: list[int] = []
         self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
                      "--dashboard-port", str(dash), "--ray-client-server-port",
-                     str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "2",
+                     str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "1",
                      "--resources", json.dumps({"head_node": 1})])
         wait_http(f"{self.address}/api/version", 300,
                   {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
         for name in ("node_b", "node_c"):
-            self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "1",
-                         "--resources", json.dumps({name: 1})])
+            # a temp dir of its own: the default /tmp/ray is shared with every other Ray
+            # on the machine (unpacked job packages included)
+            self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
+                         "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})])
 
     def _start(self, args: list[str]) -> None:
         cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
@@ -119,7 +121,7 @@ class Cluster:
         for p in psutil.process_iter(["name", "cmdline"]):
             try:
                 cmd = " ".join(p.info["cmdline"] or [])
-                if p.info["name"] == "raylet" and f"--gcs-address=127.0.0.1:{self.port}" in cmd:
+                if p.info["name"] == "raylet" and str(self.temp) in cmd:
                     for name in ("head_node", "node_b", "node_c"):
                         if name in cmd:
                             out[name] = p
@@ -133,7 +135,7 @@ class Cluster:
         for name, raylet in self.raylets().items():
             for child in raylet.children(recursive=True):
                 try:
-                    if "RayTrainWorker" in " ".join(child.cmdline()):
+                    if "RayTrainWorker" in child.name() + " ".join(child.cmdline()):
                         found.append(name)
                         break
                 except psutil.Error:
@@ -181,7 +183,8 @@ def workdir(tiny_world, tmp_path_factory) -> Path:
 
 
 def job_env(mlflow_server) -> dict:
-    return {"VLP_STORAGE": f"s3://{BUCKET}/vlp", "MLFLOW_TRACKING_URI": mlflow_server}
+    return {"VLP_STORAGE": f"s3://{BUCKET}/vlp", "MLFLOW_TRACKING_URI": mlflow_server,
+            "VLP_DEBUG": "1"}     # a failure shows its traceback
 
 
 def finish(proc: subprocess.Popen, log: Path, cluster: Cluster, job_id: str) -> str:
@@ -231,7 +234,7 @@ def killed_job(cluster, s3, mlflow_server, workdir, tmp_path_factory):
     while proc.poll() is None and time.monotonic() - t0 < JOB_TIMEOUT_S:
         if first in registered_checkpoints(s3):
             nodes = [n for n in cluster.train_worker_nodes() if n != "head_node"]
-            assert nodes, "no Train worker on a worker node (SPREAD placed both on the head)"
+            assert nodes, f"no Train worker found on a worker node: {cluster.raylets()}"
             killed = nodes[0]
             raylet = cluster.raylets()[killed]
             raylet.send_signal(signal.SIGKILL)
