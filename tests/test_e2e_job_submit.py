@@ -16,75 +16,21 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
+from cluster_helpers import BIN, stop_tree, wait_http
 
 from vlp.platform.ray_session import free_local_port
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent          # the venv's bin (not resolved: a venv's python is a link)
 SCREENSHOT_COPY = ROOT / "runs" / "e2e" / "mlflow-ui.png"
 SWEEP = "e2e-sweep"
 JOB_TIMEOUT_S = 1200                       # the job takes minutes; a loaded 2-core box, more
-
-
-# ---- processes --------------------------------------------------------------------------------
-
-def stop_tree(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM every process of the group ``pgid`` and all their descendants (Ray workers get
-    process groups of their own but stay children of the raylet), SIGKILL what is left."""
-    procs: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid:
-                procs[p.pid] = p
-                procs.update((c.pid, c) for c in p.children(recursive=True))
-        except (psutil.Error, OSError):
-            pass
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs.values():
-            try:
-                p.send_signal(sig)
-            except psutil.Error:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if not [p for p in procs.values() if _alive(p)]:
-                return
-            time.sleep(0.2)
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def wait_http(url: str, timeout_s: float, headers=None, proc=None) -> None:
-    """Until ``url`` answers at all (any HTTP status); fails at once if ``proc`` exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc is None or proc.poll() is None, f"{proc.args[:2]} exited: {proc.returncode}"
-        try:
-            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5)
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer in {timeout_s:.0f} s")
 
 
 # ---- fixtures ---------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ def name_and_folder_problems(name: str, output_dir: str) -> Iterable[tuple[str, 
 class RunSection:
     name: str = "pretrain"          # Ray Train run name (a folder name): resume = same name
     output_dir: str = "runs"        # runs root; relative paths resolve against the driver's cwd
+    # where checkpoints and artifacts live: a folder or a URI (s3://bucket/vlp); "" =
+    # $VLP_STORAGE, else output_dir. A multi-node cluster needs a URI or a shared mount
+    storage: str = ""
     seed: int = bounded(0, ge=0)
     max_failures: int = bounded(1, ge=-1)   # worker failures retried from the last checkpoint
 
@@ -175,6 +178,8 @@ class ScalingSection:
     num_workers: int = bounded(2, ge=1)
     use_gpu: bool = False
     cpus_per_worker: float = bounded(1.0, gt=0)
+    # PACK: as few nodes as possible; SPREAD: one worker per node where it can
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
 
 
 @dataclass
@@ -186,7 +191,8 @@ class CheckpointSection:
 @dataclass
 class MlflowSection:
     enabled: bool = True
-    tracking_uri: str = ""                # "" = sqlite:///<output_dir>/mlflow.db (embedded)
+    # "" = $MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db (embedded)
+    tracking_uri: str = ""
     experiment: str = "vlp-pretrain"
     check_timeout_s: float = bounded(3.0, gt=0)
 

@@ -5,8 +5,9 @@ Ray Train workers.
     result = run_pretraining(cfg, components)          # components: protocols.Components
     result.checkpoint_path, result.final_step, result.history, result.mlflow_run_id
 
-Re-running with the same ``run.name`` and ``run.output_dir`` resumes from the last checkpoint
-(Ray Train's own resume) and re-attaches to the same MLflow run.
+Re-running with the same ``run.name`` and run storage (``run.storage`` / ``$VLP_STORAGE`` /
+``run.output_dir``, see ``run_storage``) resumes from the last checkpoint (Ray Train's own
+resume) and re-attaches to the same MLflow run.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from vlp.platform.config_loader import to_dict
 from vlp.platform.engine import deepspeed_config, extensions_dir
 from vlp.platform.experiment_config import ExperimentConfig
 from vlp.platform.protocols import Components
+from vlp.platform import run_storage
 from vlp.platform.tracking import (check_reachable, embedded_artifact_location,
                                    embedded_tracking_uri, run_key)
+from vlp.platform.tracking_choice import check_tracking_shared, choose_tracking_uri
 from vlp.platform.train_loop import train_loop_per_worker
 
 
@@ -40,47 +43,59 @@ class PretrainResult:
 
 
 def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
-    """A copy with absolute paths (Ray workers and job drivers run in other folders) and the
-    tracking URI filled in."""
+    """A copy with absolute paths (Ray workers and job drivers run in other folders), the
+    run storage (``run.storage``, else ``$VLP_STORAGE``, else ``run.output_dir``) and the
+    tracking URI (``tracking_choice``) filled in. On a multi-node cluster a storage or
+    tracking store that other nodes cannot reach is refused here, before anything starts."""
     root = Path(cfg.run.output_dir).expanduser().resolve()
-    run = dataclasses.replace(cfg.run, output_dir=str(root))
-    mlflow = dataclasses.replace(cfg.mlflow, tracking_uri=cfg.mlflow.tracking_uri
-                                 or embedded_tracking_uri(root))
+    storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
+    run_storage.check_shared(storage)
+    run = dataclasses.replace(cfg.run, output_dir=str(root), storage=storage.root)
+    mlflow = dataclasses.replace(cfg.mlflow, tracking_uri=choose_tracking_uri(
+        cfg.mlflow.tracking_uri, root))
+    if mlflow.enabled:
+        check_tracking_shared(mlflow.tracking_uri)
     train = dataclasses.replace(cfg.train, extensions_dir=extensions_dir(cfg.train.extensions_dir))
     return dataclasses.replace(cfg, run=run, mlflow=mlflow, train=train)
 
 
 def tracking_spec(cfg: ExperimentConfig, parent_run_id: str | None = None) -> dict[str, Any]:
-    """How rank 0 finds its MLflow run. The key is derived from the run folder, so a
-    restarted worker or a re-run driver attaches to the same run."""
+    """How rank 0 finds its MLflow run. The key is derived from the storage root and the run
+    name (never the job's working folder), so a restarted worker or a re-run driver, also
+    one submitted after a code edit, attaches to the same run."""
     uses_embedded = cfg.mlflow.tracking_uri == embedded_tracking_uri(cfg.run.output_dir)
+    storage = run_storage.open_location(cfg.run.storage)
+    artifacts = None
+    if uses_embedded:
+        artifacts = (embedded_artifact_location(cfg.run.output_dir) if storage.is_local
+                     else storage.uri("mlartifacts"))
     return {
         "enabled": cfg.mlflow.enabled,
         "tracking_uri": cfg.mlflow.tracking_uri,
         "experiment": cfg.mlflow.experiment,
         "run_name": cfg.run.name,
-        "key": run_key(cfg.run.output_dir, cfg.run.name),
+        "key": run_key(cfg.run.storage, cfg.run.name),
         "parent_run_id": parent_run_id,
-        "artifact_location": embedded_artifact_location(cfg.run.output_dir) if uses_embedded
-        else None,
+        "artifact_location": artifacts,
+        "storage": cfg.run.storage,
         "deepspeed_config": deepspeed_config(cfg, cfg.scaling.num_workers),
     }
 
 
 def preflight(cfg: ExperimentConfig) -> None:
-    """Checks that need no cluster: tracking reachable (short timeout), output folder
+    """Checks that need no cluster: tracking reachable (short timeout), run storage
     writable, and a checkpoint that this run would resume fits the config. Raises with the
     cause named."""
-    root = Path(cfg.run.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    storage = run_storage.open_location(cfg.run.storage)
+    storage.create_root()
     if cfg.mlflow.enabled:
         check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
-    meta = checkpointing.latest_meta(root / cfg.run.name)
+    meta = storage.latest_checkpoint_meta(cfg.run.name)
     if meta is not None:
         problem = checkpointing.resume_problem(
             meta, [(s.name, s.steps) for s in cfg.stage_plan()], cfg.scaling.num_workers)
         if problem:
-            raise ValueError(f"run {cfg.run.name!r} in {root}: {problem}")
+            raise ValueError(f"run {cfg.run.name!r} in {storage.root}: {problem}")
 
 
 def run_pretraining(cfg: ExperimentConfig, components: Components, *,
@@ -95,17 +110,19 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     cfg = resolve(cfg)
     preflight(cfg)
     spec = tracking_spec(cfg, parent_run_id)
-    run_dir = str(Path(cfg.run.output_dir) / cfg.run.name)
+    storage = run_storage.open_location(cfg.run.storage)
+    run_dir = storage.uri(cfg.run.name)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": to_dict(cfg), "components": components, "tracking": spec,
                            "run_dir": run_dir},
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
+            placement_strategy=cfg.scaling.placement_strategy,
             resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
                                   **({"GPU": 1} if cfg.scaling.use_gpu else {})}),
         run_config=ray.train.RunConfig(
-            name=cfg.run.name, storage_path=cfg.run.output_dir,
+            name=cfg.run.name, **storage.ray_storage(),
             failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             callbacks=callbacks or None),
@@ -122,7 +139,8 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     value = result.return_value or {}
     return PretrainResult(
         run_dir=run_dir,
-        checkpoint_path=result.checkpoint.path if result.checkpoint else None,
+        checkpoint_path=storage.uri(cfg.run.name, Path(result.checkpoint.path).name)
+        if result.checkpoint else None,
         final_step=int(value.get("final_step", 0)),
         completed=bool(value.get("completed", False)),
         history=list(value.get("history", [])),

@@ -82,7 +82,7 @@ def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
     per_batch = estimate_examples_per_batch(setup)
     stages = ", ".join(f"{s.name}: {s.steps:,}" for s in cfg.stage_plan())
     lines = [
-        f"run {cfg.run.name} → {Path(cfg.run.output_dir) / cfg.run.name}; MLflow "
+        f"run {cfg.run.name} → {cfg.run.storage or cfg.run.output_dir}/{cfg.run.name}; MLflow "
         + (f"{cfg.mlflow.tracking_uri} (experiment {cfg.mlflow.experiment})"
            if cfg.mlflow.enabled else "off"),
         f"model {setup.family} (init {cfg.model.init_spec()}): {count_parameters(setup):,} "

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import collections
 import math
+import posixpath
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -163,11 +163,12 @@ class _Worker:
         after = self._after_training() if completed else None
         if self.tracker:
             self.tracker.close(completed, state)
+            state.mlflow_run_id = self.tracker.run_id or state.mlflow_run_id
         return {"history": list(self.history), "start_step": start_step,
                 "final_step": state.step, "total_steps": self.total, "completed": completed,
                 "examples_seen": state.examples_seen, "input_units_seen": state.input_units_seen,
                 "skipped_batches": state.skipped_batches, "mlflow_run_id": state.mlflow_run_id,
-                "checkpoint_path": str(Path(self.run_dir) / _checkpoint_dir_name(state.step)),
+                "checkpoint_path": posixpath.join(self.run_dir, _checkpoint_dir_name(state.step)),
                 "parameters": self.n_params, "after_training": after}
 
     def _after_training(self) -> Any:
@@ -280,6 +281,8 @@ class _Worker:
             ray.train.report(metrics)
             return
         state.sampler = self.sampler.state_dict()
+        if self.tracker and self.tracker.run_id:   # known once the tracking queue opened it
+            state.mlflow_run_id = self.tracker.run_id
         name = _checkpoint_dir_name(step)
         with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
             checkpointing.save(self.engine, tmp, state, self.rank, self.source.state_dict(),
@@ -287,7 +290,7 @@ class _Worker:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=name)
         if self.tracker:
-            self.tracker.flush(metrics, step, checkpoint=str(Path(self.run_dir) / name))
+            self.tracker.flush(metrics, step, checkpoint=posixpath.join(self.run_dir, name))
 
     def _announce(self, fresh: bool) -> None:
         c, plan = self.cfg, self.plan

@@ -25,6 +25,7 @@ import torch
 from vlp.models import FAMILIES, VLPModel, get_family
 from vlp.models.checkpoints import CheckpointError, LoadReport, read_state_dict
 from vlp.models.checkpoints.state_dict_io import assign_strict
+from vlp.platform.run_storage import StorageError, is_uri, local_copy, open_location
 
 TRAINER_META = "vlp_trainer.json"       # vlp/platform/checkpointing.py
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -45,7 +46,10 @@ class PretrainedWeights:
 
 
 def resolve(path: str | Path) -> Path:
-    """The model-states file a checkpoint path designates."""
+    """The model-states file a checkpoint path (or URI, e.g. ``s3://bucket/vlp/run``)
+    designates; from a URI only the files read are fetched into a local cache."""
+    if is_uri(str(path)):
+        return resolve(fetch(str(path)))
     p = Path(path).expanduser()
     if p.is_file():
         return p
@@ -66,6 +70,25 @@ def resolve(path: str | Path) -> Path:
             return p / name
     raise CheckpointError(f"{p}: neither a vlp checkpoint (no {TRAINER_META}), a pretraining "
                           "run folder (no checkpoint_* inside) nor a model folder")
+
+
+def fetch(uri: str) -> Path:
+    """A local copy of what ``uri`` designates: a vlp checkpoint folder (its trainer meta and
+    model states), a run folder (its newest checkpoint) or a state-dict file."""
+    try:
+        storage = open_location(uri)
+        if storage.exists(TRAINER_META):
+            tag = json.loads(storage.read_text(TRAINER_META))["tag"]
+            return local_copy(uri, [TRAINER_META, f"{tag}/{MODEL_STATES}"])
+        meta = storage.latest_checkpoint_meta()
+        if meta is not None:
+            return local_copy(meta["uri"], [TRAINER_META, f"{meta['tag']}/{MODEL_STATES}"])
+        if storage.exists():
+            parent, name = uri.rstrip("/").rsplit("/", 1)
+            return local_copy(parent, [name]) / name
+    except (OSError, StorageError) as e:
+        raise CheckpointError(f"{uri}: cannot read it ({e})") from None
+    raise CheckpointError(f"{uri}: no such checkpoint, run folder or file")
 
 
 def read(path: str | Path) -> PretrainedWeights:

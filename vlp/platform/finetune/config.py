@@ -39,6 +39,8 @@ def default_lr_scale(family: str) -> float:
 class FtRunSection:
     name: str = "finetune"         # runs are <output_dir>/<name>-<benchmark>
     output_dir: str = "runs"
+    # the finetune runs' storage (folder or URI); "" = $VLP_STORAGE, else output_dir
+    storage: str = ""
     seed: int = bounded(0, ge=0)
     max_failures: int = bounded(0, ge=-1)
 
@@ -151,8 +153,10 @@ class FinetuneConfig:
     def resolved_paths(self) -> "FinetuneConfig":
         import dataclasses
 
-        def absolute(p: str) -> str:
-            return str(Path(p).expanduser().resolve()) if p else p
+        from vlp.platform.run_storage import is_uri
+
+        def absolute(p: str) -> str:   # a URI (s3://...) stays as it is
+            return str(Path(p).expanduser().resolve()) if p and not is_uri(p) else p
         return dataclasses.replace(
             self, world=absolute(self.world),
             run=dataclasses.replace(self.run, output_dir=absolute(self.run.output_dir)),

@@ -13,6 +13,7 @@ and one MLflow child run; evaluation happens on the same workers right after tra
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from vlp.platform.ray_session import ensure_ray
 from vlp.platform.pretrain import run_pretraining
 from vlp.platform.progress import ProgressPrinter
 from vlp.platform.tracking import check_reachable
+from vlp.platform.tracking_choice import TRACKING_ENV, check_tracking_shared
 
 
 @dataclass
@@ -72,7 +74,8 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
     """The sweep's entry point: finetune ``checkpoint`` (None = a fresh random init) on each
     of ``benchmarks`` and evaluate it; per-benchmark scores and Meta-Sum. ``overrides`` are
     ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``)."""
-    data = {"run": {"name": run_name, "output_dir": output_dir, "seed": seed},
+    data = {"run": {"name": run_name, "output_dir": output_dir, "storage": output_dir,
+                    "seed": seed},
             "model": {"family": family, "init": "checkpoint" if checkpoint else "random",
                       "checkpoint": checkpoint or ""},
             "world": world, "benchmarks": list(benchmarks),
@@ -83,7 +86,7 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
 
 
 def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
-    cfg = cfg.resolved_paths()
+    cfg = with_tracking_env(cfg.resolved_paths())
     prepared = prepare(cfg)                        # bad inputs fail here, before Ray starts
     for name in cfg.benchmarks:   # every run's set-up is checked before the first starts
         steps, batch_size, _, options = cfg.settings_for(name)
@@ -99,6 +102,8 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
+    if parent is not None:
+        check_tracking_shared(parent.tracking_uri)
     reports = {}
     for name in cfg.benchmarks:
         reports[name] = finetune_one(cfg, name, prepared, parent)
@@ -108,6 +113,13 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
         tracking.log_summary(parent, scores, total)
     return DownstreamReport(scores, total, reports, parent.run_id if parent else None,
                             parent.tracking_uri if parent else None)
+
+
+def with_tracking_env(cfg: FinetuneConfig) -> FinetuneConfig:
+    """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI`` (``tracking_choice``); still ""
+    means the pretraining run's store if found, else the embedded one."""
+    uri = cfg.mlflow.tracking_uri or os.environ.get(TRACKING_ENV, "")
+    return dataclasses.replace(cfg, mlflow=dataclasses.replace(cfg.mlflow, tracking_uri=uri))
 
 
 def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
@@ -151,7 +163,8 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
     t = cfg.train
     return from_dict(ExperimentConfig, {
         "run": {"name": run_name(cfg, name), "output_dir": cfg.run.output_dir,
-                "seed": cfg.run.seed, "max_failures": cfg.run.max_failures},
+                "storage": cfg.run.storage, "seed": cfg.run.seed,
+                "max_failures": cfg.run.max_failures},
         "model": {"family": cfg.model.family},
         "data": {"sources": {"world": {"path": cfg.world}}},
         "tasks": {get_benchmark(name).task: 1.0},

@@ -10,9 +10,11 @@ trial), or under a parent run of their own that holds Meta-Sum.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlp.platform.run_storage import is_uri, open_location
 from vlp.platform.tracking import RUN_KEY_TAG, MlflowRun, embedded_tracking_uri, run_key
 
 TRAINER_META = "vlp_trainer.json"
@@ -28,23 +30,19 @@ class Parent:
 
 def pretraining_run_of(checkpoint: str, tracking_uri: str = "") -> tuple[str, str] | None:
     """(tracking URI, run id) of the pretraining run that wrote ``checkpoint``, when it is a
-    platform checkpoint (``<output_dir>/<run>/checkpoint_*``) whose run can be found."""
-    p = Path(checkpoint)
-    if p.is_file():
-        p = p.parent.parent if p.parent.name.startswith("step") else p.parent
-    if not (p / TRAINER_META).is_file():
-        found = sorted(p.glob(f"checkpoint_*/{TRAINER_META}"))
-        if not found:
-            return None
-        p = found[-1].parent
-    run_dir = p.parent
-    output_dir = run_dir.parent
+    platform checkpoint (``<storage>/<run>/checkpoint_*``, a folder or a URI) whose run can be
+    found: its key is the storage root + run name (``pretrain.tracking_spec``)."""
+    where = checkpoint_folder_uri(checkpoint) if is_uri(checkpoint) else _local_folder(checkpoint)
+    if where is None:
+        return None
+    run_dir = posixpath.dirname(where.rstrip("/"))
+    root = posixpath.dirname(run_dir)
     uri = tracking_uri
     if not uri:
-        if not (output_dir / "mlflow.db").is_file():
+        if is_uri(root) or not (Path(root) / "mlflow.db").is_file():
             return None
-        uri = embedded_tracking_uri(output_dir)
-    key = run_key(str(output_dir), run_dir.name)
+        uri = embedded_tracking_uri(root)
+    key = run_key(root, posixpath.basename(run_dir))
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -54,6 +52,27 @@ def pretraining_run_of(checkpoint: str, tracking_uri: str = "") -> tuple[str, st
     runs = client.search_runs(ids, filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
                               max_results=1)
     return (uri, runs[0].info.run_id) if runs else None
+
+
+def _local_folder(checkpoint: str) -> str | None:
+    p = Path(checkpoint)
+    if p.is_file():
+        p = p.parent.parent if p.parent.name.startswith("step") else p.parent
+    if not (p / TRAINER_META).is_file():
+        found = sorted(p.glob(f"checkpoint_*/{TRAINER_META}"))
+        if not found:
+            return None
+        p = found[-1].parent
+    return str(p)
+
+
+def checkpoint_folder_uri(uri: str) -> str | None:
+    """The vlp checkpoint folder a URI names: itself, or a run folder's newest."""
+    storage = open_location(uri)
+    if storage.exists(TRAINER_META):
+        return storage.root
+    meta = storage.latest_checkpoint_meta()
+    return meta["uri"] if meta else None
 
 
 def resolve_parent(*, tracking_uri: str, experiment: str, run_name: str, output_dir: str,

@@ -40,7 +40,10 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    cfg = cfg.resolved_paths()
+    from vlp.platform.finetune.run import with_tracking_env
+    from vlp.platform.tracking_choice import check_tracking_shared
+
+    cfg = with_tracking_env(cfg.resolved_paths())
     bad = [b for b in cfg.benchmarks if b not in ZERO_SHOT_BENCHMARKS]
     if bad:
         raise ValueError(f"zero-shot evaluation exists for {list(ZERO_SHOT_BENCHMARKS)} (scored "
@@ -55,6 +58,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
             tracking_uri=cfg.mlflow.tracking_uri, experiment=cfg.mlflow.experiment,
             run_name=cfg.run.name, output_dir=cfg.run.output_dir,
             parent_run_id=cfg.mlflow.parent_run_id, checkpoint=cfg.model.checkpoint)
+        check_tracking_shared(parent.tracking_uri)
     out = {}
     for name in cfg.benchmarks:
         _, batch_size, _, options = cfg.settings_for(name)

@@ -29,7 +29,9 @@ from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.space import SpaceSampler
+from vlp.platform.run_storage import check_shared, open_location
 from vlp.platform.sweep.trial_configs import resolve_text_init
+from vlp.platform.tracking_choice import check_tracking_shared
 from vlp.platform.sweep.tracking import open_parent_run
 from vlp.platform.sweep.trial import TrialContext, run_trial
 
@@ -76,6 +78,9 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     trials_dir = sweep_dir / f"trials-{instance}"
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent), dashboard=True)
+    # a multi-node cluster: the sweep folder and the MLflow store must reach every node
+    check_shared(open_location(cfg.sweep.output_dir))
+    check_tracking_shared(cfg.mlflow.tracking_uri)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
     from vlp.platform.console import RAY_LOG, log_to
 

@@ -42,7 +42,10 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
     if not point.pretrains:
         raise ValueError(f"trial {trial}: the point {point.describe()} does not pretrain")
     data = copy.deepcopy(cfg.pretrain)
+    # storage: the trial's own folder, never $VLP_STORAGE's root (trial names repeat across
+    # sweeps, and the same storage + name resumes a run)
     data["run"] = {**data.get("run", {}), "name": f"{trial}-pretrain", "output_dir": trial_dir,
+                   "storage": trial_dir,
                    "seed": cfg.sweep.seed if seed is None else seed}
     data["model"] = {**data.get("model", {}), "family": cfg.model.family, **model_init(cfg, point)}
     data["data"] = {**data.get("data", {}), "sources": data_sources(cfg.world, point.data),

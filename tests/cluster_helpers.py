@@ -1,0 +1,103 @@
+"""Helpers for the tests that start real services the way users do (`ray start`, `mlflow
+server`, moto's S3 server): free ports, waiting for HTTP, and stopping a process tree by its
+process group, never `ray stop` (which would end every Ray on the machine)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from vlp.platform.ray_session import free_local_port
+
+BIN = Path(sys.executable).parent    # the venv's bin (not resolved: a venv's python is a link)
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def stop_tree(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM every process of the group ``pgid`` and all their descendants (Ray workers get
+    process groups of their own but stay children of the raylet), SIGKILL what is left."""
+    procs: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                procs[p.pid] = p
+                procs.update((c.pid, c) for c in p.children(recursive=True))
+        except (psutil.Error, OSError):
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs.values():
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not [p for p in procs.values() if _alive(p)]:
+                return
+            time.sleep(0.2)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_http(url: str, timeout_s: float, headers=None, proc=None) -> None:
+    """Until ``url`` answers at all (any HTTP status); fails at once if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc is None or proc.poll() is None, f"{proc.args[:2]} exited: {proc.returncode}"
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer in {timeout_s:.0f} s")
+
+
+class S3Server:
+    """moto's standalone S3 server on 127.0.0.1 (``moto_server``, from ``moto[server]``);
+    ``env`` is what a node's environment holds to reach it (endpoint + test keys)."""
+
+    def __init__(self, log_dir: Path):
+        self.port = free_local_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, **S3_KEYS}
+        self._log = open(Path(log_dir) / "moto.log", "w")
+        self.proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p",
+                                      str(self.port)], stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(self.endpoint, 300, proc=self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def filesystem(self):
+        import pyarrow.fs as pafs
+
+        return pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{self.port}", scheme="http",
+                                 access_key=S3_KEYS["AWS_ACCESS_KEY_ID"],
+                                 secret_key=S3_KEYS["AWS_SECRET_ACCESS_KEY"],
+                                 region="us-east-1", allow_bucket_creation=True)
+
+    def create_bucket(self, name: str) -> str:
+        self.filesystem().create_dir(name)
+        return f"s3://{name}"
+
+    def stop(self) -> None:
+        stop_tree(self.proc.pid)
+        self._log.close()

@@ -1,0 +1,325 @@
+"""The multi-node path on one machine, every part started the way its users start it: a Ray
+cluster of a head and two worker nodes (`ray start --head`, `ray start --address`, each its
+own raylet with a custom resource), moto's S3 server as the only shared storage, a real
+`mlflow server` whose artifact root is in that bucket, and jobs sent with `ray job submit`.
+
+One pretraining job (2 workers spread over the nodes, storage s3://) loses a worker node
+(`kill -9` of its raylet) after its first checkpoint and must resume from the S3 checkpoint
+on the remaining nodes, end at exactly its configured step with one MLflow run, and leave no
+run files under the job's working folder. Resubmitting it after a code edit (a new
+_ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint.
+
+The nodes' environment holds the S3 endpoint and test keys (what an instance profile gives a
+cloud node); jobs get only VLP_STORAGE and MLFLOW_TRACKING_URI. The cluster is this file's
+own (token auth with its own token, its own ports and temp dir) and is stopped by killing
+its own process groups, never `ray stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from cluster_helpers import BIN, S3Server, stop_tree, wait_http
+
+from vlp.platform.ray_session import free_local_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+BUCKET = "vlp-multinode"
+RUN = "mn-pretrain"
+STEPS, INTERVAL = 24, 4
+JOB_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = S3Server(tmp_path_factory.mktemp("moto"))
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def node_env(s3):
+    """A node's shell: the venv first on PATH, token auth with our own token, the S3
+    endpoint and keys (an instance profile's part on a cloud node)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_ADDRESS", "VLP_STORAGE", "MLFLOW_TRACKING_URI"))}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex,
+               RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **s3.env,
+               # Ray's memory monitor watches the whole machine: on a shared box it kills
+               # our workers for other programs' memory
+               RAY_memory_monitor_refresh_ms="0")
+    return env
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(s3, node_env, tmp_path_factory):
+    d = tmp_path_factory.mktemp("mlflow")
+    port = free_local_port()
+    log = open(d / "server.log", "w")
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri",
+                             f"sqlite:///{d / 'mlflow.db'}", "--artifacts-destination",
+                             f"s3://{BUCKET}/mlartifacts", "--host", "127.0.0.1", "--port",
+                             str(port), "--workers", "1"],
+                            env={**node_env, "MLFLOW_S3_ENDPOINT_URL": s3.endpoint}, cwd=d,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_tree(proc.pid)
+        log.close()
+
+
+class Cluster:
+    def __init__(self, env: dict, temp: Path):
+        self.env, self.temp = env, temp
+        self.port, dash = free_local_port(), free_local_port()
+        self.address = f"http://127.0.0.1:{dash}"
+        self.groups: list[int] = []
+        self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
+                     "--dashboard-port", str(dash), "--ray-client-server-port",
+                     str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "1",
+                     "--resources", json.dumps({"head_node": 1})])
+        wait_http(f"{self.address}/api/version", 300,
+                  {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
+        for name in ("node_b", "node_c"):
+            # a temp dir of its own: the default /tmp/ray is shared with every other Ray
+            # on the machine (unpacked job packages included)
+            self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
+                         "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})])
+
+    def _start(self, args: list[str]) -> None:
+        cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
+               "--dashboard-agent-listen-port", str(free_local_port()),
+               "--metrics-export-port", str(free_local_port()),
+               "--object-store-memory", str(512 << 20), "--disable-usage-stats", *args]
+        start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
+                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.groups.append(start.pid)
+        out, _ = start.communicate(timeout=600)
+        assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
+
+    def raylets(self) -> dict[str, psutil.Process]:
+        """Custom resource name → raylet process, for this cluster's nodes."""
+        out = {}
+        for p in psutil.process_iter(["name", "cmdline"]):
+            try:
+                cmd = " ".join(p.info["cmdline"] or [])
+                if p.info["name"] == "raylet" and str(self.temp) in cmd:
+                    for name in ("head_node", "node_b", "node_c"):
+                        if name in cmd:
+                            out[name] = p
+            except psutil.Error:
+                pass
+        return out
+
+    def train_worker_nodes(self) -> list[str]:
+        """Nodes whose raylet runs a Ray Train worker process."""
+        found = []
+        for name, raylet in self.raylets().items():
+            for child in raylet.children(recursive=True):
+                try:
+                    if "RayTrainWorker" in child.name() + " ".join(child.cmdline()):
+                        found.append(name)
+                        break
+                except psutil.Error:
+                    pass
+        return found
+
+    def submit(self, workdir: Path, job_id: str, entry: list[str], env_vars: dict,
+               log: Path) -> subprocess.Popen:
+        cmd = [str(BIN / "ray"), "job", "submit", "--address", self.address, "--working-dir",
+               str(workdir), "--submission-id", job_id, "--runtime-env-json",
+               json.dumps({"env_vars": env_vars}), "--", "python", *entry]
+        return subprocess.Popen(cmd, env=self.env, cwd=workdir, stdout=open(log, "w"),
+                                stderr=subprocess.STDOUT, text=True)
+
+    def stop(self) -> None:
+        for pgid in reversed(self.groups):
+            stop_tree(pgid)
+
+
+@pytest.fixture(scope="module")
+def cluster(node_env, tmp_path_factory):
+    c = Cluster(node_env, tmp_path_factory.mktemp("ray"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def workdir(tiny_world, tmp_path_factory) -> Path:
+    """What a user uploads with --working-dir: the code and a config naming the data by
+    absolute path (shared by every node of this one-machine cluster)."""
+    d = tmp_path_factory.mktemp("work")
+    for part in ("vlp", "jobs"):
+        shutil.copytree(ROOT / part, d / part, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = yaml.safe_load((ROOT / "jobs/configs/pretrain-tiny.yaml").read_text())
+    for name, src in cfg["data"]["sources"].items():
+        src["path"] = str(Path(tiny_world) / "images" / name)
+    cfg["run"].update(name=RUN, max_failures=2)
+    cfg["train"].update(steps=STEPS, log_every=2)
+    cfg["checkpoint"] = {"interval": INTERVAL, "keep": 2}
+    cfg["scaling"].update(num_workers=2, cpus_per_worker=1, placement_strategy="SPREAD")
+    (d / "multinode.yaml").write_text(yaml.safe_dump(cfg))
+    return d
+
+
+def job_env(mlflow_server) -> dict:
+    return {"VLP_STORAGE": f"s3://{BUCKET}/vlp", "MLFLOW_TRACKING_URI": mlflow_server,
+            "VLP_DEBUG": "1"}     # a failure shows its traceback
+
+
+def finish(proc: subprocess.Popen, log: Path, cluster: Cluster, job_id: str) -> str:
+    try:
+        proc.wait(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    out = log.read_text()
+    if proc.returncode != 0:
+        logs = subprocess.run([str(BIN / "ray"), "job", "logs", "--address", cluster.address,
+                               job_id], env=cluster.env, capture_output=True, text=True,
+                              timeout=120)
+        pytest.fail(f"job {job_id} exited {proc.returncode}:\n{out[-6000:]}\nray job logs:\n"
+                    f"{logs.stdout[-6000:]}")
+    return out
+
+
+def registered_checkpoints(s3) -> str:
+    """Ray Train's checkpoint-manager snapshot in the run folder: a checkpoint named there
+    has been fully uploaded and registered (a report in flight can be lost on a kill)."""
+    try:
+        with s3.filesystem().open_input_stream(
+                f"{BUCKET}/vlp/{RUN}/checkpoint_manager_snapshot.json") as f:
+            return f.read().decode()
+    except (OSError, FileNotFoundError):
+        return ""
+
+
+def s3_files(s3, prefix: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    sel = pafs.FileSelector(f"{BUCKET}/{prefix}", recursive=True, allow_not_found=True)
+    return [i.path for i in s3.filesystem().get_file_info(sel) if i.type == pafs.FileType.File]
+
+
+@pytest.fixture(scope="module")
+def killed_job(cluster, s3, mlflow_server, workdir, tmp_path_factory):
+    """The pretraining job; one worker node's raylet is SIGKILLed after the first checkpoint
+    reached S3."""
+    log = tmp_path_factory.mktemp("logs") / "pretrain.log"
+    job_id = f"vlp-mn-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    proc = cluster.submit(workdir, job_id, ["jobs/pretrain.py", "--config", "multinode.yaml"],
+                          job_env(mlflow_server), log)
+    first = f"checkpoint_step{INTERVAL:08d}"
+    killed = None
+    while proc.poll() is None and time.monotonic() - t0 < JOB_TIMEOUT_S:
+        if first in registered_checkpoints(s3):
+            nodes = [n for n in cluster.train_worker_nodes() if n != "head_node"]
+            assert nodes, f"no Train worker found on a worker node: {cluster.raylets()}"
+            killed = nodes[0]
+            raylet = cluster.raylets()[killed]
+            raylet.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic() - t0
+            break
+        time.sleep(0.5)
+    assert killed, f"the job ended before its first checkpoint reached S3:\n{log.read_text()}"
+    out = finish(proc, log, cluster, job_id)
+    return {"out": out, "killed": killed, "killed_at_s": killed_at,
+            "duration_s": time.monotonic() - t0, "job_id": job_id}
+
+
+def mlflow_runs(uri: str, name: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vlp-pretrain")
+    return client, client.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
+
+
+def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
+        killed_job, s3, mlflow_server, cluster):
+    out = killed_job["out"]
+    print(f"killed {killed_job['killed']} at {killed_job['killed_at_s']:.0f} s; job took "
+          f"{killed_job['duration_s']:.0f} s")
+    resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", out)]
+    assert resumed and resumed[0] >= INTERVAL and resumed[0] % INTERVAL == 0, out[-4000:]
+    assert f"final_step {STEPS}" in out and "completed True" in out
+    assert f"checkpoint s3://{BUCKET}/vlp/{RUN}/checkpoint_step{STEPS:08d}" in out
+    assert killed_job["killed"] not in cluster.raylets()        # the node is gone
+
+    files = s3_files(s3, "")
+    ckpts = {p.split("/")[3] for p in files if p.startswith(f"{BUCKET}/vlp/{RUN}/checkpoint_")}
+    assert f"checkpoint_step{STEPS:08d}" in ckpts and len(ckpts) <= 2     # keep: 2
+    assert any(p.startswith(f"{BUCKET}/mlartifacts/") and p.endswith("loss_curve.png")
+               for p in files)
+
+    client, runs = mlflow_runs(mlflow_server, RUN)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")})
+    assert steps == list(range(1, STEPS + 1))
+    assert runs[0].data.tags["vlp.checkpoint_step"] == str(STEPS)
+    assert not [p for p in files if p.endswith("tracking-undelivered.jsonl")]
+
+    # nothing of the run under the job's working folder on the head
+    pkgs = list(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
+    assert pkgs
+    for pkg in pkgs:
+        assert not (pkg / "runs").exists() and not list(pkg.rglob("mlflow.db")), pkg
+
+
+def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
+        killed_job, cluster, mlflow_server, workdir, tmp_path):
+    before = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
+    with open(workdir / "jobs" / "pretrain.py", "a") as f:
+        f.write("# edited after the first submission\n")
+    job_id = f"vlp-mn-again-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    proc = cluster.submit(workdir, job_id, ["jobs/pretrain.py", "--config", "multinode.yaml"],
+                          job_env(mlflow_server), tmp_path / "again.log")
+    out = finish(proc, tmp_path / "again.log", cluster, job_id)
+    print(f"resubmitted job took {time.monotonic() - t0:.0f} s")
+    after = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
+    assert after - before, "the edit did not give the job a new working folder"
+    assert f"resumed from step {STEPS}" in out and f"final_step {STEPS}" in out
+    client, runs = mlflow_runs(mlflow_server, RUN)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")})
+    assert steps == list(range(1, STEPS + 1))
+
+
+def test_a_finetune_reads_the_s3_checkpoint(killed_job, cluster, mlflow_server, workdir,
+                                            tiny_world, tmp_path):
+    job_id = f"vlp-mn-ft-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    proc = cluster.submit(workdir, job_id, [
+        "jobs/finetune.py", "--checkpoint", f"s3://{BUCKET}/vlp/{RUN}", "--world",
+        str(tiny_world), "--benchmarks", "retrieval", "--workers", "1", "--name", "mn-ft",
+        "--set", "settings.retrieval.steps=2"], job_env(mlflow_server), tmp_path / "ft.log")
+    out = finish(proc, tmp_path / "ft.log", cluster, job_id)
+    print(f"finetune job took {time.monotonic() - t0:.0f} s")
+    assert re.search(r"retrieval\.\w+ \d", out), out[-3000:]
+    client, runs = mlflow_runs(mlflow_server, RUN)
+    children = client.search_runs(
+        [runs[0].info.experiment_id], f"tags.`mlflow.parentRunId` = '{runs[0].info.run_id}'")
+    ft = [c for c in children if c.info.run_name == "mn-ft-retrieval"]
+    assert ft and ft[0].data.params["finetune.checkpoint"] == f"s3://{BUCKET}/vlp/{RUN}"
+    assert ft[0].data.params["finetune.checkpoint_step"] == str(STEPS)
