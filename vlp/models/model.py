@@ -17,6 +17,7 @@ from vlp.datasets import batch_spec as bs
 
 from .backbone import EncoderOutput, VLBackbone
 from .config import FamilyConfig
+from .embeddings.base import METRIC_PREFIX
 from .tasks import HeadContext, Task, get_task
 
 
@@ -58,6 +59,8 @@ class VLPModel(nn.Module):
         enc = self.backbone(batch, pool=spec.needs_pooled,
                             visual_masking=spec.masks_visual_tokens or bs.MVM_APPLY in batch)
         out = spec.compute(self.heads[spec.head_name], enc, batch)
+        out.update({k[len(METRIC_PREFIX):]: v.detach() for k, v in enc.extras.items()
+                    if k.startswith(METRIC_PREFIX)})
         out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
         return out
 
