@@ -241,3 +241,15 @@ def test_cold_start_freezes_the_cnn_while_the_dictionary_and_transformer_train()
 def test_sgd_adamw_rejects_unknown_algorithms():
     with pytest.raises(ValueError, match="algo 'adam'"):
         SgdAdamW([{"params": [torch.nn.Parameter(torch.zeros(2))], "algo": "adam"}])
+
+
+def test_groups_at_lr_zero_keep_no_state():
+    """ZeRO hands the frozen CNN zero gradients (not None): a group at lr 0 must not build
+    momentum or moments from them."""
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = SgdAdamW([{"params": [a], "algo": "sgd", "lr": 0.0, "weight_decay": 0.1},
+                    {"params": [b], "algo": "adamw", "lr": 0.0, "weight_decay": 0.1}])
+    a.grad, b.grad = torch.ones(3), torch.ones(3)
+    opt.step()
+    assert not opt.state[a] and not opt.state[b]
+    assert torch.equal(a, torch.ones(3)) and torch.equal(b, torch.ones(3))
