@@ -3,10 +3,12 @@
 visual token = LN( VD(v) + 2-D sine position + token_type(1) ), dropout. The order of the
 conv and the pool is the paper's (§3.1: "ResNet … followed by a 1×1 convolutional layer and
 a 2×2 max pooling layer"); the two do not commute (the max is taken over projected
-features, so each cell keeps the strongest response per output channel). Each image is encoded once and its tokens are gathered for
-every text paired with it (``image_index``). For MVM the embedder picks, on each image with
-``mvm_apply``, one dictionary index present in the image uniformly at random, replaces every
-cell mapped to it by a learned [MASK] embedding and records the index as those cells' label.
+features, so each cell keeps the strongest response per output channel). Each image is
+encoded once and its tokens are gathered for every text paired with it (``image_index``).
+For MVM the embedder picks, on each image with ``mvm_apply``, one dictionary index present in
+the image uniformly at random, replaces every cell mapped to it by a learned [MASK]
+embedding and records the index as those cells' label. Joint masking's MLM batches carry
+``mvm_apply`` too, and are masked the same way.
 
 Every forward also reports the dictionary's usage on the batch's images (``vd_used``: the
 share of entries some valid cell maps to; ``vd_perplexity``: exp of the entropy of the
