@@ -253,3 +253,33 @@ def test_groups_at_lr_zero_keep_no_state():
     opt.step()
     assert not opt.state[a] and not opt.state[b]
     assert torch.equal(a, torch.ones(3)) and torch.equal(b, torch.ones(3))
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+def test_config_checks_the_cold_start_and_the_cnn_checkpoint(tmp_path):
+    from vlp.models import get_family
+    from vlp.platform.config_loader import ConfigError
+    from vlp.platform.experiment_config import load_experiment_config
+    from vlp.platform.pretrain_data import cnn_problems
+
+    base = {"data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mvm": 1},
+            "model": {"family": "soho-tiny"}, "train": {"steps": 100},
+            "optimizer": {"warmup_steps": 10}}
+    cfg = load_experiment_config(data=base)
+    assert (cfg.optimizer.cnn, cfg.optimizer.cnn_lr, cfg.optimizer.cnn_weight_decay) == (
+        "sgd", 1e-2, 5e-4)                                        # the paper's, by default
+    with pytest.raises(ConfigError, match="model.cold_start_steps.*100 steps"):
+        load_experiment_config(data=base, overrides=["model.cold_start_steps=100"])
+    good, _ = _torchvision_file(tmp_path)
+    wide, _ = _torchvision_file(tmp_path, ResNetConfig("basic", (1, 1, 1, 1), 16), "w.pth")
+    soho = get_family("soho-tiny")
+    ok = load_experiment_config(data=base, overrides=[f"model.cnn_init={good}",
+                                                      "model.cold_start_steps=20"])
+    assert cnn_problems(ok, soho) == []
+    bad = load_experiment_config(data=base, overrides=[f"model.cnn_init={wide}"])
+    [(key, msg)] = cnn_problems(bad, soho)
+    assert key == "model.cnn_init" and "wrong shape" in msg and str(wide) in msg
+    problems = cnn_problems(ok, get_family("uniter-tiny"))
+    assert [k for k, _ in problems] == ["model.cnn_init", "model.cold_start_steps"]
+    assert all("has no CNN" in m for _, m in problems)
