@@ -7,7 +7,9 @@ training dynamics (init, a loss's normalisation, masking, packing) shows up here
 
 Regenerate after an *intended* change, and say why in the commit:
 
-    .venv/bin/python tests/test_models_reference_curves.py --write
+    .venv/bin/python tests/test_models_reference_curves.py --write [FAMILY ...]
+
+(naming families rewrites only their curves and keeps the others as stored).
 """
 
 from __future__ import annotations
@@ -99,12 +101,19 @@ def test_no_two_stored_curves_are_the_same():
         seen[tuple(curve)] = name
 
 
-def write_reference_curves() -> None:
+def write_reference_curves(families: tuple[str, ...] = TINY) -> None:
+    unknown = sorted(set(families) - set(TINY))
+    if unknown:
+        sys.exit(f"unknown families {unknown}: expected some of {TINY}")
     torch.set_num_threads(1)
     started = time.time()
     data = {"steps": STEPS, "seed": SEED, "lr": LR, "feat_dim": FEAT_DIM,
             "num_classes": NUM_CLASSES, "vocab_size": VOCAB, "torch": torch.__version__,
-            "curves": {f"{f}/{t}": loss_curve(f, t) for f, t in COMBOS}}
+            "curves": {}}
+    kept = {} if set(families) == set(TINY) else json.loads(CURVES_FILE.read_text())["curves"]
+    for f, t in COMBOS:   # the stored order
+        name = f"{f}/{t}"
+        data["curves"][name] = loss_curve(f, t) if f in families else kept[name]
     CURVES_FILE.parent.mkdir(parents=True, exist_ok=True)
     CURVES_FILE.write_text(json.dumps(data, indent=1) + "\n")
     for name, curve in data["curves"].items():
@@ -113,6 +122,6 @@ def write_reference_curves() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit(f"usage: {sys.argv[0]} --write")
-    write_reference_curves()
+    if sys.argv[1:2] != ["--write"]:
+        sys.exit(f"usage: {sys.argv[0]} --write [FAMILY ...]")
+    write_reference_curves(tuple(sys.argv[2:]) or TINY)

@@ -21,7 +21,7 @@ FEATURES = [[1.0, 0.0], [-1.0, 0.5], [9.0, 1.0], [11.0, -1.0], [12.0, 0.0]]  # â
 
 
 def _dictionary(momentum: float = 0.4) -> VisualDictionary:
-    vd = VisualDictionary(size=3, dim=2, momentum=momentum)
+    vd = VisualDictionary(size=3, dim=2, momentum=momentum, init="normal")  # entries set here
     vd.embedding.copy_(torch.tensor(ENTRIES))
     return vd
 

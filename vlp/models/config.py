@@ -124,12 +124,14 @@ RESNET_TINY = ResNetConfig("basic", (1, 1, 1, 1), base_width=8)
 
 @dataclass(frozen=True)
 class SohoVisualConfig:
-    """SOHO pixels: ResNet → 2×2 max-pool → 1×1 conv → visual dictionary → + 2-D sine position."""
+    """SOHO pixels: ResNet → 1×1 conv → 2×2 max-pool → visual dictionary → + 2-D sine position."""
 
     kind: str = field(default="soho", init=False)
     resnet: ResNetConfig = RESNET18
     dictionary_size: int = 2048
     dictionary_momentum: float = 0.4  # γ in d ← γ d + (1 − γ) mean(assigned); reference value
+    # data: entries = features of the first training batch (their scale); normal: N(0, 1)
+    dictionary_init: str = "data"
     image_min_side: int = 600  # shorter side resized to this, longer side capped (paper)
     image_max_side: int = 1000
     pixel_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet statistics
@@ -142,6 +144,9 @@ class SohoVisualConfig:
         if not 0.0 <= self.dictionary_momentum < 1.0:
             raise ValueError(f"visual.dictionary_momentum={self.dictionary_momentum} "
                              "is not in [0, 1)")
+        if self.dictionary_init not in ("data", "normal"):
+            raise ValueError(f"visual.dictionary_init={self.dictionary_init!r}: expected data "
+                             "or normal")
         if self.dictionary_size < 2:
             raise ValueError(f"visual.dictionary_size={self.dictionary_size} must be ≥ 2")
 

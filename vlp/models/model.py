@@ -13,8 +13,11 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
+from vlp.datasets import batch_spec as bs
+
 from .backbone import EncoderOutput, VLBackbone
 from .config import FamilyConfig
+from .embeddings.base import METRIC_PREFIX
 from .tasks import HeadContext, Task, get_task
 
 
@@ -51,9 +54,13 @@ class VLPModel(nn.Module):
 
     def forward(self, batch: Mapping[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:
         spec = self.task(task)
+        # joint masking flags images on the other tasks' batches too (masking/partner.py):
+        # the embedder masks wherever the pipeline asked, whatever the task
         enc = self.backbone(batch, pool=spec.needs_pooled,
-                            visual_masking=spec.masks_visual_tokens)
+                            visual_masking=spec.masks_visual_tokens or bs.MVM_APPLY in batch)
         out = spec.compute(self.heads[spec.head_name], enc, batch)
+        out.update({k[len(METRIC_PREFIX):]: v.detach() for k, v in enc.extras.items()
+                    if k.startswith(METRIC_PREFIX)})
         out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
         return out
 

@@ -122,7 +122,8 @@ def compute_dtype(cfg: ExperimentConfig) -> torch.dtype:
 
 
 def build_engine(model: torch.nn.Module, cfg: ExperimentConfig, stage_steps: int,
-                 world_size: int, device: torch.device | None = None) -> Any:
+                 world_size: int, device: torch.device | None = None,
+                 stage_index: int = 0) -> Any:
     """``deepspeed.initialize`` for one stage of ``stage_steps`` optimizer steps."""
     use_extensions_dir(cfg.train.extensions_dir)
     import deepspeed
@@ -133,10 +134,31 @@ def build_engine(model: torch.nn.Module, cfg: ExperimentConfig, stage_steps: int
         torch.cuda.set_device(device)
     schedule = WarmupLinearDecay(cfg.optimizer.warmup_steps, stage_steps,
                                  decay=cfg.optimizer.schedule == "linear")
+    ds_config = deepspeed_config(cfg, world_size)
+    # SOHO: SGD for the CNN beside AdamW, CNN frozen at first (None for the other families)
+    recipe = cnn_recipe_for(model, cfg, schedule, stage_index)
+    if recipe is not None:
+        del ds_config["optimizer"]
     engine, _, _, _ = deepspeed.initialize(
         model=model,
-        model_parameters=param_groups(model, cfg.optimizer.weight_decay),
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
-        config=deepspeed_config(cfg, world_size),
+        model_parameters=None if recipe else param_groups(model, cfg.optimizer.weight_decay),
+        optimizer=recipe.optimizer if recipe else None,
+        lr_scheduler=recipe.scheduler if recipe else (
+            lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)),
+        config=ds_config,
     )
     return engine
+
+
+def cnn_recipe_for(model: torch.nn.Module, cfg: ExperimentConfig, schedule: WarmupLinearDecay,
+                   stage_index: int = 0) -> Any:
+    """``cnn_recipe.build_cnn_recipe`` from the config; the cold start in stage 0 only."""
+    from vlp.platform.cnn_recipe import build_cnn_recipe
+
+    o = cfg.optimizer
+    return build_cnn_recipe(
+        model, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+        cnn_optimizer=o.cnn, cnn_lr=o.cnn_lr, cnn_weight_decay=o.cnn_weight_decay,
+        cnn_momentum=o.cnn_momentum,
+        cold_start_steps=cfg.model.cold_start_steps if stage_index == 0 else 0,
+        schedule=schedule)

@@ -61,6 +61,10 @@ class ModelSection:
     init: Literal["random", "minilm", "bert", "uniter"] = "random"
     init_path: str = ""
     dropout: float = bounded(0.1, ge=0, lt=1)   # hidden and attention dropout (UNITER: 0.1)
+    # SOHO: the CNN is frozen for this many optimizer steps of the first stage (the paper's
+    # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
+    cold_start_steps: int = bounded(0, ge=0)
+    cnn_init: str = ""     # SOHO: a local torchvision ResNet state dict (ImageNet weights)
 
     def validate(self):
         if not self.family:
@@ -158,6 +162,12 @@ class OptimizerSection:
     grad_clip: float = bounded(5.0, ge=0)          # global grad-norm clip; 0 = off
     # auto: torch AdamW on CPU (no JIT build), DeepSpeed FusedAdam on GPU
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
+    # a model with a CNN (SOHO): SGD for the CNN beside AdamW for the rest (SOHO §4.1: SGD lr
+    # 1e-2, weight decay 5e-4; momentum 0.9 is ours), or adamw: the CNN shares the AdamW above
+    cnn: Literal["sgd", "adamw"] = "sgd"
+    cnn_lr: float = bounded(1e-2, gt=0)
+    cnn_weight_decay: float = bounded(5e-4, ge=0)
+    cnn_momentum: float = bounded(0.9, ge=0, lt=1)
 
 
 @dataclass
@@ -239,6 +249,12 @@ class ExperimentConfig:
                                                  f"{', '.join(self.data.sources)})")
             if st.tasks:
                 yield from _check_mix(st.tasks, f"{key}.tasks")
+        first = self.stage_plan()[0]
+        cold = self.model.cold_start_steps
+        if isinstance(first.steps, int) and isinstance(cold, int) and 0 < first.steps <= cold:
+            yield "model.cold_start_steps", (
+                f"is {self.model.cold_start_steps} but the first stage {first.name!r} has "
+                f"{first.steps} steps: the CNN would never train in it; expected fewer")
         for st in self.stage_plan():
             if self.optimizer.schedule == "linear" and self.optimizer.warmup_steps >= st.steps:
                 yield "optimizer.warmup_steps", (

@@ -92,6 +92,10 @@ class PretrainComponents:
             region_feat_dim=s.feature_dim or 2048, num_classes=s.num_classes or 1601,
             vocab_size=s.vocab_size if s.vocab_size != s.preprocess.vocab_size else None,
             overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
+        if cfg.model.cnn_init:   # SOHO's ImageNet start (checked on the driver in prepare)
+            from vlp.models.vision.cnn_weights import load_cnn_weights
+
+            load_cnn_weights(bundle.model.backbone.visual.resnet, cfg.model.cnn_init)
         return bundle.model
 
     def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,

@@ -67,6 +67,7 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     if cfg.model.init_path and not Path(cfg.model.init_path).expanduser().exists():
         problems.append(("model.init_path", f"{cfg.model.init_path}: no such file (the "
                                             f"weights of model.init {cfg.model.init!r})"))
+    problems += cnn_problems(cfg, family)
     if cfg.data.max_text_len + 2 > spec.max_text_positions:
         problems.append(("data.max_text_len", f"is {cfg.data.max_text_len} but "
                          f"{cfg.model.family} embeds {spec.max_text_positions} text positions "
@@ -97,6 +98,27 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     return PretrainSetup(cfg.model.family, tasks,
                          preprocess_spec(family, tasks, feat_dim, num_classes), vocab,
                          tuple(stages))
+
+
+def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:
+    """``model.cnn_init`` / ``model.cold_start_steps`` need a family with a CNN (SOHO); the
+    checkpoint must fit the family's ResNet key by key and shape by shape."""
+    soho = family.visual.input_kind == "pixels"
+    if not soho:
+        return [(f"model.{key}", f"{family.name} has no CNN (only SOHO families have one)")
+                for key, on in (("cnn_init", cfg.model.cnn_init),
+                                ("cold_start_steps", cfg.model.cold_start_steps)) if on]
+    if not cfg.model.cnn_init:
+        return []
+    import torch
+
+    from vlp.models.vision.cnn_weights import cnn_weights_problem
+    from vlp.models.vision.resnet import ResNet
+
+    with torch.device("meta"):   # shapes only: nothing allocated
+        trunk = ResNet(family.visual.resnet)
+    problem = cnn_weights_problem(trunk, str(Path(cfg.model.cnn_init).expanduser()))
+    return [("model.cnn_init", problem.removeprefix("model.cnn_init: "))] if problem else []
 
 
 def check_model_and_tasks(cfg: ExperimentConfig) -> None:

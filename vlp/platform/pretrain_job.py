@@ -69,7 +69,8 @@ def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
                for n, s in cfg.data.sources.items()}
     data = dataclasses.replace(cfg.data, sources=sources,
                                tokenizer_path=absolute(cfg.data.tokenizer_path or "") or None)
-    model = dataclasses.replace(cfg.model, init_path=absolute(cfg.model.init_path))
+    model = dataclasses.replace(cfg.model, init_path=absolute(cfg.model.init_path),
+                                cnn_init=absolute(cfg.model.cnn_init))
     return dataclasses.replace(cfg, data=data, model=model)
 
 

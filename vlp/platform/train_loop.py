@@ -71,7 +71,8 @@ class _Worker:
 
     def _build_stage(self, model: torch.nn.Module, k: int) -> None:
         stage = self.plan[k]
-        self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device)
+        self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
+                                   stage_index=k)
         # the same sampler seed on every rank → the same task draws; a new stream per stage
         self.sampler = self.components.build_task_sampler(dict(stage.tasks),
                                                           self.cfg.run.seed * 1009 + k)

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+# extras under this prefix are per-batch measurements (SOHO's dictionary usage) that the model
+# reports beside its losses, under the name after the prefix
+METRIC_PREFIX = "metric/"
+
 
 @dataclass
 class EmbeddedInputs:

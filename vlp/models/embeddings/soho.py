@@ -1,11 +1,19 @@
-"""SOHO embeddings: pixels → ResNet → 2×2 max-pool → 1×1 conv → visual dictionary → tokens.
+"""SOHO embeddings: pixels → ResNet → 1×1 conv → 2×2 max-pool → visual dictionary → tokens.
 
-visual token = LN( VD(v) + 2-D sine position + token_type(1) ), dropout. (The paper's text
-puts the 1×1 conv before the pool; our reference notes put it after — the same function class
-with 4× fewer conv positions.) Each image is encoded once and its tokens are gathered for
-every text paired with it (``image_index``). For MVM the embedder picks, on each image with
-``mvm_apply``, one dictionary index present in the image uniformly at random, replaces every
-cell mapped to it by a learned [MASK] embedding and records the index as those cells' label.
+visual token = LN( VD(v) + 2-D sine position + token_type(1) ), dropout. The order of the
+conv and the pool is the paper's (§3.1: "ResNet … followed by a 1×1 convolutional layer and
+a 2×2 max pooling layer"); the two do not commute (the max is taken over projected
+features, so each cell keeps the strongest response per output channel). Each image is
+encoded once and its tokens are gathered for every text paired with it (``image_index``).
+For MVM the embedder picks, on each image with ``mvm_apply``, one dictionary index present in
+the image uniformly at random, replaces every cell mapped to it by a learned [MASK]
+embedding and records the index as those cells' label. Joint masking's MLM batches carry
+``mvm_apply`` too, and are masked the same way.
+
+Every forward also reports the dictionary's usage on the batch's images (``vd_used``: the
+share of entries some valid cell maps to; ``vd_perplexity``: exp of the entropy of the
+cells' index distribution; ``vd_indices_per_image``: distinct indices per image, mean), so a
+collapsing dictionary shows in every report.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from ..config import SohoVisualConfig, TransformerConfig
 from ..vision.position_2d import sine_position_2d
 from ..vision.resnet import ResNet
 from ..vision.visual_dictionary import VisualDictionary
-from .base import EmbeddedInputs
+from .base import METRIC_PREFIX, EmbeddedInputs
 from .text import TextEmbeddings
 
 MVM_LABELS = "mvm_labels"  # extras key: long [B, n] dictionary index at masked cells, else -100
@@ -34,12 +42,16 @@ class SohoEmbedder(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.resnet = ResNet(visual.resnet)
-        self.pool = nn.MaxPool2d(2, stride=2, ceil_mode=True)  # keep the last odd row/column
         self.proj = nn.Conv2d(self.resnet.out_channels, h, 1)
-        self.dictionary = VisualDictionary(visual.dictionary_size, h, visual.dictionary_momentum)
+        self.pool = nn.MaxPool2d(2, stride=2, ceil_mode=True)  # keep the last odd row/column
+        self.dictionary = VisualDictionary(visual.dictionary_size, h, visual.dictionary_momentum,
+                                           visual.dictionary_init)
         self.mask_token = nn.Parameter(torch.zeros(h))  # MVM's [MASK] embedding
         self.LayerNorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        # SOHO's cold start (vlp/platform/cnn_recipe.py sets it): the ResNet runs without
+        # autograd while frozen; its BatchNorm statistics still follow the data
+        self.cnn_frozen = False
 
     def init_extra_(self, std: float) -> None:
         nn.init.normal_(self.mask_token, std=std)
@@ -49,13 +61,30 @@ class SohoEmbedder(nn.Module):
     def encode_images(self, pixels: torch.Tensor, pixel_mask: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         """[I, 3, H, W] → grid features [I, n, H] (before the dictionary), valid [I, n], (h, w)."""
-        grid = self.proj(self.pool(self.resnet(pixels)))
+        if self.cnn_frozen and torch.is_grad_enabled():
+            with torch.no_grad():
+                trunk = self.resnet(pixels)
+        else:
+            trunk = self.resnet(pixels)
+        grid = self.pool(self.proj(trunk))
         i, _, h, w = grid.shape
         if pixel_mask is None:
             valid = torch.ones(i, h, w, dtype=torch.bool, device=grid.device)
         else:  # a cell is real where its (nearest) pixel is, as in DETR
             valid = F.interpolate(pixel_mask[:, None].float(), size=(h, w)).bool()[:, 0]
         return grid.flatten(2).transpose(1, 2), valid.flatten(1), (h, w)
+
+    def usage(self, indices: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The dictionary's usage on these images (device tensors: no host sync)."""
+        k = self.dictionary.size
+        cells = torch.where(valid, indices, k)
+        counts = torch.bincount(cells.flatten(), minlength=k + 1)[:k].float()
+        p = counts / counts.sum().clamp(min=1)
+        entropy = -(p * p.clamp(min=1e-12).log()).sum()
+        present = torch.zeros(indices.shape[0], k + 1, dtype=torch.bool, device=indices.device)
+        present.scatter_(1, cells, True)
+        return {"vd_used": (counts > 0).float().mean(), "vd_perplexity": entropy.exp(),
+                "vd_indices_per_image": present[:, :k].sum(1).float().mean()}
 
     def mask_one_index(self, indices: torch.Tensor, valid: torch.Tensor,
                        apply: torch.Tensor) -> torch.Tensor:
@@ -81,7 +110,7 @@ class SohoEmbedder(nn.Module):
         image_index = require(batch, bs.IMAGE_INDEX, who).long()
         grid, valid, (h, w) = self.encode_images(pixels, batch.get(bs.PIXEL_MASK))
         quantised, indices = self.dictionary(grid, valid)
-        extras: dict[str, torch.Tensor] = {}
+        extras = {METRIC_PREFIX + name: v for name, v in self.usage(indices, valid).items()}
         if visual_masking:
             masked = self.mask_one_index(indices, valid, require(batch, bs.MVM_APPLY, who))
             quantised = torch.where(masked.unsqueeze(-1), self.mask_token.to(quantised.dtype),

@@ -32,7 +32,15 @@ class VisualDictionaryHead(nn.Module):
             raise ValueError(f"mvm needs a visual dictionary; {ctx.backbone.family.name} has none")
         self.dictionary = [dictionary]  # a plain list: a reference, not a second registration
         self.transform = PredictionTransform(ctx.hidden_size, ctx.layer_norm_eps)
-        self.log_logit_scale = nn.Parameter(torch.tensor(math.log(10.0)))
+        # shape [1], not a 0-d scalar: DeepSpeed broadcasts every parameter as bytes
+        # (``p.view(torch.uint8)``), which a 0-d tensor cannot be viewed as
+        self.log_logit_scale = nn.Parameter(torch.tensor([math.log(10.0)]))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "log_logit_scale"
+        if key in state_dict and state_dict[key].dim() == 0:   # checkpoints of the 0-d scale
+            state_dict[key] = state_dict[key].reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         entries = F.normalize(self.dictionary[0].embedding.detach().float(), dim=-1)

@@ -6,6 +6,12 @@ In training, every entry that received features moves towards their mean:
 d_j ← γ d_j + (1 − γ) · mean{v_i : h_i = j}; entries nobody chose stay put. The sums and
 counts are all-reduced across ranks first, so every rank applies the same update and the
 dictionaries stay identical without broadcasting them.
+
+Initialisation (``init="data"``, the default): the first training batch's features, sampled
+at random (rank 0's, broadcast), become the entries, so that entries start at the features'
+scale and inside their cloud. Entries drawn N(0, 1) (``init="normal"``) sit far from
+features of another scale: a handful of entries win every cell and the rest are never used.
+The ``initialised`` flag is a buffer, so a resumed run keeps its entries.
 """
 
 from __future__ import annotations
@@ -14,18 +20,56 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+INITS = ("data", "normal")
+
 
 class VisualDictionary(nn.Module):
-    def __init__(self, size: int, dim: int, momentum: float = 0.4):
+    def __init__(self, size: int, dim: int, momentum: float = 0.4, init: str = "data"):
         super().__init__()
-        self.size, self.dim, self.momentum = size, dim, momentum
+        if init not in INITS:
+            raise ValueError(f"visual dictionary init {init!r}: expected one of {INITS}")
+        self.size, self.dim, self.momentum, self.init = size, dim, momentum, init
         # A buffer, not a parameter: only the moving average moves it (never the optimiser)
         self.register_buffer("embedding", torch.empty(size, dim))
+        self.register_buffer("initialised", torch.tensor(False))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # Unit-variance entries, the scale of the LayerNorm-free conv features they cluster
+        # Placeholder entries until the first training batch (init="data") replaces them
         nn.init.normal_(self.embedding)
+        self.initialised.fill_(self.init == "normal")
+        self._known: bool | None = None   # the flag read once, not on every step (a sync)
+
+    def _is_initialised(self) -> bool:
+        if self._known is None:
+            self._known = bool(self.initialised)
+        return self._known
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints written before the flag existed hold trained entries: keep them
+        state_dict.setdefault(prefix + "initialised", torch.tensor(True))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._known = None
+
+    @torch.no_grad()
+    def initialise_from(self, features: torch.Tensor) -> None:
+        """Entries ← ``size`` features [M, dim] drawn at random (without replacement when
+        M ≥ size; else repeats, nudged apart by noise at 1e-3 of the features' spread)."""
+        flat = features.reshape(-1, self.dim).float()
+        if flat.shape[0] == 0:   # nothing to sample (still joins the broadcast below)
+            entries = self.embedding.float().clone()
+        elif flat.shape[0] >= self.size:
+            pick = torch.randperm(flat.shape[0], device=flat.device)[:self.size]
+            entries = flat[pick]
+        else:
+            pick = torch.randint(flat.shape[0], (self.size,), device=flat.device)
+            spread = flat.std(unbiased=False)
+            entries = flat[pick] + 1e-3 * spread * torch.randn_like(flat[pick])
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast(entries, src=0)   # one dictionary on every rank
+        self.embedding.copy_(entries.to(self.embedding.dtype))
+        self.initialised.fill_(True)
+        self._known = True
 
     @torch.no_grad()
     def assign(self, features: torch.Tensor) -> torch.Tensor:
@@ -39,6 +83,10 @@ class VisualDictionary(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``features`` [..., dim], ``valid`` bool [...] (padding cells neither update nor vote)
         → (straight-through quantised features [..., dim], indices long [...])."""
+        if self.training and not self._is_initialised():
+            keep = valid if valid is not None else torch.ones(
+                features.shape[:-1], dtype=torch.bool, device=features.device)
+            self.initialise_from(features.detach()[keep])
         indices = self.assign(features)
         quantised = self.embedding[indices].to(features.dtype)
         out = features + (quantised - features).detach()

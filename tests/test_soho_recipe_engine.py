@@ -1,0 +1,74 @@
+"""SOHO's optimiser recipe inside a real DeepSpeed engine (one process, world size 1): the
+client SgdAdamW replaces DeepSpeed's AdamW, the CNN stays put for the cold start and moves
+after it under ZeRO-2, and a reloaded checkpoint restores the freeze."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import torch, torch.distributed as dist
+    from vlp.models import create_model
+    from vlp.models.example_batch import example_batch
+    from vlp.platform import checkpointing
+    from vlp.platform.engine import build_engine
+    from vlp.platform.experiment_config import load_experiment_config
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    out = {}
+    for zero in (2,):   # ZeRO-2: flat fp32 groups whose frozen part gets zero gradients
+        cfg = load_experiment_config(data={
+            "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mvm": 1, "mlm": 1},
+            "model": {"family": "soho-tiny", "cold_start_steps": 2},
+            "train": {"steps": 4, "zero_stage": zero}, "optimizer": {"warmup_steps": 1}})
+        torch.manual_seed(0)
+        model, spec, _ = create_model("soho-tiny", ["mvm", "mlm"])
+        engine = build_engine(model, cfg, stage_steps=4, world_size=1)
+        cnn = model.backbone.visual.resnet.conv1.weight
+        rows = []
+        for step in range(4):
+            before = cnn.detach().clone()
+            task = ("mvm", "mlm")[step % 2]
+            loss = engine(example_batch(spec, task, seed=step), task=task)["loss"]
+            engine.backward(loss)
+            engine.step()
+            rows.append({"moved": not torch.equal(before, cnn.detach()),
+                         "lrs": [g["lr"] for g in engine.optimizer.param_groups]})
+        with tempfile.TemporaryDirectory() as d:
+            engine.lr_scheduler.last_epoch = 1    # as if saved inside the cold start
+            checkpointing.save(engine, d, checkpointing.TrainerState(step=1, world_size=1), 0, {})
+            model.backbone.visual.cnn_frozen = False
+            checkpointing.load(engine, d, 0, 1)
+        out[str(zero)] = {"basic": type(engine.basic_optimizer).__name__, "rows": rows,
+                          "frozen_after_load": model.backbone.visual.cnn_frozen}
+        engine.destroy()
+    print("RESULT" + json.dumps(out))
+""")
+
+
+@pytest.mark.integration
+def test_cold_start_and_sgd_in_a_deepspeed_engine(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(port)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for zero, r in out.items():
+        assert r["basic"] == "SgdAdamW", zero
+        assert [row["moved"] for row in r["rows"]] == [False, False, True, True], zero
+        lrs = [row["lrs"] for row in r["rows"]]        # after each step: the next step's lrs
+        assert lrs[0][2] == 0.0 and lrs[1][2] > 0, zero   # CNN group: 0 through step 2
+        assert lrs[0][0] > 0, zero                        # the Transformer trains throughout
+        assert r["frozen_after_load"], zero
