@@ -54,6 +54,7 @@ from vlp.datasets.image_block import ImageBlock
 from vlp.datasets.itm import apply_donors, choose_donors
 from vlp.datasets.masking import MaskContext, apply_masking, get_policy
 from vlp.datasets.masking.regions import SOFT_LABELS
+from vlp.datasets.segment_types import segment_type_ids
 from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
 from vlp.datasets.window_collate import collate_window, swap_negatives
 
@@ -372,6 +373,9 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                                  pixel_cfg=cfg.pixels)
     if policy.itm_negatives:
         batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
+    if cfg.text_segment_types:   # from the ids before MLM replaces any
+        batch[K.TEXT_TYPE_IDS] = segment_type_ids(batch[K.INPUT_IDS], batch[K.TEXT_MASK],
+                                                  tok.sep_id, cfg.text_segment_types)
     apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)
     if (cfg.image_feat or policy.image_feat) and cfg.visual == "regions":
         batch[K.IMAGE_FEAT] = whole_image_feature(batch)

@@ -58,6 +58,10 @@ class ModelSection:
     init: Literal["random", "minilm", "bert", "uniter"] = "random"
     init_path: str = ""
     dropout: float = bounded(0.1, ge=0, lt=1)   # hidden and attention dropout (UNITER: 0.1)
+    # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
+    # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
+    # carry their segments' types; "" = the family's own types
+    token_types: Literal["", "vcr"] = ""
 
     def validate(self):
         if not self.family:

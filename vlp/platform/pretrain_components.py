@@ -32,6 +32,7 @@ import torch
 from vlp.datasets.pretrain_batches import PretrainBatches
 from vlp.datasets.task_sampler import TaskSampler
 from vlp.models import create_model
+from vlp.models.downstream import extend_for
 from vlp.platform.experiment_config import ExperimentConfig, StageSection
 from vlp.platform.pretrain_data import PretrainSetup
 from vlp.platform.protocols import WorkerInfo
@@ -92,6 +93,8 @@ class PretrainComponents:
             region_feat_dim=s.feature_dim or 2048, num_classes=s.num_classes or 1601,
             vocab_size=s.vocab_size if s.vocab_size != s.preprocess.vocab_size else None,
             overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
+        if cfg.model.token_types:   # after init: the new rows copy the pretrained text row
+            extend_for(bundle.model.backbone, cfg.model.token_types)
         return bundle.model
 
     def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,

@@ -17,7 +17,7 @@ from .nlvr2 import NLVR2_HEADS, PairBiAttnHead, PairHead, TripletHead
 from .refexp import RegionScorer
 from .retrieval import MatchScorer
 from .retrieval_losses import RETRIEVAL_LOSSES
-from .token_types import extend_for, layout_types
+from .token_types import extend_for, extra_type_rows, layout_types
 
 HEADS: dict[str, Callable[..., DownstreamHead]] = {
     "soft-score-classifier": SoftScoreClassifier,   # VQA
@@ -53,5 +53,5 @@ def build_head(kind: str, **kwargs) -> DownstreamHead:
 
 __all__ = ["HEADS", "build_head", "DownstreamHead", "DownstreamModel", "SoftScoreClassifier",
            "ClassClassifier", "TripletHead", "PairHead", "PairBiAttnHead", "MatchScorer",
-           "RegionScorer", "ChoicePairClassifier", "NLVR2_HEADS", "RETRIEVAL_LOSSES", "extend_for",
-           "layout_types"]
+           "RegionScorer", "ChoicePairClassifier", "NLVR2_HEADS", "RETRIEVAL_LOSSES",
+           "extend_for", "extra_type_rows", "layout_types"]

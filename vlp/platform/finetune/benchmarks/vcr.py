@@ -30,6 +30,7 @@ class Vcr(Benchmark):
     defaults = TrainDefaults(steps=500, batch_size=8, lr=1e-4)
     Options = VcrOptions
     primary = "q2ar"
+    token_types = "vcr"
 
     def _data(self, ctx, split):
         types = layout_types(ctx.family, "vcr")[1]["vcr_types"]
