@@ -46,8 +46,8 @@ import torch
 
 from vlp.datasets import batch_spec as K
 from vlp.datasets.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
-from vlp.datasets.collate import (IMAGE_KEYS, TEXT_KEYS, ExampleRefs, collate_examples,
-                                  example_lengths)
+from vlp.datasets.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT, ExampleRefs,
+                                  collate_examples, example_lengths)
 from vlp.datasets.data_plan import DataPlan
 from vlp.datasets.example_window import ExampleWindow
 from vlp.datasets.image_block import ImageBlock
@@ -94,6 +94,7 @@ class PretrainBatches:
         self._reading_epoch = 0
         self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
         self._epoch_examples = 0
+        self._warned_sources: set = set()
 
     # ---- the train loop's API ---------------------------------------------------------------
 
@@ -267,6 +268,20 @@ class PretrainBatches:
         self.stats["overlong_dropped"] += block.n_overlong
         self.stats["overlong_truncated"] += block.n_truncated
         self.stats["region_fallback_images"] += block.n_fallback
+        if block.has_image_feature is not None and not block.has_image_feature.all():
+            self._warn_no_whole_image(block)
+
+    def _warn_no_whole_image(self, block: ImageBlock) -> None:
+        """Once per source: some of its images have no whole-image RoI (VL-BERT)."""
+        missing = block.source_index[~block.has_image_feature]
+        self.stats["whole_image_missing"] += len(missing)
+        for i in np.unique(missing):
+            name = self.plan.sources[int(i)].name if int(i) < len(self.plan.sources) else i
+            if name not in self._warned_sources:
+                self._warned_sources.add(name)
+                log.warning("source %s: images without a whole-image RoI feature (null "
+                            "image_feature): their text tokens and [END] get the mean of the "
+                            "unmasked region features instead", name)
 
     def _cut(self, final: bool) -> None:
         if self.cfg.visual == "regions":
@@ -386,13 +401,25 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
 
 
 def whole_image_feature(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """VL-BERT's whole-image feature, approximated by the mean of the regions that are not
-    masked at the input (masked RoIs must not leak through it)."""
+    """VL-BERT's whole-image feature: the stored feature of the RoI covering the image, where
+    the shard has one; otherwise the mean of the regions that are not masked at the input.
+
+    An example whose RoIs are masked at the input (MRC with linguistic clues, joint masking)
+    also takes the mean: the paper zeroes the masked RoIs' pixels before computing the
+    whole-image feature so that nothing leaks, which a feature computed once from the intact
+    image cannot do (it would show the masked object to every text token)."""
     use = batch[K.REGION_MASK] == 1
-    if K.REGION_ZEROED in batch:
-        use &= ~batch[K.REGION_ZEROED]
+    zeroed = batch.get(K.REGION_ZEROED)
+    if zeroed is not None:
+        use &= ~zeroed
     w = use.astype(np.float32)[..., None]
-    return (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
+    mean = (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
+    if HAS_WHOLE not in batch:
+        return mean
+    stored = batch[HAS_WHOLE].copy()
+    if zeroed is not None:
+        stored &= ~zeroed.any(1)
+    return np.where(stored[:, None], batch[WHOLE_FEAT].astype(np.float32), mean)
 
 
 def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
