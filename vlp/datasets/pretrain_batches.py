@@ -370,7 +370,8 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
             text_len, regions = collated[K.TEXT_MASK].sum(1), collated[K.REGION_MASK].sum(1)
         else:
             keys, text_len, regions = example_lengths(blocks, refs)
-        donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng)
+        donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng,
+                               text_only=policy.negatives_swap == "text")
         if stats is not None:
             stats["itm_negatives"] += int(donors.negative.sum())
             stats["itm_no_donor"] += donors.no_donor

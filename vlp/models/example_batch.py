@@ -59,7 +59,7 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
     batch: dict[str, torch.Tensor] = {}
 
     positive = torch.ones(b, dtype=torch.bool)
-    if task in ("itm", "wra"):
+    if task in ("itm", "wra", "sirp"):
         labels = (torch.arange(b) % 2 == 0).long()[torch.randperm(b, generator=g)]
         batch[bs.ITM_LABELS] = labels
         positive = labels.bool()

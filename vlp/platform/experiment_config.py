@@ -27,7 +27,7 @@ from vlp.platform.config_loader import ConfigError, bounded, load_config
 # Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
 # WRA + MLM on object words (mlm-obj). The model registry supplies the authoritative list.
 PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
-                                "mvm", "wra", "mlm-obj")
+                                "mvm", "wra", "mlm-obj", "sirp")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
