@@ -87,6 +87,7 @@ class DataConfig:
     visual: Literal["regions", "pixels"] = "regions"   # pixels = SOHO's end-to-end input
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15
+    text_corpus: str | None = None    # folder of .txt files (a passage a line) for mlm-text
     object_words: tuple[str, ...] = ()   # words naming objects, the targets of mlm-obj;
                                       # () = the class names in the sources' world manifest
     itm_neg_prob: float = 0.5

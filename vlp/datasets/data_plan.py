@@ -23,6 +23,7 @@ from vlp.datasets.location import LOCATION_FEATURES
 from vlp.datasets.masking import MASKING_POLICIES
 from vlp.datasets.shards import ShardError, list_shards, shard_info
 from vlp.datasets.task_sampler import validate_mix
+from vlp.datasets.text_corpus import TextCorpusError, corpus_files
 from vlp.datasets.text_tokenizer import resolve_tokenizer_path
 from vlp.datasets.world import WorldError, load_manifest
 
@@ -125,6 +126,15 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
                          ", ".join(f"{n}: {c}" for n, (_, c) in dims.items())))
     if model is not None and config.visual == "regions":
         problems += _model_problems(model, found, classes, needs_soft)
+    text_tasks = [t for t in active if MASKING_POLICIES[t].text_only]
+    if text_tasks and not config.text_corpus:
+        problems.append(("text_corpus", f"task {text_tasks[0]} reads text-only batches: give "
+                         "a folder of .txt files (a passage a line), data.text_corpus"))
+    elif text_tasks:
+        try:
+            corpus_files(config.text_corpus)
+        except TextCorpusError as e:
+            problems.append(("text_corpus", str(e)))
     object_words: tuple[str, ...] = ()
     if any(MASKING_POLICIES[t].object_words for t in active):
         object_words = config.object_words or world_class_names(config)

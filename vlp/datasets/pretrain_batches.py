@@ -55,6 +55,7 @@ from vlp.datasets.itm import apply_donors, choose_donors
 from vlp.datasets.masking import MaskContext, apply_masking, get_policy
 from vlp.datasets.masking.regions import SOFT_LABELS
 from vlp.datasets.segment_types import segment_type_ids
+from vlp.datasets.text_corpus import TextCorpusBatches
 from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
 from vlp.datasets.window_collate import collate_window, swap_negatives
 
@@ -69,7 +70,7 @@ RESERVOIR_BATCHES = 64       # batches of the last window kept for recycling
 class PretrainBatches:
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
                  rank: int = 0, recycle_at_epoch_end: bool = False, with_ids: bool = False,
-                 epoch_sync: Callable[[bool], bool] | None = None):
+                 epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
         self.plan = plan
         self.cfg = plan.config
         self.rank = rank
@@ -95,6 +96,12 @@ class PretrainBatches:
         self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
         self._epoch_examples = 0
         self._warned_sources: set = set()
+        self.text: TextCorpusBatches | None = None   # mlm-text's own stream (VL-BERT)
+        if any(get_policy(t).text_only for t in plan.tasks):
+            self.text = TextCorpusBatches(
+                self.cfg.text_corpus, self.tok, self.ctx, max_text_len=self.cfg.max_text_len,
+                batch_units=self.cfg.batch_units, feature_dim=plan.feature_dim,
+                loc_dim=plan.loc_dim, seed=self.cfg.seed, rank=rank, world_size=world_size)
 
     # ---- the train loop's API ---------------------------------------------------------------
 
@@ -104,6 +111,13 @@ class PretrainBatches:
         if self.cfg.visual not in policy.visual:
             raise ValueError(f"task {task!r} needs visual input {sorted(policy.visual)}, the "
                              f"pipeline produces {self.cfg.visual!r}")
+        if policy.text_only:
+            if self.text is None:
+                raise ValueError(f"task {task!r} reads the text corpus; this loader was "
+                                 f"planned for tasks {list(self.plan.tasks)}")
+            batch = self.text.next()
+            self.stats["text_only_batches"] += 1
+            return batch
         self._skip_served()
         if self._sync is not None and self._sync(self._epoch_exhausted()):
             self.stats["epoch_tail_dropped"] += self._finish_epoch()
@@ -129,8 +143,11 @@ class PretrainBatches:
         """Where the stream stands: the epoch of the last batch served and how many of its
         batches were served. A Ray Data stream cannot seek: a restored loader reads that
         epoch from its start and passes over those batches (see the module docstring)."""
-        return {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
-                "stats": dict(self.stats)}
+        state = {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
+                 "stats": dict(self.stats)}
+        if self.text is not None:
+            state["text"] = self.text.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._reader is not None:
@@ -141,6 +158,8 @@ class PretrainBatches:
         self._skip = int(state.get("served_in_epoch", 0))
         self.stats = Counter(state.get("stats", {}))
         self.window.rng = self._window_rng(self.epoch)
+        if self.text is not None and "text" in state:
+            self.text.load_state_dict(state["text"])
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the reader thread (waits up to ``timeout`` s: call before ``ray.shutdown``,

@@ -107,7 +107,7 @@ class PretrainComponents:
         shard = ray.train.get_dataset_shard(data.dataset)
         sync = AnyRank(worker.device) if worker.world_size > 1 else None
         return PretrainBatches(data.plan, shard_blocks(shard, data.plan), rank=worker.rank,
-                               epoch_sync=sync)
+                               epoch_sync=sync, world_size=worker.world_size)
 
     def build_task_sampler(self, mix: dict[str, float], seed: int) -> TaskSampler:
         return TaskSampler(mix, seed)

@@ -33,6 +33,7 @@ class MaskingPolicy:
                                       # takes from its donor (VL-BERT's SIRP: the caption)
     image_feat: bool = False          # the task needs the whole-image feature (VL-BERT)
     object_words: bool = False        # the task masks the words naming objects (mlm-obj)
+    text_only: bool = False           # batches from the text corpus, no image (mlm-text)
 
 
 MASKING_POLICIES: dict[str, MaskingPolicy] = {}
