@@ -101,9 +101,11 @@ def test_classification_heads_learn_a_tiny_batch(cfg, name):
     else:
         types = layout_types(create_model("uniter-tiny", ["itm"])[0].family, "vcr")[1]
         batch = VcrData(cfg, "train", types["vcr_types"]).batch(np.arange(3))
-        model = model_with("choice-scorer", layout="vcr")
+        model = model_with("choice-pair-classifier", layout="vcr")
         assert model.predict(batch).shape == (6, 4)                 # 3 questions × 2 stages
-    first, last = overfit(model, batch)
+    # VCR's per-row right/wrong CE first settles at the 1-in-4 prior (0.56 nats) before the
+    # rows separate: it needs more steps than a softmax over the choices did
+    first, last = overfit(model, batch, steps=60 if name == "vcr" else 25)
     assert last < 0.5 * first
 
 

@@ -61,7 +61,8 @@ def test_imagebert_two_stage_runs_the_same_tasks_in_each_stage():
 def test_data_section_offers_every_pipeline_option_the_model_does_not_decide():
     section = {DATA_CONFIG_NAMES.get(f.name, f.name) for f in dataclasses.fields(DataSection)}
     pipeline = {f.name for f in dataclasses.fields(DataConfig)}
-    assert pipeline - section == {"visual", "location", "image_feat", "pixels", "seed"}
+    assert pipeline - section == {"visual", "location", "image_feat", "pixels", "seed",
+                                  "text_segment_types"}   # model.token_types decides it
     assert section <= pipeline
     defaults = DataSection()
     for f in dataclasses.fields(DataConfig):     # one definition: the pipeline's defaults

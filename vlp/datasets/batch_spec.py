@@ -34,8 +34,9 @@ REGION_SOFT_LABELS = "region_soft_labels"    # half [B, N, C] (mrc-kl) detector 
 REGION_CLASS_LABELS = "region_class_labels"  # long [B, N] (mrc, moc, mrc-vlbert) argmax over
                                              #   classes 1..C-1 (background excluded); -100
                                              #   where not masked
-IMAGE_FEAT = "image_feat"          # float [B, D] (vlbert) whole-image feature, recomputed from
-                                   #   the regions that are NOT masked (no leak)
+IMAGE_FEAT = "image_feat"          # float [B, D] (vlbert) whole-image feature: the shard's
+                                   #   whole-image RoI; the mean of the regions NOT masked
+                                   #   where it has none or RoIs are masked (no leak)
 
 # ---- image–text matching -------------------------------------------------------------
 ITM_LABELS = "itm_labels"          # long [B] (itm) 1 = matched pair, 0 = swapped negative

@@ -24,6 +24,8 @@ from vlp.datasets.text_tokenizer import TextTokenizer
 
 IMAGE_KEYS = "_image_keys"   # internal: int64 [B] image identity of each example's visual side
 TEXT_KEYS = "_text_keys"     # internal: int64 [B] image the example's caption belongs to
+WHOLE_FEAT = "_whole_feat"   # internal: fp16 [B, D] the image's whole-image RoI (VL-BERT)
+HAS_WHOLE = "_has_whole"     # internal: bool [B] whether the image has one
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,23 @@ def region_arrays(blocks: list[ImageBlock], refs: ExampleRefs, feature_dim: int,
            IMAGE_KEYS: keys}
     if need_soft:
         out[SOFT_LABELS] = soft
+    out.update(whole_image_arrays(blocks, refs, feature_dim))
     return out
+
+
+def whole_image_arrays(blocks: Mapping[int, ImageBlock], refs: ExampleRefs, feature_dim: int
+                       ) -> dict[str, np.ndarray]:
+    """Each example's whole-image RoI feature (VL-BERT), when every block read one."""
+    used = [blocks[b] for b in np.unique(refs.image_block)]
+    if not used or any(b.image_feature is None for b in used):
+        return {}
+    whole = np.zeros((len(refs), feature_dim), np.float16)
+    has = np.zeros(len(refs), bool)
+    for b in np.unique(refs.image_block):
+        sel = np.flatnonzero(refs.image_block == b)
+        whole[sel] = blocks[b].image_feature[refs.image_row[sel]]
+        has[sel] = blocks[b].has_image_feature[refs.image_row[sel]]
+    return {WHOLE_FEAT: whole, HAS_WHOLE: has}
 
 
 def pixel_arrays(blocks: list[ImageBlock], refs: ExampleRefs, cfg: PixelConfig

@@ -81,9 +81,13 @@ class DataConfig:
     location: str = "uniter7"         # uniter7 / imagebert5 / box4 (VL-BERT), or the family
                                       # aliases uniter / imagebert / vlbert
     image_feat: bool = False          # emit the whole-image feature (VL-BERT)
+    text_segment_types: tuple[int, ...] = ()   # token type of each [SEP]-separated part of a
+                                      # caption (UNITER VCR stage 2: question 0, answer 2,
+                                      # rationale 3); () = no type ids (every token type 0)
     visual: Literal["regions", "pixels"] = "regions"   # pixels = SOHO's end-to-end input
     masking: Literal["conditional", "joint"] = "conditional"
     mask_prob: float = 0.15
+    text_corpus: str | None = None    # folder of .txt files (a passage a line) for mlm-text
     object_words: tuple[str, ...] = ()   # words naming objects, the targets of mlm-obj;
                                       # () = the class names in the sources' world manifest
     itm_neg_prob: float = 0.5
@@ -143,6 +147,9 @@ class DataConfig:
                                f"{', '.join([*LOCATION_FEATURES, *LOCATION_ALIASES])}")
         if self.visual not in ("regions", "pixels"):
             yield "visual", f"expected 'regions' or 'pixels', got {self.visual!r}"
+        if any(not _int(t) or t < 0 for t in self.text_segment_types):
+            yield "text_segment_types", (f"expected token type ids ≥ 0, got "
+                                         f"{list(self.text_segment_types)!r}")
         if self.masking not in ("conditional", "joint"):
             yield "masking", f"expected 'conditional' or 'joint', got {self.masking!r}"
         if self.cache not in ("auto", "always", "never"):

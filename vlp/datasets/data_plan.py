@@ -23,6 +23,7 @@ from vlp.datasets.location import LOCATION_FEATURES
 from vlp.datasets.masking import MASKING_POLICIES
 from vlp.datasets.shards import ShardError, list_shards, shard_info
 from vlp.datasets.task_sampler import validate_mix
+from vlp.datasets.text_corpus import TextCorpusError, corpus_files
 from vlp.datasets.text_tokenizer import resolve_tokenizer_path
 from vlp.datasets.world import WorldError, load_manifest
 
@@ -125,6 +126,15 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
                          ", ".join(f"{n}: {c}" for n, (_, c) in dims.items())))
     if model is not None and config.visual == "regions":
         problems += _model_problems(model, found, classes, needs_soft)
+    text_tasks = [t for t in active if MASKING_POLICIES[t].text_only]
+    if text_tasks and not config.text_corpus:
+        problems.append(("text_corpus", f"task {text_tasks[0]} reads text-only batches: give "
+                         "a folder of .txt files (a passage a line), data.text_corpus"))
+    elif text_tasks:
+        try:
+            corpus_files(config.text_corpus)
+        except TextCorpusError as e:
+            problems.append(("text_corpus", str(e)))
     object_words: tuple[str, ...] = ()
     if any(MASKING_POLICIES[t].object_words for t in active):
         object_words = config.object_words or world_class_names(config)
@@ -138,6 +148,8 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
 
     columns = REGION_COLUMNS + (("soft_labels",) if needs_soft else ()) \
         if config.visual == "regions" else PIXEL_COLUMNS
+    if config.visual == "regions" and config.image_feat:
+        columns += whole_image_column(config, files_of)
     sources = _rates(config, files_of)
     plan = DataPlan(config, tuple(active), sources,
                     feature_dim=next(iter(found)) if found else 0,
@@ -146,6 +158,22 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
                     needs_soft_labels=needs_soft, object_words=object_words)
     log.info("data plan: %s", plan.summary())
     return plan
+
+
+def whole_image_column(config: DataConfig, files_of: dict[str, list[Path]]) -> tuple[str, ...]:
+    """("image_feature",) when every shard has the whole-image RoI column (VL-BERT's text-side
+    visual input); otherwise () and a warning naming the sources without it: every batch then
+    uses the mean of the visible regions instead. (Rows with a null entry fall back one by
+    one, with a warning from the batcher.)"""
+    lacking = [name for name, files in files_of.items()
+               if any("image_feature" not in pq.read_schema(f).names for f in files)]
+    if not lacking:
+        return ("image_feature",)
+    log.warning("VL-BERT's whole-image feature: the shards of source(s) %s have no "
+                "image_feature column (written before it existed): the visual input of text "
+                "tokens and [END] is the mean of the unmasked region features for every "
+                "source", ", ".join(lacking))
+    return ()
 
 
 def world_class_names(config: DataConfig) -> tuple[str, ...]:

@@ -43,6 +43,8 @@ class ImageBlock:
     region_loc: np.ndarray | None = None    # float32 [regions, L]
     soft_labels: np.ndarray | None = None   # fp16 [regions, C]
     n_fallback: int = 0
+    image_feature: np.ndarray | None = None  # fp16 [I, D] the whole-image RoI (VL-BERT)
+    has_image_feature: np.ndarray | None = None   # bool [I] (a null entry: no such RoI)
     # pixels
     pixel_start: np.ndarray | None = None   # int64 [I+1] byte offsets into pixel_data
     pixel_data: np.ndarray | None = None    # uint8
@@ -91,11 +93,26 @@ class ImageBlock:
                 block.soft_labels = soft.view("<f2").reshape(-1, num_classes)
             block.n_fallback = int(np.sum(table.column("region_fallback").to_numpy(
                 zero_copy_only=False)))
+            if "image_feature" in names:
+                block.image_feature, block.has_image_feature = _whole_image(
+                    table.column("image_feature"), feature_dim)
         if "pixels" in names:
             block.pixel_start, block.pixel_data = binary_parts(table.column("pixels"))
             block.pixel_hw = np.stack([table.column("pixel_h").to_numpy(),
                                        table.column("pixel_w").to_numpy()], 1).astype(np.int64)
         return block
+
+
+def _whole_image(col, feature_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """[I, D] fp16 (zeros where null) and the [I] validity of a nullable binary column."""
+    start, data = binary_parts(col)
+    has = np.diff(start) == feature_dim * 2
+    out = np.zeros((len(has), feature_dim), np.float16)
+    if has.any():
+        rows = data.view("<f2")
+        at = start[:-1][has] // 2
+        out[has] = rows[at[:, None] + np.arange(feature_dim)]
+    return out, has
 
 
 def _take_spans(data: np.ndarray, start: np.ndarray, take: np.ndarray
@@ -135,6 +152,9 @@ def _take_rows(blk: ImageBlock, rows: np.ndarray) -> ImageBlock:
         out.region_loc, _ = _take_spans(blk.region_loc, blk.region_start, rows)
         if blk.soft_labels is not None:
             out.soft_labels, _ = _take_spans(blk.soft_labels, blk.region_start, rows)
+        if blk.image_feature is not None:
+            out.image_feature = blk.image_feature[rows]
+            out.has_image_feature = blk.has_image_feature[rows]
     if blk.pixel_data is not None:
         out.pixel_data, out.pixel_start = _take_spans(blk.pixel_data, blk.pixel_start, rows)
         out.pixel_hw = blk.pixel_hw[rows]
@@ -161,6 +181,9 @@ def _concat(parts: list[ImageBlock]) -> ImageBlock:
         out.features, out.region_loc = cat("features"), cat("region_loc")
         if first.soft_labels is not None:
             out.soft_labels = cat("soft_labels")
+        if all(p.image_feature is not None for p in parts):
+            out.image_feature = cat("image_feature")
+            out.has_image_feature = cat("has_image_feature")
     if first.pixel_data is not None:
         out.pixel_data, out.pixel_start = cat("pixel_data"), starts("pixel_start")
         out.pixel_hw = cat("pixel_hw")

@@ -10,8 +10,8 @@ object store and sit in the batching window once, not once per caption (COCO has
 Output columns: image_id, image_key (``image_key(image_id)``, hashed once here rather than
 in every epoch's batcher), source_index, caption_ids (list<list<int32>>, no [CLS]/[SEP]),
 n_overlong, n_truncated; regions: num_regions, region_loc (N·L float32), features (N·D fp16),
-soft_labels (N·C fp16, when a task needs them), region_fallback; pixels: pixels (uint8 h·w·3),
-pixel_h, pixel_w.
+soft_labels (N·C fp16, when a task needs them), region_fallback, image_feature (D fp16 or
+null, VL-BERT only); pixels: pixels (uint8 h·w·3), pixel_h, pixel_w.
 """
 
 from __future__ import annotations
@@ -123,6 +123,8 @@ class ImageRowTransform:
                                      region_off),
             "region_fallback": pa.array(sel.fallback),
         }
+        if "image_feature" in table.column_names:   # read only for VL-BERT (plan_data)
+            out["image_feature"] = _single(table.column("image_feature"))
         if plan.needs_soft_labels:
             if table.column("soft_labels").null_count:
                 bad = pc.index(pc.is_null(table.column("soft_labels")), True).as_py()

@@ -49,15 +49,18 @@ class Donors:
 
 
 def choose_donors(image_keys: np.ndarray, text_len: np.ndarray, visual_len: np.ndarray,
-                  neg_prob: float, rng: np.random.Generator) -> Donors:
+                  neg_prob: float, rng: np.random.Generator, text_only: bool = False) -> Donors:
     """``image_keys[i]``: identity of example i's image (its caption belongs to it);
-    ``text_len``/``visual_len``: its text tokens and regions."""
+    ``text_len``/``visual_len``: its text tokens and regions. ``text_only``: negatives take
+    their donor's caption, never its image (VL-BERT's sentence-image relationship)."""
     keys = np.asarray(image_keys)
     T, N = np.asarray(text_len), np.asarray(visual_len)
     B = len(keys)
     width = int((T + N).max()) if B else 0
     want = rng.random(B) < neg_prob
     swap_image = rng.random(B) < 0.5
+    if text_only:   # (the draw above still happens: the generator's stream stays ITM's)
+        swap_image[:] = False
     donor = np.full(B, -1, dtype=np.int64)
     todo = np.flatnonzero(want)
     mismatched = 0
@@ -73,6 +76,8 @@ def choose_donors(image_keys: np.ndarray, text_len: np.ndarray, visual_len: np.n
                   (np.where(pref, exact_txt, exact_img), ~pref[:, 0], True),
                   (np.where(pref, fit_img, fit_txt), pref[:, 0], False),
                   (np.where(pref, fit_txt, fit_img), ~pref[:, 0], False))
+        if text_only:
+            levels = (levels[0], levels[2])       # pref is all False: the text levels
         # argmax of iid uniforms over a mask = a uniform choice among its candidates
         noise = rng.random((len(todo), B))
         chosen = np.full(len(todo), -1, dtype=np.int64)

@@ -49,4 +49,4 @@ def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1,
                   with_ids: bool = False) -> PretrainBatches:
     """``PretrainBatches`` over this process's share of the shards, without Ray."""
     return PretrainBatches(plan, local_blocks(plan, rank, world_size), rank=rank,
-                           with_ids=with_ids)
+                           with_ids=with_ids, world_size=world_size)

@@ -112,7 +112,8 @@ def shard_batches(shard, plan: DataPlan, *, rank: int = 0, world_size: int = 1,
     """Per-task batches from a Ray Train dataset shard. With several workers a rank waiting
     at an epoch barrier re-serves recent batches (see ``PretrainBatches``)."""
     return PretrainBatches(plan, shard_blocks(shard, plan), rank=rank,
-                           recycle_at_epoch_end=world_size > 1, with_ids=with_ids)
+                           recycle_at_epoch_end=world_size > 1, with_ids=with_ids,
+                           world_size=world_size)
 
 
 class TaskCollateFn(ArrowBatchCollateFn):

@@ -46,14 +46,16 @@ import torch
 
 from vlp.datasets import batch_spec as K
 from vlp.datasets.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
-from vlp.datasets.collate import (IMAGE_KEYS, TEXT_KEYS, ExampleRefs, collate_examples,
-                                  example_lengths)
+from vlp.datasets.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT, ExampleRefs,
+                                  collate_examples, example_lengths)
 from vlp.datasets.data_plan import DataPlan
 from vlp.datasets.example_window import ExampleWindow
 from vlp.datasets.image_block import ImageBlock
 from vlp.datasets.itm import apply_donors, choose_donors
 from vlp.datasets.masking import MaskContext, apply_masking, get_policy
 from vlp.datasets.masking.regions import SOFT_LABELS
+from vlp.datasets.segment_types import segment_type_ids
+from vlp.datasets.text_corpus import TextCorpusBatches
 from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
 from vlp.datasets.window_collate import collate_window, swap_negatives
 
@@ -68,7 +70,7 @@ RESERVOIR_BATCHES = 64       # batches of the last window kept for recycling
 class PretrainBatches:
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
                  rank: int = 0, recycle_at_epoch_end: bool = False, with_ids: bool = False,
-                 epoch_sync: Callable[[bool], bool] | None = None):
+                 epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
         self.plan = plan
         self.cfg = plan.config
         self.rank = rank
@@ -93,6 +95,13 @@ class PretrainBatches:
         self._reading_epoch = 0
         self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
         self._epoch_examples = 0
+        self._warned_sources: set = set()
+        self.text: TextCorpusBatches | None = None   # mlm-text's own stream (VL-BERT)
+        if any(get_policy(t).text_only for t in plan.tasks):
+            self.text = TextCorpusBatches(
+                self.cfg.text_corpus, self.tok, self.ctx, max_text_len=self.cfg.max_text_len,
+                batch_units=self.cfg.batch_units, feature_dim=plan.feature_dim,
+                loc_dim=plan.loc_dim, seed=self.cfg.seed, rank=rank, world_size=world_size)
 
     # ---- the train loop's API ---------------------------------------------------------------
 
@@ -102,6 +111,13 @@ class PretrainBatches:
         if self.cfg.visual not in policy.visual:
             raise ValueError(f"task {task!r} needs visual input {sorted(policy.visual)}, the "
                              f"pipeline produces {self.cfg.visual!r}")
+        if policy.text_only:
+            if self.text is None:
+                raise ValueError(f"task {task!r} reads the text corpus; this loader was "
+                                 f"planned for tasks {list(self.plan.tasks)}")
+            batch = self.text.next()
+            self.stats["text_only_batches"] += 1
+            return batch
         self._skip_served()
         if self._sync is not None and self._sync(self._epoch_exhausted()):
             self.stats["epoch_tail_dropped"] += self._finish_epoch()
@@ -127,8 +143,11 @@ class PretrainBatches:
         """Where the stream stands: the epoch of the last batch served and how many of its
         batches were served. A Ray Data stream cannot seek: a restored loader reads that
         epoch from its start and passes over those batches (see the module docstring)."""
-        return {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
-                "stats": dict(self.stats)}
+        state = {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
+                 "stats": dict(self.stats)}
+        if self.text is not None:
+            state["text"] = self.text.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._reader is not None:
@@ -139,6 +158,8 @@ class PretrainBatches:
         self._skip = int(state.get("served_in_epoch", 0))
         self.stats = Counter(state.get("stats", {}))
         self.window.rng = self._window_rng(self.epoch)
+        if self.text is not None and "text" in state:
+            self.text.load_state_dict(state["text"])
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the reader thread (waits up to ``timeout`` s: call before ``ray.shutdown``,
@@ -266,6 +287,20 @@ class PretrainBatches:
         self.stats["overlong_dropped"] += block.n_overlong
         self.stats["overlong_truncated"] += block.n_truncated
         self.stats["region_fallback_images"] += block.n_fallback
+        if block.has_image_feature is not None and not block.has_image_feature.all():
+            self._warn_no_whole_image(block)
+
+    def _warn_no_whole_image(self, block: ImageBlock) -> None:
+        """Once per source: some of its images have no whole-image RoI (VL-BERT)."""
+        missing = block.source_index[~block.has_image_feature]
+        self.stats["whole_image_missing"] += len(missing)
+        for i in np.unique(missing):
+            name = self.plan.sources[int(i)].name if int(i) < len(self.plan.sources) else i
+            if name not in self._warned_sources:
+                self._warned_sources.add(name)
+                log.warning("source %s: images without a whole-image RoI feature (null "
+                            "image_feature): their text tokens and [END] get the mean of the "
+                            "unmasked region features instead", name)
 
     def _cut(self, final: bool) -> None:
         if self.cfg.visual == "regions":
@@ -354,7 +389,8 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
             text_len, regions = collated[K.TEXT_MASK].sum(1), collated[K.REGION_MASK].sum(1)
         else:
             keys, text_len, regions = example_lengths(blocks, refs)
-        donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng)
+        donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng,
+                               text_only=policy.negatives_swap == "text")
         if stats is not None:
             stats["itm_negatives"] += int(donors.negative.sum())
             stats["itm_no_donor"] += donors.no_donor
@@ -372,6 +408,9 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                                  pixel_cfg=cfg.pixels)
     if policy.itm_negatives:
         batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
+    if cfg.text_segment_types:   # from the ids before MLM replaces any
+        batch[K.TEXT_TYPE_IDS] = segment_type_ids(batch[K.INPUT_IDS], batch[K.TEXT_MASK],
+                                                  tok.sep_id, cfg.text_segment_types)
     apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)
     if (cfg.image_feat or policy.image_feat) and cfg.visual == "regions":
         batch[K.IMAGE_FEAT] = whole_image_feature(batch)
@@ -382,13 +421,25 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
 
 
 def whole_image_feature(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """VL-BERT's whole-image feature, approximated by the mean of the regions that are not
-    masked at the input (masked RoIs must not leak through it)."""
+    """VL-BERT's whole-image feature: the stored feature of the RoI covering the image, where
+    the shard has one; otherwise the mean of the regions that are not masked at the input.
+
+    An example whose RoIs are masked at the input (MRC with linguistic clues, joint masking)
+    also takes the mean: the paper zeroes the masked RoIs' pixels before computing the
+    whole-image feature so that nothing leaks, which a feature computed once from the intact
+    image cannot do (it would show the masked object to every text token)."""
     use = batch[K.REGION_MASK] == 1
-    if K.REGION_ZEROED in batch:
-        use &= ~batch[K.REGION_ZEROED]
+    zeroed = batch.get(K.REGION_ZEROED)
+    if zeroed is not None:
+        use &= ~zeroed
     w = use.astype(np.float32)[..., None]
-    return (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
+    mean = (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
+    if HAS_WHOLE not in batch:
+        return mean
+    stored = batch[HAS_WHOLE].copy()
+    if zeroed is not None:
+        stored &= ~zeroed.any(1)
+    return np.where(stored[:, None], batch[WHOLE_FEAT].astype(np.float32), mean)
 
 
 def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

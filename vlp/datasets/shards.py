@@ -65,6 +65,9 @@ IMAGE_SCHEMA = pa.schema([
     pa.field("soft_labels", pa.binary(), nullable=True),              # N·C fp16, optional
     pa.field("pixels", pa.binary(), nullable=True),                   # PNG/JPEG bytes, optional
     pa.field("captions", pa.list_(pa.string()), nullable=True),       # null = image has none
+    # D fp16: the feature of an RoI covering the whole image (VL-BERT's visual input of its
+    # text tokens), kept apart from the detected regions so no family's regions change
+    pa.field("image_feature", pa.binary(), nullable=True),
 ])
 IMAGE_REQUIRED = ["image_id", "source", "split", "width", "height", "num_boxes", "boxes",
                   "confidences", "features"]
@@ -162,7 +165,10 @@ def image_table(rows: Iterable[Mapping[str, Any]], feature_dim: int,
 
     Each row: image_id, source, split, width, height, boxes (N×4 array-like, pixels),
     confidences (N), features (N×D array, stored as fp16), optional soft_labels (N×C),
-    optional pixels (encoded bytes), captions (list of str, or None).
+    optional pixels (encoded bytes), captions (list of str, or None), optional
+    image_feature (D: the whole-image RoI's feature). Without one, a detected box that covers
+    the whole image (within ``BOX_TOLERANCE``) lends its feature: an importer whose detector
+    output has a full-image box keeps it (the box stays a region too).
     """
     cols: dict[str, list] = {f.name: [] for f in IMAGE_SCHEMA}
     for r in rows:
@@ -184,7 +190,22 @@ def image_table(rows: Iterable[Mapping[str, Any]], feature_dim: int,
         cols["pixels"].append(r.get("pixels"))
         caps = r.get("captions")
         cols["captions"].append(None if caps is None else list(caps))
+        whole = r.get("image_feature")
+        if whole is None:
+            k = full_image_box(boxes, int(r["width"]), int(r["height"]))
+            whole = None if k is None else feats.reshape(n, -1)[k]
+        cols["image_feature"].append(None if whole is None
+                                     else np.asarray(whole).astype("<f2").tobytes())
     return pa.Table.from_pydict(cols, schema=IMAGE_SCHEMA)
+
+
+def full_image_box(boxes: np.ndarray, width: int, height: int) -> int | None:
+    """Index of the first box covering the whole ``width`` × ``height`` image, or None."""
+    t = BOX_TOLERANCE
+    whole = ((boxes[:, 0] <= t) & (boxes[:, 1] <= t) & (boxes[:, 2] >= width - t)
+             & (boxes[:, 3] >= height - t))
+    hits = np.flatnonzero(whole)
+    return int(hits[0]) if hits.size else None
 
 
 def write_image_shard(path: str | os.PathLike, table: pa.Table, *, feature_extractor: str,
@@ -279,6 +300,14 @@ def validate_image_table(table: pa.Table, path: str | os.PathLike, feature_dim: 
         if row is not None:
             raise ShardError(path, f"{slen[row]} bytes, expected num_boxes × num_classes × 2 = "
                                    f"{expect_s[row]}", row, "soft_labels")
+    if "image_feature" in table.column_names:
+        col = table.column("image_feature")
+        ilen = pc.binary_length(col).to_numpy(zero_copy_only=False)
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        row = _first_bad(valid & (np.nan_to_num(ilen, nan=-1) != int(feature_dim) * 2))
+        if row is not None:
+            raise ShardError(path, f"{ilen[row]} bytes, expected feature_dim × 2 (fp16) = "
+                                   f"{int(feature_dim) * 2}", row, "image_feature")
     if "captions" in table.column_names:
         caps = table.column("captions")
         clen = pc.list_value_length(caps).to_numpy(zero_copy_only=False)
@@ -316,7 +345,8 @@ def _validate_values(table, path, feature_dim, num_classes, n, w, h) -> None:
     if k is not None:
         raise ShardError(path, f"confidence {conf[k]} outside [0, 1]", int(owner[k]),
                          "confidences")
-    for col, width in (("features", feature_dim), ("soft_labels", num_classes)):
+    for col, width in (("features", feature_dim), ("soft_labels", num_classes),
+                       ("image_feature", feature_dim)):
         if col in table.column_names and width:
             row = _nonfinite_row(table.column(col))
             if row is not None:

@@ -21,8 +21,8 @@ import numpy as np
 
 from vlp.datasets import batch_spec as K
 from vlp.datasets.arrow_views import ranges
-from vlp.datasets.collate import (IMAGE_KEYS, TEXT_KEYS, ExampleRefs, caption_spans,
-                                  image_spans)
+from vlp.datasets.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT, ExampleRefs,
+                                  caption_spans, image_spans, whole_image_arrays)
 from vlp.datasets.image_block import ImageBlock
 from vlp.datasets.itm import Donors
 from vlp.datasets.masking.regions import SOFT_LABELS
@@ -90,6 +90,7 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     soft = gather("soft_labels") if need_soft else None
     region_mask = np.zeros(rows_total, np.int64)
     region_mask[dst] = 1
+    whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding
 
     width = np.maximum.reduceat(n_tok + 2 + n_reg, first[:-1])   # the packed row
     out = []
@@ -103,6 +104,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
                  K.REGION_MASK: region_mask[rs].reshape(B, n), IMAGE_KEYS: image_key[s:e]}
         if need_soft:
             batch[SOFT_LABELS] = soft[rs].reshape(B, n, num_classes)
+        for k, v in whole.items():
+            batch[k] = v[s:e]
         batch[K.POSITIVE] = refs.positive[s:e].astype(bool)
         batch[K.NUM_EXAMPLES] = np.array(B, dtype=np.int64)
         batch[K.INPUT_UNITS] = np.array(B * width[i], dtype=np.int64)
@@ -111,7 +114,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
 
 
 TEXT_SIDE = (K.INPUT_IDS, K.TEXT_MASK, TEXT_KEYS)
-IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_LABELS)
+IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_LABELS,
+              WHOLE_FEAT, HAS_WHOLE)
 
 
 def swap_negatives(batch: Batch, donors: Donors) -> Batch:

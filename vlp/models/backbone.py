@@ -76,6 +76,7 @@ class VLBackbone(nn.Module):
         self.visual = EMBEDDERS[family.visual.kind](cfg, family.visual, feat_dim)
         self.encoder = BertEncoder(self.bert_config)
         self.pooler = BertPooler(self.bert_config)
+        self.token_type_layout = ""   # the downstream layout its type table was extended for
 
     @property
     def hidden_size(self) -> int:

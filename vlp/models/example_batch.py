@@ -59,13 +59,13 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
     batch: dict[str, torch.Tensor] = {}
 
     positive = torch.ones(b, dtype=torch.bool)
-    if task in ("itm", "wra"):
+    if task in ("itm", "wra", "sirp"):
         labels = (torch.arange(b) % 2 == 0).long()[torch.randperm(b, generator=g)]
         batch[bs.ITM_LABELS] = labels
         positive = labels.bool()
     batch[bs.POSITIVE] = positive
 
-    if task in ("mlm", "mlm-obj"):   # example batches: any word stands for an object word
+    if task in ("mlm", "mlm-obj", "mlm-text"):   # example batches: any word stands for an object word
         words = text_mask.clone()
         words[:, 0] = False
         words[torch.arange(b), lengths - 1] = False
@@ -115,6 +115,12 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
         batch[bs.IMAGE_INDEX] = torch.arange(b) % images
         if task == "mvm":
             batch[bs.MVM_APPLY] = torch.ones(images, dtype=torch.bool)
+        units = t
+    if task == "mlm-text":   # a text corpus batch: no image (vlp.datasets.text_corpus)
+        for k in (bs.REGION_FEATS, bs.REGION_LOC, bs.REGION_MASK):
+            batch[k] = batch[k][:, :0]
+        if bs.IMAGE_FEAT in batch:
+            batch[bs.IMAGE_FEAT] = torch.zeros_like(batch[bs.IMAGE_FEAT])
         units = t
     batch[bs.NUM_EXAMPLES] = torch.tensor(b)
     batch[bs.INPUT_UNITS] = torch.tensor(b * units)

@@ -15,7 +15,7 @@ from .config import (RESNET18, RESNET101, RESNET_TINY, FamilyConfig, ImageBertVi
 # mlm-obj (MLM on the words that name objects) is ours, not the papers': every family has MLM
 UNITER_TASKS = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra", "mlm-obj")
 IMAGEBERT_TASKS = ("mlm", "itm", "moc", "mrfr", "mlm-obj")
-VLBERT_TASKS = ("mlm", "itm", "mrc-vlbert", "mlm-obj")
+VLBERT_TASKS = ("mlm", "itm", "mrc-vlbert", "mlm-obj", "sirp", "mlm-text")
 SOHO_TASKS = ("mlm", "itm", "mvm", "mlm-obj")
 
 BASE = TransformerConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)

@@ -27,7 +27,7 @@ from vlp.platform.config_loader import ConfigError, bounded, load_config
 # Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
 # WRA + MLM on object words (mlm-obj). The model registry supplies the authoritative list.
 PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
-                                "mvm", "wra", "mlm-obj")
+                                "mvm", "wra", "mlm-obj", "sirp", "mlm-text")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -65,6 +65,10 @@ class ModelSection:
     # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
     cold_start_steps: int = bounded(0, ge=0)
     cnn_init: str = ""     # SOHO: a local torchvision ResNet state dict (ImageNet weights)
+    # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
+    # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
+    # carry their segments' types; "" = the family's own types
+    token_types: Literal["", "vcr"] = ""
 
     def validate(self):
         if not self.family:
@@ -113,6 +117,7 @@ class DataSection:
     mask_prob: float = _pipeline_default("mask_prob")
     # mlm-obj's targets; [] = the class names of the world the sources sit in
     object_words: tuple[str, ...] = _pipeline_default("object_words")
+    text_corpus: str | None = _pipeline_default("text_corpus")   # mlm-text's .txt folder
     regions: RegionConfig = field(default_factory=RegionConfig)
     split: str | None = _pipeline_default("split")
     tokenizer_path: str | None = _pipeline_default("tokenizer_path")   # None: the model's

@@ -32,6 +32,7 @@ import torch
 from vlp.datasets.pretrain_batches import PretrainBatches
 from vlp.datasets.task_sampler import TaskSampler
 from vlp.models import create_model
+from vlp.models.downstream import extend_for
 from vlp.platform.experiment_config import ExperimentConfig, StageSection
 from vlp.platform.pretrain_data import PretrainSetup
 from vlp.platform.protocols import WorkerInfo
@@ -96,6 +97,8 @@ class PretrainComponents:
             from vlp.models.vision.cnn_weights import load_cnn_weights
 
             load_cnn_weights(bundle.model.backbone.visual.resnet, cfg.model.cnn_init)
+        if cfg.model.token_types:   # after init: the new rows copy the pretrained text row
+            extend_for(bundle.model.backbone, cfg.model.token_types)
         return bundle.model
 
     def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,
@@ -108,7 +111,7 @@ class PretrainComponents:
         shard = ray.train.get_dataset_shard(data.dataset)
         sync = AnyRank(worker.device) if worker.world_size > 1 else None
         return PretrainBatches(data.plan, shard_blocks(shard, data.plan), rank=worker.rank,
-                               epoch_sync=sync)
+                               epoch_sync=sync, world_size=worker.world_size)
 
     def build_task_sampler(self, mix: dict[str, float], seed: int) -> TaskSampler:
         return TaskSampler(mix, seed)

@@ -21,6 +21,7 @@ from vlp.datasets.data_config import DataConfig, DataConfigError, SourceConfig
 from vlp.datasets.data_plan import DataPlan, plan_data
 from vlp.datasets.text_tokenizer import load_tokenizer
 from vlp.models import TASKS, get_family, list_families
+from vlp.models.downstream import layout_types
 from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.platform.config_loader import ConfigError
 from vlp.platform.experiment_config import (DATA_CONFIG_NAMES, ExperimentConfig, StageSection,
@@ -153,6 +154,9 @@ def stage_data_config(cfg: ExperimentConfig, stage: StageSection, spec: Preproce
     options = cfg.data.pipeline_options()
     if options["tokenizer_path"] is None:     # the model's vocabulary
         del options["tokenizer_path"]
+    if cfg.model.token_types:   # the data adapter's type ids, from the same pure function
+        layout = layout_types(get_family(cfg.model.family), cfg.model.token_types)[1]
+        options["text_segment_types"] = tuple(layout[f"{cfg.model.token_types}_types"])
     return DataConfig.for_model(spec, sources, seed=cfg.run.seed, **options)
 
 

@@ -77,6 +77,9 @@ class ImageStore:
                     f"for this feature store")
         columns = list(REGION_COLUMNS if cfg.visual == "regions"
                        else PIXEL_COLUMNS + ("width", "height"))
+        if cfg.visual == "regions" and cfg.image_feat and all(
+                "image_feature" in pq.read_schema(f).names for f in files):
+            columns.append("image_feature")   # VL-BERT: the whole-image RoI, as in pretraining
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
         # downstream images carry no captions; empty lists let the row transform keep them
         empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from vlp.datasets.masking.registry import (MASKING_POLICIES, MaskContext, MaskingPolicy,
                                            apply_masking, get_policy, register_policy)
 from vlp.datasets.masking import (itm, mlm, mlm_obj, moc, mrc_vlbert, mrm, mvm,  # noqa: F401
-                                    wra)  # (register)
+                                    mlm_text, sirp, wra)  # (register)
 
 __all__ = ["MASKING_POLICIES", "MaskContext", "MaskingPolicy", "apply_masking", "get_policy",
            "register_policy"]

@@ -29,8 +29,11 @@ class MaskingPolicy:
     apply: Callable[[Batch, np.random.Generator, MaskContext], None]
     needs_soft_labels: bool = False   # detector class distributions (MRC family, MOC)
     itm_negatives: bool = False       # the batch holds swapped negative pairs (ITM)
+    negatives_swap: Literal["image_or_text", "text"] = "image_or_text"   # what a negative
+                                      # takes from its donor (VL-BERT's SIRP: the caption)
     image_feat: bool = False          # the task needs the whole-image feature (VL-BERT)
     object_words: bool = False        # the task masks the words naming objects (mlm-obj)
+    text_only: bool = False           # batches from the text corpus, no image (mlm-text)
 
 
 MASKING_POLICIES: dict[str, MaskingPolicy] = {}

@@ -18,6 +18,9 @@ from vlp.datasets.synth.scene import DomainStyle, Scene, sample_scene
 
 SOURCE_CODES = {"coco": 1, "vg": 2, "cc": 3, "sbu": 4, "downstream": 5}
 STREAM_SCENE, STREAM_TEXT, STREAM_DETECTOR, STREAM_FEATURES = 0, 1, 2, 3
+# the whole-image RoI's own streams (after gt_features.py's 4, 5): adding it changed no
+# region's draws
+STREAM_WHOLE_DETECTOR, STREAM_WHOLE_FEATURES = 6, 7
 
 
 def stream(seed: int, *key: int) -> np.random.Generator:
@@ -31,6 +34,8 @@ class SynthImage:
     pixels: bytes | None
     captions: list[Caption] | None
     feature_rng: np.random.Generator   # noise of the features, drawn when they are computed
+    whole: Detection | None = None     # the detector's second stage on the whole-image box
+    whole_rng: np.random.Generator | None = None
 
     def row(self, source: str, split: str) -> dict:
         d = self.detection
@@ -39,7 +44,8 @@ class SynthImage:
                 "width": self.scene.canvas, "height": self.scene.canvas, "boxes": d.boxes,
                 "confidences": d.confidences, "features": d.features,
                 "soft_labels": d.soft_labels, "pixels": self.pixels,
-                "captions": None if self.captions is None else [c.text for c in self.captions]}
+                "captions": None if self.captions is None else [c.text for c in self.captions],
+                "image_feature": None if self.whole is None else self.whole.features[0]}
 
     def record(self, split: str) -> dict:
         """Ground truth for probes and curation: objects, and what each region covers."""
@@ -59,9 +65,17 @@ def make_image(seed: int, source: str, index: int, canvas: int, style: DomainSty
     captions = None
     if captioner is not None:
         captions = captioner(scene, stream(seed, code, index, STREAM_TEXT))
+    # VL-BERT's text-side visual input: Fast R-CNN's second stage on a box covering the image
+    whole = detector.describe(scene, np.array([[0.0, 0.0, canvas, canvas]]), ["whole"],
+                              stream(seed, code, index, STREAM_WHOLE_DETECTOR), sort=False)
     return SynthImage(scene, detection, png, captions,
-                      stream(seed, code, index, STREAM_FEATURES))
+                      stream(seed, code, index, STREAM_FEATURES), whole,
+                      stream(seed, code, index, STREAM_WHOLE_FEATURES))
 
 
 def add_features(images: list[SynthImage], detector: SimulatedDetector) -> None:
     detector.featurize([i.detection for i in images], [i.feature_rng for i in images])
+    # a call of its own: the regions' product keeps its shape, so their features are the
+    # bytes they were before the whole-image RoI existed
+    wholes = [i for i in images if i.whole is not None]
+    detector.featurize([i.whole for i in wholes], [i.whole_rng for i in wholes])

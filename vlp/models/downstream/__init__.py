@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import DownstreamHead
-from .choice import ChoiceScorer
+from .choice import ChoicePairClassifier
 from .classifier import ClassClassifier, SoftScoreClassifier
 from .model import DownstreamModel
 from .nlvr2 import NLVR2_HEADS, PairBiAttnHead, PairHead, TripletHead
 from .refexp import RegionScorer
 from .retrieval import MatchScorer
 from .retrieval_losses import RETRIEVAL_LOSSES
-from .token_types import extend_for, layout_types
+from .token_types import extend_for, extra_type_rows, layout_types
 
 HEADS: dict[str, Callable[..., DownstreamHead]] = {
     "soft-score-classifier": SoftScoreClassifier,   # VQA
@@ -27,7 +27,7 @@ HEADS: dict[str, Callable[..., DownstreamHead]] = {
     "nlvr2-pair-biattn": PairBiAttnHead,
     "match-scorer": MatchScorer,                    # retrieval
     "region-scorer": RegionScorer,                  # RE comprehension
-    "choice-scorer": ChoiceScorer,                  # VCR
+    "choice-pair-classifier": ChoicePairClassifier,  # VCR: right/wrong per choice
 }
 
 
@@ -53,5 +53,5 @@ def build_head(kind: str, **kwargs) -> DownstreamHead:
 
 __all__ = ["HEADS", "build_head", "DownstreamHead", "DownstreamModel", "SoftScoreClassifier",
            "ClassClassifier", "TripletHead", "PairHead", "PairBiAttnHead", "MatchScorer",
-           "RegionScorer", "ChoiceScorer", "NLVR2_HEADS", "RETRIEVAL_LOSSES", "extend_for",
-           "layout_types"]
+           "RegionScorer", "ChoicePairClassifier", "NLVR2_HEADS", "RETRIEVAL_LOSSES",
+           "extend_for", "extra_type_rows", "layout_types"]

@@ -4,7 +4,8 @@
 - pair: two sequences (statement + left, statement + right, consecutive rows); the two pooled
   vectors are concatenated and an MLP (2H → 2H → GELU → LN → 2) classifies.
 - pair-biattn: multi-head attention from each sequence to the other (keys padded out), a
-  Linear(2H, H) + GELU fuses each token with what it attended to, attention pooling (softmax
+  Linear(2H, H) + ReLU (the reference's activation here, not GELU) fuses each token with what
+  it attended to, attention pooling (softmax
   over ReLU(Linear(H, 1)) scores, padding masked) gives one vector per side, Linear(2H, 2).
 """
 
@@ -70,7 +71,7 @@ class PairBiAttnHead(_Nlvr2Head):
                                               batch_first=True)
         self.attn_r2l = nn.MultiheadAttention(hidden, num_heads, dropout=dropout,
                                               batch_first=True)
-        self.fuse = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.GELU(), nn.Dropout(dropout))
+        self.fuse = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Dropout(dropout))
         self.pool = AttentionPool(hidden, dropout)
         self.out = nn.Linear(2 * hidden, 2)
 

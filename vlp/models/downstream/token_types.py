@@ -37,11 +37,22 @@ def layout_types(family: FamilyConfig, layout: str) -> tuple[list[int], dict[str
 
 
 def extend_for(backbone: VLBackbone, layout: str) -> dict[str, tuple]:
-    """Extend ``backbone``'s table for ``layout``; returns the adapter's type ids."""
+    """Extend ``backbone``'s table for ``layout``; returns the adapter's type ids. A backbone
+    already extended for the same layout (UNITER's VCR second-stage pretraining extends it
+    before the VCR finetune does) is left as it is."""
     rows, ids = layout_types(backbone.family, layout)
     have = backbone.text_embeddings.token_type_embeddings.num_embeddings
-    if have != backbone.family.transformer.type_vocab_size:
+    base = backbone.family.transformer.type_vocab_size
+    if rows and have == base + len(rows) and getattr(backbone, "token_type_layout", "") == layout:
+        return ids
+    if have != base:
         raise ValueError(f"the token-type table already has {have} rows (extended twice?)")
     if rows:
         backbone.text_embeddings.extend_token_types(rows)
+        backbone.token_type_layout = layout
     return ids
+
+
+def extra_type_rows(family: FamilyConfig, layout: str | None) -> int:
+    """Rows ``layout`` appends to ``family``'s token-type table (0 for None)."""
+    return len(layout_types(family, layout)[0]) if layout else 0

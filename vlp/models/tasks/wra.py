@@ -1,12 +1,16 @@
 """WRA: word-region alignment by optimal transport, added to ITM (UNITER reference code).
 
 On an ITM batch: the ITM loss (shared ``itm`` head) plus 0.1 × the OT loss, where a pair's OT
-distance is Σ T_ij C_ij between its word outputs (``[CLS]``/``[SEP]`` excluded) and region
-outputs, with cosine cost C and the transport plan T found by IPOT (proximal point with one
+distance is Σ T_ij C_ij between its text outputs and region outputs, with cosine cost C and the transport plan T found by IPOT (proximal point with one
 Sinkhorn step per iteration; β 0.5, 50 iterations; no gradient through T). The OT loss pulls
 matched pairs together and pushes mismatched ones apart:
 (Σ_pos dist − Σ_neg dist) / B. Reports ``itm_loss`` and the weighted ``wra_loss``; the total is
 their sum.
+
+The text side of the plan is every real text token, ``[CLS]`` and ``[SEP]`` included, as in
+the reference (its OT inputs scatter the whole text span, text lengths counting both): WRA is
+not in the UNITER paper, so the reference code is its only definition, and leaving them out
+would change every pair's marginals (1/len) and hence the distances a reproduction compares.
 """
 
 from __future__ import annotations
@@ -53,15 +57,6 @@ def ipot_plan(cost: torch.Tensor, x_valid: torch.Tensor, y_valid: torch.Tensor,
     return plan * joint
 
 
-def word_mask(text_mask: torch.Tensor) -> torch.Tensor:
-    """text_mask without [CLS] (first) and [SEP] (last real token)."""
-    words = text_mask.clone()
-    words[:, 0] = False
-    last = text_mask.sum(1) - 1
-    words[torch.arange(words.shape[0], device=words.device), last] = False
-    return words
-
-
 @register_task
 class WordRegionAlignment(Task):
     name = "wra"
@@ -74,7 +69,7 @@ class WordRegionAlignment(Task):
     def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         out = itm_terms(head, enc, batch)
         labels = require(batch, bs.ITM_LABELS, self.name).bool()
-        words, regions = word_mask(enc.text_mask), enc.region_mask
+        words, regions = enc.text_mask, enc.region_mask   # [CLS] and [SEP] included
         cost = cosine_cost(enc.text_output().float(), enc.region_output().float())
         cost = cost.masked_fill(~(words.unsqueeze(2) & regions.unsqueeze(1)), 0.0)
         plan = ipot_plan(cost.detach(), words, regions)

@@ -26,10 +26,12 @@ from vlp.models import FAMILIES, VLPModel, get_family
 from vlp.models.checkpoints import CheckpointError, LoadReport, read_state_dict
 from vlp.models.checkpoints.state_dict_io import assign_strict
 from vlp.platform.run_storage import StorageError, is_uri, local_copy, open_location
+from vlp.models.downstream import extra_type_rows
 
 TRAINER_META = "vlp_trainer.json"       # vlp/platform/checkpointing.py
 MODEL_STATES = "mp_rank_00_model_states.pt"
 WORD_EMBEDDINGS = "backbone.text_embeddings.word_embeddings.weight"
+TYPE_TABLE = "backbone.text_embeddings.token_type_embeddings.weight"
 
 
 @dataclass
@@ -133,8 +135,10 @@ def check_fits(weights: PretrainedWeights, family: str, feat_dim: int,
             f"{weights.path}: the checkpoint's vocabulary has {vocab} tokens, the tokenizer "
             f"{tokenizer_vocab}: word ids would index the wrong embeddings; finetune with the "
             f"tokenizer the checkpoint was pretrained with (model.tokenizer)")
-    want = backbone_shapes(family, feat_dim, vocab)
+    want = dict(backbone_shapes(family, feat_dim, vocab))
     have = {k: tuple(v.shape) for k, v in weights.state.items() if k.startswith("backbone.")}
+    if TYPE_TABLE in have and TYPE_TABLE in want and have[TYPE_TABLE][0] > want[TYPE_TABLE][0]:
+        want[TYPE_TABLE] = (have[TYPE_TABLE][0], want[TYPE_TABLE][1])   # see check_type_rows
     if want == have:
         return
     others = [f for f in matching_families(weights, feat_dim) if f != family]
@@ -152,6 +156,31 @@ def check_fits(weights: PretrainedWeights, family: str, feat_dim: int,
                               f"{family!r} expects {list(want[k])}{hint}")
     raise CheckpointError(f"{weights.path} does not fit family {family!r}: "
                           + (f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"))
+
+
+def type_rows_beyond(weights: PretrainedWeights, family: str) -> int:
+    """Token-type rows the checkpoint has beyond ``family``'s (a downstream layout pretrained
+    in: UNITER's VCR second stage adds answer and rationale rows)."""
+    table = weights.state.get(TYPE_TABLE)
+    base = get_family(family).transformer.type_vocab_size
+    return 0 if table is None else max(0, int(table.shape[0]) - base)
+
+
+def check_type_rows(weights: PretrainedWeights, family: str, benchmark: str,
+                    layout: str | None) -> int:
+    """The rows beyond the family's, when the benchmark's token-type ``layout`` adds exactly
+    those (the finetune extends the model for it before loading); otherwise an error naming
+    the mismatch."""
+    extra = type_rows_beyond(weights, family)
+    if extra and extra != extra_type_rows(get_family(family), layout):
+        have = extra + get_family(family).transformer.type_vocab_size
+        raise CheckpointError(
+            f"{weights.path}: its token-type table has {have} rows, {extra} beyond {family}'s "
+            f"(pretrained for a downstream layout such as VCR's second stage); benchmark "
+            f"{benchmark!r} uses " + (f"layout {layout!r}, which adds "
+                                       f"{extra_type_rows(get_family(family), layout)}"
+                                       if layout else "none"))
+    return extra
 
 
 def load_into(model: VLPModel, weights: PretrainedWeights) -> LoadReport:

@@ -24,7 +24,7 @@ from vlp.datasets.downstream import EpochSampler
 from vlp.datasets.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
-from vlp.models.downstream import DownstreamModel, build_head
+from vlp.models.downstream import DownstreamModel, build_head, extend_for
 from vlp.platform.finetune import checkpoint as ckpt
 from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
 from vlp.platform.finetune.eval_runner import EvalRunner
@@ -99,6 +99,8 @@ class FinetuneComponents:
         if self.init == "checkpoint":
             weights = ckpt.read(self.checkpoint)
             ckpt.check_fits(weights, family.name, base.feat_dim, vocab)
+            if ckpt.check_type_rows(weights, family.name, bench.name, bench.token_types):
+                extend_for(base.backbone, bench.token_types)   # then the pretrained rows load
             ckpt.load_into(base, weights)
             if "heads.itm.weight" in weights.state:
                 itm = base.heads["itm"]

@@ -53,6 +53,9 @@ def prepare(cfg: FinetuneConfig) -> Prepared:
     if cfg.model.init == "checkpoint":
         weights = ckpt.read(cfg.model.checkpoint)
         ckpt.check_fits(weights, family.name, manifest.feature_dim, vocab)
+        for name in cfg.benchmarks:
+            bench = get_benchmark(name)
+            ckpt.check_type_rows(weights, family.name, bench.name, bench.token_types)
         step = weights.step
     return Prepared(data, family, vocab, step)
 

@@ -18,10 +18,10 @@ from typing import Any, Mapping
 
 # Table 3's reading order (L10 reads "MLM + ITM + MRC-kl + MRFR"), then the other families'
 TASK_ORDER = ("mlm", "itm", "mrc", "mrc-kl", "mrfr", "moc", "mrc-vlbert", "mvm", "wra",
-              "mlm-obj")
+              "mlm-obj", "sirp", "mlm-text")
 TASK_LABELS = {"mlm": "MLM", "itm": "ITM", "mrc": "MRC", "mrc-kl": "MRC-kl", "mrfr": "MRFR",
                "moc": "MOC", "mrc-vlbert": "MRC-VLBERT", "mvm": "MVM", "wra": "WRA",
-               "mlm-obj": "MLM-obj"}
+               "mlm-obj": "MLM-obj", "sirp": "SIRP", "mlm-text": "MLM-text"}
 MASKINGS = ("conditional", "joint")
 DATA_CHOICES = ("in", "out", "both")      # pretraining corpora by the world's source domains
 DATA_LABELS = {"in": "In-domain", "out": "Out-of-domain", "both": "In-domain + Out-of-domain"}

@@ -64,6 +64,9 @@ class Benchmark:
     Options: ClassVar[type] = NoOptions
     meta_parts: ClassVar[dict[str, str]] = {}      # Meta-Sum part → metric key
     primary: ClassVar[str]                          # the headline metric key
+    # the token-type layout the head extends the table for (vlp.models.downstream); a
+    # checkpoint pretrained with it (UNITER's VCR second stage) loads into the extended table
+    token_types: ClassVar[str | None] = None
 
     @property
     def task(self) -> str:

@@ -1,6 +1,7 @@
-"""VCR (UNITER §4.1 / Appendix): Q→A and QA→R trained together; each (question, choice) row
-scored by Linear(H, 1) on [CLS], CE over the 4 choices; token types extended to question /
-answer / rationale; Q→AR = both stages right."""
+"""VCR (UNITER §4.1 / Appendix A.2): Q→A and QA→R trained together; each (question, choice)
+row classified right / wrong by its own two-class MLP on [CLS] (CE per row), a group's
+choices ranked by P(right); token types extended to question / answer / rationale; Q→AR =
+both stages right (the rationale scored given the right answer, VCR's protocol)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Vcr(Benchmark):
     defaults = TrainDefaults(steps=500, batch_size=8, lr=1e-4)
     Options = VcrOptions
     primary = "q2ar"
+    token_types = "vcr"
 
     def _data(self, ctx, split):
         types = layout_types(ctx.family, "vcr")[1]["vcr_types"]
@@ -42,7 +44,7 @@ class Vcr(Benchmark):
 
     def build_head(self, ctx, backbone, itm_head):
         extend_for(backbone, "vcr")
-        return build_head("choice-scorer", name=self.task, hidden=hidden_size(ctx))
+        return build_head("choice-pair-classifier", name=self.task, hidden=hidden_size(ctx))
 
     def evaluate(self, ctx, data: VcrData, runner) -> EvalResult | None:
         q2a = runner.predict_sharded(lambda idx: data.batch(idx, stages=("q2a",)), len(data),

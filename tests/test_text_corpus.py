@@ -1,0 +1,105 @@
+"""Text-only MLM batches from a text corpus (VL-BERT's BooksCorpus + Wikipedia batches):
+task mlm-text of the vlbert families reads data.text_corpus, batches carry no image, the
+ranks split the lines, and the stream resumes exactly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from vlp.datasets import batch_spec as K
+from vlp.datasets.data_config import DataConfig, DataConfigError, SourceConfig
+from vlp.datasets.data_plan import plan_data
+from vlp.datasets.local_stream import local_batches
+from vlp.datasets.masking import MaskContext
+from vlp.datasets.text_corpus import TextCorpusBatches
+from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.models import create_model
+
+torch.set_num_threads(1)
+WORDS = "the quick brown fox jumps over a lazy dog near river bank under blue sky".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("books")
+    rng = np.random.default_rng(0)
+    for name in ("a.txt", "sub/b.txt"):
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        lines = [" ".join(rng.choice(WORDS, int(rng.integers(3, 20)))) for _ in range(60)]
+        (d / name).write_text("\n".join(lines[:30] + [""] + lines[30:]) + "\n")
+    return d
+
+
+def _config(tiny_world, spec, corpus):
+    return DataConfig.for_model(spec, (SourceConfig("coco", str(tiny_world / "images" / "coco")),),
+                                batch_units=256, bucket_window=64,
+                                text_corpus=None if corpus is None else str(corpus))
+
+
+def test_mlm_text_needs_a_text_corpus(tiny_world, tmp_path):
+    _, spec, _ = create_model("vlbert-tiny", ["mlm", "mlm-text"], region_feat_dim=64,
+                              num_classes=17)
+    with pytest.raises(DataConfigError, match="text_corpus: task mlm-text"):
+        plan_data(_config(tiny_world, spec, None), ["mlm", "mlm-text"], model=spec)
+    with pytest.raises(DataConfigError, match="no .txt files"):
+        plan_data(_config(tiny_world, spec, tmp_path), ["mlm", "mlm-text"], model=spec)
+    with pytest.raises(ValueError, match="does not apply"):
+        create_model("uniter-tiny", ["mlm-text"])
+
+
+def test_text_only_batches_train_vlbert(tiny_world, corpus):
+    torch.manual_seed(0)
+    model, spec, _ = create_model("vlbert-tiny", ["mlm", "mlm-text"], region_feat_dim=64,
+                                  num_classes=17)
+    plan = plan_data(_config(tiny_world, spec, corpus), ["mlm", "mlm-text"], model=spec)
+    src = local_batches(plan)
+    try:
+        image_batch, text_batch = src.next("mlm"), src.next("mlm-text")
+    finally:
+        src.close()
+    assert text_batch[K.REGION_FEATS].shape[1] == 0 and image_batch[K.REGION_FEATS].shape[1] > 0
+    assert int(text_batch[K.INPUT_UNITS]) <= 256
+    labels = text_batch[K.MLM_LABELS]
+    assert (labels != -100).any(1).all()                      # every passage has a target
+    tok = load_tokenizer(None)
+    ids = torch.where(labels >= 0, labels, text_batch[K.INPUT_IDS])
+    words = tok.decode(ids[0][text_batch[K.TEXT_MASK][0].bool()][1:-1]).split()
+    assert words and set(words) <= set(WORDS)
+    out = model(text_batch, task="mlm-text")
+    assert set(out) == {"loss", "mlm-text_loss", "mlm-text_acc"}
+    assert math.isfinite(float(out["loss"].detach()))
+    out["loss"].backward()
+    assert model.heads["mlm"].bias.grad.abs().sum() > 0      # the shared MLM head learns
+    assert src.stats["text_only_batches"] == 1
+
+
+def _corpus_batches(corpus, rank=0, world_size=1):
+    tok = load_tokenizer(None)
+    ctx = MaskContext(0.15, tok.mask_id, tok.cls_id, tok.sep_id, tok.random_ids)
+    return TextCorpusBatches(str(corpus), tok, ctx, max_text_len=60, batch_units=128,
+                             feature_dim=64, loc_dim=4, seed=3, rank=rank,
+                             world_size=world_size)
+
+
+def _epoch_rows(batches) -> list[tuple[int, ...]]:
+    return [tuple(r.tolist()) for rows in batches._epoch_batches(0) for r in rows]
+
+
+def test_ranks_split_the_lines_and_the_stream_resumes_exactly(corpus):
+    whole = _epoch_rows(_corpus_batches(corpus))
+    r0, r1 = _epoch_rows(_corpus_batches(corpus, 0, 2)), _epoch_rows(_corpus_batches(corpus, 1, 2))
+    assert len(whole) == 120 and len(r0) == len(r1) == 60    # the blank line is skipped
+    assert sorted(r0 + r1) == sorted(whole)                   # disjoint halves of the lines
+    a = _corpus_batches(corpus)
+    for _ in range(3):
+        a.next()
+    b = _corpus_batches(corpus)
+    b.load_state_dict(a.state_dict())
+    nxt_a, nxt_b = a.next(), b.next()
+    assert nxt_a.keys() == nxt_b.keys()
+    for k in nxt_a:
+        torch.testing.assert_close(nxt_a[k], nxt_b[k])
