@@ -25,8 +25,8 @@ import torch
 from vlp.models import FAMILIES, VLPModel, get_family
 from vlp.models.checkpoints import CheckpointError, LoadReport, read_state_dict
 from vlp.models.checkpoints.state_dict_io import assign_strict
-from vlp.platform.run_storage import StorageError, is_uri, local_copy, open_location
 from vlp.models.downstream import extra_type_rows
+from vlp.platform.run_storage import StorageError, is_uri, local_copy, open_location
 
 TRAINER_META = "vlp_trainer.json"       # vlp/platform/checkpointing.py
 MODEL_STATES = "mp_rank_00_model_states.pt"
