@@ -96,8 +96,7 @@ def _run(args: argparse.Namespace) -> int:
         for line in summary(cfg, prepare(cfg)):
             print(f"[vlp pretrain] {line}")
         return 0
-    start_ray(cfg)
-    result = pretrain(cfg, parent_run_id=args.parent_run_id)
+    result = pretrain(cfg, parent_run_id=args.parent_run_id, start_ray=lambda: start_ray(cfg))
     print("\n".join(result_lines(result)))
     return 0 if result.completed or cfg.train.stop_after else 1
 

@@ -90,13 +90,16 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     MLflow run (sweeps); ``callbacks`` are ``ray.train.UserCallback``s (e.g. Tune's
     ``TuneReportCallback``)."""
     import ray.train
-    from ray.train.torch import TorchTrainer
+
+    from vlp.platform.fail_once import FailOnceTorchTrainer
+    from vlp.platform.failures import remove_if_empty, setup_error_of
 
     cfg = resolve(cfg)
     preflight(cfg)
     spec = tracking_spec(cfg, parent_run_id)
     run_dir = str(Path(cfg.run.output_dir) / cfg.run.name)
-    trainer = TorchTrainer(
+    # a set-up error in a worker (config, data, checkpoint) is raised at once, not retried
+    trainer = FailOnceTorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": to_dict(cfg), "components": components, "tracking": spec,
                            "run_dir": run_dir},
@@ -116,8 +119,12 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     )
     try:
         result = trainer.fit()
-    except BaseException:
+    except BaseException as e:
         _mark_failed(spec)
+        remove_if_empty(run_dir)        # no checkpoint yet: leave no folder that looks like a run
+        cause = setup_error_of(e)
+        if cause is not None:
+            raise cause from None       # its one line, not Ray's per-rank report
         raise
     value = result.return_value or {}
     return PretrainResult(

@@ -33,6 +33,7 @@ from vlp.datasets.pretrain_batches import PretrainBatches
 from vlp.datasets.task_sampler import TaskSampler
 from vlp.models import create_model
 from vlp.platform.experiment_config import ExperimentConfig, StageSection
+from vlp.platform.init_weights_check import model_kwargs
 from vlp.platform.pretrain_data import PretrainSetup
 from vlp.platform.protocols import WorkerInfo
 
@@ -86,13 +87,8 @@ class PretrainComponents:
         s = self.setup
         if set(tasks) != set(s.tasks):
             raise ValueError(f"the loop asks for heads {tasks}, the setup has {list(s.tasks)}")
-        p = cfg.model.dropout
-        bundle = create_model(
-            s.family, tasks, init=cfg.model.init_spec(),
-            region_feat_dim=s.feature_dim or 2048, num_classes=s.num_classes or 1601,
-            vocab_size=s.vocab_size if s.vocab_size != s.preprocess.vocab_size else None,
-            overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
-        return bundle.model
+        # the same arguments the driver's init_weights_check used
+        return create_model(**model_kwargs(cfg, s)).model
 
     def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,
                            worker: WorkerInfo) -> PretrainBatches:
