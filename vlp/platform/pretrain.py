@@ -105,6 +105,7 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
                            "run_dir": run_dir},
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
+            accelerator_type=cfg.scaling.accelerator_type or None,
             resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
                                   **({"GPU": 1} if cfg.scaling.use_gpu else {})}),
         run_config=ray.train.RunConfig(
