@@ -1,10 +1,11 @@
 """Finetune + evaluate a checkpoint on downstream benchmarks (a `ray job submit` entry point).
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- \
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- \
         python jobs/finetune.py --config jobs/configs/finetune.yaml --checkpoint PATH
 
-Same flags as `vlp finetune` (see --help). Prints one figure per line; exits non-zero with a
-one-line reason on failure.
+The address is the dashboard, forwarded from the head by `ray dashboard cluster.yaml`
+(docs/cluster.md). Same flags as `vlp finetune` (see --help). Prints one figure per line;
+exits non-zero with a one-line reason on failure.
 """
 
 import argparse

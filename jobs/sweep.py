@@ -1,10 +1,13 @@
 """A sweep over pretraining configurations (a `ray job submit` entry point).
 
-    ray job submit --address http://HEAD:8265 --working-dir . -- \
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- \
         python jobs/sweep.py --config jobs/configs/table3-uniter-base.yaml
 
-Same flags as `vlp sweep` (see --help). Inside a Ray job it attaches to the cluster with a
-bare `ray.init()`; elsewhere it starts a local Ray. Prints the leaderboard; exits non-zero
+The address is the dashboard, which listens on the head's 127.0.0.1 only: keep `ray
+dashboard cluster.yaml` running to forward it (docs/cluster.md). Same flags as `vlp sweep`
+(see --help). Inside a Ray job it attaches to the job's cluster; run on a node where `ray
+start` runs, to that cluster; elsewhere it starts a private local Ray (RAY_ADDRESS=local
+forces one). Prints the leaderboard; exits non-zero
 with a one-line reason on failure (130 when interrupted: submit it again to resume).
 """
 

@@ -23,7 +23,11 @@ AWS_PROVIDER_KEYS = {"type", "region", "availability_zone", "cache_stopped_nodes
                      "use_internal_ips", "security_group", "key_pair", "use_fsx"}
 # instance type → GPUs (the types cluster.yaml may use; extend when adding one)
 INSTANCE_GPUS = {"m6i.2xlarge": 0, "m6i.8xlarge": 0, "g5.2xlarge": 1, "g5.12xlarge": 4,
-                 "g5.48xlarge": 8, "p4d.24xlarge": 8, "p5.48xlarge": 8}
+                 "g5.48xlarge": 8, "g6.2xlarge": 1, "g6.12xlarge": 4, "p4d.24xlarge": 8,
+                 "p5.48xlarge": 8}
+# instance family → the GPU as Ray names it (what EC2's GpuInfo and the node itself report)
+FAMILY_ACCELERATOR = {"g5": "A10G", "g6": "L4", "p4d": "A100", "p5": "H100"}
+CONFIGS = ROOT / "jobs" / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,9 @@ def test_provider(cfg):
     assert provider["type"] == "aws"
     assert set(provider) <= AWS_PROVIDER_KEYS, set(provider) - AWS_PROVIDER_KEYS
     assert re.fullmatch(r"[a-z]{2}-[a-z]+-\d", provider["region"])
-    for zone in provider["availability_zone"].split(","):
-        assert re.fullmatch(re.escape(provider["region"]) + r"[a-z]", zone), zone
+    zones = provider["availability_zone"].split(",")
+    assert len(zones) == 1, "GPU nodes in one zone: NCCL across zones is slow and billed"
+    assert re.fullmatch(re.escape(provider["region"]) + r"[a-z]", zones[0]), zones
 
 
 def test_node_types(cfg):
@@ -90,14 +95,192 @@ def test_token_auth_without_secrets_in_the_config(cfg):
     assert "RAY_AUTH_TOKEN=" not in (ROOT / "cluster.yaml").read_text()
 
 
-def test_head_starts_mlflow_on_the_private_address(cfg):
+# ---- the fixes of issue 16 (item 7) --------------------------------------------------------
+
+def worker_types(cfg):
+    return {n: t for n, t in cfg["available_node_types"].items() if n != cfg["head_node_type"]}
+
+
+def gpus(t) -> int:
+    return INSTANCE_GPUS[t["node_config"]["InstanceType"]]
+
+
+def is_spot(t) -> bool:
+    return t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
+
+
+def accelerator(t) -> str | None:
+    names = [k.split(":", 1)[1] for k in t.get("resources", {})
+             if k.startswith("accelerator_type:")]
+    assert len(names) <= 1, names
+    return names[0] if names else None
+
+
+def test_head_has_its_own_profile_whose_role_may_pass_the_workers_role(cfg):
+    import fnmatch
+    import json
+
+    head = cfg["available_node_types"][cfg["head_node_type"]]["node_config"]
+    head_profile = head["IamInstanceProfile"]["Name"]
+    assert head_profile != "ray-autoscaler-v1", "Ray's auto-created role has no iam:PassRole"
+    policy = json.loads((ROOT / "docs" / "iam" / f"{head_profile}-policy.json").read_text())
+    passable = [r for st in policy["Statement"] if st["Effect"] == "Allow"
+                and "iam:PassRole" in ([st["Action"]] if isinstance(st["Action"], str)
+                                       else st["Action"])
+                for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])]
+    for name, t in worker_types(cfg).items():
+        profile = t["node_config"].get("IamInstanceProfile", {}).get("Name")
+        if profile is None:
+            continue
+        assert profile != "ray-autoscaler-v1", name
+        role_arn = f"arn:aws:iam::123456789012:role/{profile}"   # role named as its profile
+        assert any(fnmatch.fnmatchcase(role_arn, r) for r in passable), (name, passable)
+        assert (ROOT / "docs" / "iam" / f"{profile}-policy.json").is_file(), profile
+    docs = (ROOT / "docs/cluster.md").read_text()
+    assert "aws iam create-instance-profile" in docs
+    assert re.search(rf"for name in {head_profile} \S+; do", docs)
+
+
+def test_each_gpu_type_declares_the_one_accelerator_it_has(cfg):
+    from vlp.platform.experiment_config import ACCELERATOR_TYPES
+
+    for name, t in worker_types(cfg).items():
+        kind = accelerator(t)
+        if gpus(t) == 0:
+            assert kind is None, name
+            continue
+        family = t["node_config"]["InstanceType"].split(".")[0]
+        assert kind == FAMILY_ACCELERATOR[family], (name, kind)
+        assert kind in ACCELERATOR_TYPES and t["resources"][f"accelerator_type:{kind}"] == 1
+
+
+def test_spot_only_for_single_gpu_types_and_never_beside_on_demand_of_that_gpu(cfg):
+    by_kind: dict[str, set[bool]] = {}
+    for name, t in worker_types(cfg).items():
+        if is_spot(t):
+            assert gpus(t) <= 1, f"{name}: multi-GPU data-parallel nodes run on demand"
+        if accelerator(t):
+            by_kind.setdefault(accelerator(t), set()).add(is_spot(t))
+    # a data-parallel config asks for a GPU type, so it must never land on a spot node
+    assert all(len(markets) == 1 for markets in by_kind.values()), by_kind
+
+
+def gpu_scalings():
+    """(what, scaling dict) of every GPU run the configs describe: pretraining configs, a
+    sweep's trial pretraining and its finetunes (their `scaling.*` overrides)."""
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if raw.get("scaling", {}).get("use_gpu"):
+            yield path.name, raw["scaling"]
+        pre = (raw.get("pretrain") or {}).get("scaling", {})
+        if pre.get("use_gpu"):
+            yield f"{path.name} pretrain", pre
+        ft = raw.get("finetune") or {}
+        if isinstance(ft, dict) and ft.get("use_gpu"):
+            sets = dict(o.split("=", 1) for o in ft.get("overrides", []) if "=" in o)
+            yield f"{path.name} finetune", {
+                "num_workers": ft.get("num_workers", 1), "use_gpu": True,
+                "accelerator_type": sets.get("scaling.accelerator_type", "")}
+
+
+def test_every_gpu_config_asks_for_a_gpu_type_the_cluster_has_enough_of(cfg):
+    seen = 0
+    for what, scaling in gpu_scalings():
+        seen += 1
+        kind = scaling.get("accelerator_type")
+        assert kind, f"{what}: set scaling.accelerator_type (a run on one GPU type, not a mix)"
+        types = [t for t in worker_types(cfg).values() if accelerator(t) == kind]
+        assert types, f"{what}: no node type of cluster.yaml has {kind}"
+        capacity = sum(gpus(t) * t["max_workers"] for t in types)
+        assert scaling["num_workers"] <= capacity, (what, kind, capacity)
+        if scaling["num_workers"] > 1:
+            assert not any(is_spot(t) for t in types), f"{what}: data-parallel on spot nodes"
+    assert seen >= 6
+
+
+def test_gpu_configs_read_big_files_from_the_shared_mount(cfg):
+    setup = " ".join(cfg["setup_commands"])
+    assert "mount-s3 --read-only --prefix shared/ $VLP_BUCKET /mnt/shared" in setup
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if not raw.get("scaling", {}).get("use_gpu"):
+            continue
+        files = [s["path"] for s in raw["data"]["sources"].values()]
+        files += [raw["model"].get("init_path"), raw["data"].get("tokenizer_path")]
+        for f in filter(None, files):
+            assert f.startswith("/mnt/shared/"), f"{path.name}: {f} would ship in the job"
+
+
+def test_the_bucket_is_named_once_and_the_policies_grant_it(cfg):
+    import json
+
+    text = (ROOT / "cluster.yaml").read_text()
+    bucket = re.search(r"export VLP_BUCKET=([a-z0-9.-]{3,63})", text).group(1)
+    assert text.count(bucket) == 1
+    for f in (ROOT / "docs" / "iam").glob("*-policy.json"):
+        assert f"arn:aws:s3:::{bucket}/*" in json.dumps(json.loads(f.read_text())), f.name
+
+
+def mlflow_unit(cfg, head_ip: str = "10.0.1.23", bucket: str = "my-bucket") -> str:
+    """The systemd unit the head's setup writes, generated by running its command in bash
+    with the privileged steps replaced."""
+    import subprocess
+
+    cmd = next(c for c in cfg["head_setup_commands"] if "vlp-mlflow.service" in c)
+    cmd = cmd[:cmd.index(" && sudo systemctl")]
+    cmd = (cmd.replace("HEAD_IP=$(hostname -I | cut -d' ' -f1)", f"HEAD_IP={head_ip}")
+              .replace("mkdir -p ~/mlflow && ", "")
+              .replace("> ~/mlflow/tracking_uri", "> /dev/null")
+              .replace("sudo tee /etc/systemd/system/vlp-mlflow.service > /dev/null", "cat"))
+    done = subprocess.run(["bash", "-c", f"VLP_BUCKET={bucket}\n{cmd}"], capture_output=True,
+                          text=True, check=True)
+    return done.stdout
+
+
+def test_mlflow_runs_on_postgres_with_s3_artifacts_and_restarts(cfg):
+    head = " ".join(cfg["head_setup_commands"])
+    assert "apt-get install -y -qq postgresql" in head and "psycopg2" in head
+    unit = mlflow_unit(cfg)
+    lines = unit.splitlines()
+    assert "Restart=always" in lines and "WantedBy=multi-user.target" in lines
+    assert "After=network-online.target postgresql.service" in lines
+    exec_start = next(line for line in lines if line.startswith("ExecStart="))
+    assert "--backend-store-uri postgresql://ubuntu@/mlflow?host=/var/run/postgresql" in exec_start
+    assert "--artifacts-destination s3://my-bucket/mlflow" in exec_start
+    assert "--host 10.0.1.23 " in exec_start and "0.0.0.0" not in unit
+    assert "sqlite" not in unit and "password" not in unit.lower()
+    assert "systemctl enable --now vlp-mlflow" in head
     start = " ".join(cfg["head_start_ray_commands"])
-    server = start[start.index("mlflow server"):]
-    backend = re.search(r"--backend-store-uri (\S+)", server).group(1)
-    assert backend.startswith(("sqlite:////", "sqlite:///$HOME/", "postgresql://"))
-    assert re.search(r"--artifacts-destination s3://[a-z0-9.-]{3,63}/", server)
-    assert "HEAD_IP=$(hostname -I | cut -d' ' -f1)" in start
-    assert "--host $HEAD_IP" in server and "0.0.0.0" not in start
-    assert "--allowed-hosts" in server
-    assert "--dashboard-host=127.0.0.1" in start
-    assert start.index("mlflow server") < start.index("ray start --head")
+    assert "MLFLOW_TRACKING_URI=$(cat ~/mlflow/tracking_uri)" in start
+    assert "--dashboard-host=127.0.0.1" in start and "mlflow server" not in start
+
+
+def test_ssh_sessions_and_commands_carry_the_token_mode(cfg):
+    assert any("export RAY_AUTH_MODE=token' >> ~/.bashrc" in c for c in cfg["setup_commands"])
+
+
+def test_rsync_keeps_out_what_rayignore_keeps_out(cfg):
+    ignored = [line.strip().lstrip("/") for line in (ROOT / ".rayignore").read_text().splitlines()
+               if line.strip().startswith("/")]
+    excluded = {e.removeprefix("**/") for e in cfg["rsync_exclude"]}
+    assert set(ignored) - {"build"} <= excluded, set(ignored) - excluded
+
+
+def test_the_dashboard_is_reached_the_same_way_everywhere():
+    """It listens on the head's 127.0.0.1: `ray dashboard cluster.yaml` forwards it, and every
+    job header, help text and doc submits to http://127.0.0.1:8265."""
+    files = ([*ROOT.glob("jobs/*.py"), *ROOT.glob("vlp/commands/*.py"),
+              *CONFIGS.glob("*.yaml"), ROOT / "docs" / "cluster.md", ROOT / "cluster.yaml"])
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## On a GPU cluster"):]
+    section = section[:section.index("\n## ", 3)]
+    texts = {str(f.relative_to(ROOT)): f.read_text() for f in files}
+    texts["README.md (cluster section)"] = section
+    submits = 0
+    for name, text in texts.items():
+        assert "HEAD:8265" not in text, name
+        for address in re.findall(r"ray job \w+ --address (\S+)", text):
+            assert address == "http://127.0.0.1:8265", (name, address)
+            submits += 1
+    assert submits >= 10
+    assert "ray dashboard cluster.yaml" in texts["docs/cluster.md"]

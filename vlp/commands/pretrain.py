@@ -13,8 +13,13 @@ examples:
   vlp pretrain --config jobs/configs/pretrain-tiny.yaml --set train.steps=60 \\
       --set tasks="{mlm: 1, itm: 1}" --name tiny-mlm-itm
   vlp pretrain --config jobs/configs/imagebert-base-two-stage.yaml --check
-  ray job submit --address http://HEAD:8265 --working-dir . -- \\
+  ray dashboard cluster.yaml &      # the dashboard listens on the head's 127.0.0.1 only
+  RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
       python jobs/pretrain.py --config jobs/configs/uniter-base-indomain.yaml
+
+Ray: inside a Ray job the job's cluster; on a node where `ray start` runs (the head, over
+SSH) that cluster; else a private local Ray (RAY_ADDRESS=local forces one). One line says
+which.
 
 --set takes any dotted key of the config (values parsed as YAML): optimizer.lr=1e-4,
 data.batch_input_units=8192, stages.1.steps=5000, scaling.num_workers=8, train.precision=bf16.
@@ -105,18 +110,17 @@ def _run(args: argparse.Namespace) -> int:
     console.configure(quiet=not getattr(args, "verbose", False))
     ray_log = console.log_to(Path(cfg.run.output_dir).expanduser().resolve() / cfg.run.name
                              / console.RAY_LOG)
-    start_ray(cfg)
     if ray_log is not None:
         print(f"[vlp pretrain] Ray's own output → {ray_log} (--verbose prints it here)")
-    result = pretrain(cfg, parent_run_id=args.parent_run_id)
+    result = pretrain(cfg, parent_run_id=args.parent_run_id, start_ray=lambda: start_ray(cfg))
     print("\n".join(result_lines(result)))
     return 0 if result.completed or cfg.train.stop_after else 1
 
 
 def start_ray(cfg) -> None:
-    """Attach to the job's cluster (``ray job submit``: ``ray.init()`` with no arguments) or
-    start a local one; Ray Data's per-epoch progress bars off (our progress lines report
-    throughput)."""
+    """Attach to the job's cluster, or the one ``ray start`` runs on this node, or start a
+    private local one (``ray_session.ensure_ray`` says which); Ray Data's per-epoch progress
+    bars off (our progress lines report throughput)."""
     import ray.data
 
     from vlp.platform.ray_session import ensure_ray

@@ -64,14 +64,16 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """python, numpy and torch RNG states as weights_only-loadable values."""
+    """python, numpy and torch RNG states as weights_only-loadable values; on a GPU worker
+    also the generator of *its own* device (``cuda``; Ray Train makes it the current device),
+    never every visible GPU's: a resumed worker may land on a node with fewer GPUs."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": random.getstate(),
              "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
                        float(cached)),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
@@ -81,8 +83,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = _own_device_state(state.get("cuda"))
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
+
+
+def _own_device_state(saved: Any) -> torch.Tensor | None:
+    """The saved CUDA generator state for this worker's device. Checkpoints before the
+    per-device format hold a list with one state per GPU of the saving node (the worker's
+    own at its local device index): take that index when the list has it, else none (the
+    CUDA stream then continues from the run seed set before the model was built)."""
+    if saved is None or isinstance(saved, torch.Tensor):
+        return saved
+    index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return saved[index] if index < len(saved) else None
 
 
 # ---- save / load ----------------------------------------------------------------------------

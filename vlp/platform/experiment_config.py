@@ -29,6 +29,9 @@ from vlp.platform.config_loader import ConfigError, bounded, load_config
 PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
                                 "mvm", "wra", "mlm-obj", "sirp", "mlm-text")
 
+# NVIDIA GPU types as Ray names them (ray.util.accelerators): scaling.accelerator_type
+ACCELERATOR_TYPES = ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -195,6 +198,17 @@ class ScalingSection:
     cpus_per_worker: float = bounded(1.0, gt=0)
     # PACK: as few nodes as possible; SPREAD: one worker per node where it can
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    # the one GPU type every worker runs on ("" = any): Ray's ``accelerator_type:<name>``
+    # resource, which each GPU node reports and cluster.yaml's node types declare, so a
+    # config lands on its GPU type and never on a mix
+    accelerator_type: str = ""
+
+    def validate(self):
+        if self.accelerator_type and self.accelerator_type not in ACCELERATOR_TYPES:
+            yield "accelerator_type", (f"unknown GPU type {self.accelerator_type!r}; known: "
+                                       f"{', '.join(ACCELERATOR_TYPES)} (Ray's names)")
+        if self.accelerator_type and not self.use_gpu:
+            yield "accelerator_type", "only used with use_gpu: true"
 
 
 @dataclass

@@ -105,20 +105,24 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     MLflow run (sweeps); ``callbacks`` are ``ray.train.UserCallback``s (e.g. Tune's
     ``TuneReportCallback``)."""
     import ray.train
-    from ray.train.torch import TorchTrainer
+
+    from vlp.platform.fail_once import FailOnceTorchTrainer
+    from vlp.platform.failures import remove_if_empty, setup_error_of
 
     cfg = resolve(cfg)
     preflight(cfg)
     spec = tracking_spec(cfg, parent_run_id)
     storage = run_storage.open_location(cfg.run.storage)
     run_dir = storage.uri(cfg.run.name)
-    trainer = TorchTrainer(
+    # a set-up error in a worker (config, data, checkpoint) is raised at once, not retried
+    trainer = FailOnceTorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": to_dict(cfg), "components": components, "tracking": spec,
                            "run_dir": run_dir},
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
             placement_strategy=cfg.scaling.placement_strategy,
+            accelerator_type=cfg.scaling.accelerator_type or None,
             resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
                                   **({"GPU": 1} if cfg.scaling.use_gpu else {})}),
         run_config=ray.train.RunConfig(
@@ -133,8 +137,12 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     )
     try:
         result = trainer.fit()
-    except BaseException:
+    except BaseException as e:
         _mark_failed(spec)
+        remove_if_empty(run_dir)        # no checkpoint yet: leave no folder that looks like a run
+        cause = setup_error_of(e)
+        if cause is not None:
+            raise cause from None       # its one line, not Ray's per-rank report
         raise
     value = result.return_value or {}
     return PretrainResult(

@@ -34,6 +34,7 @@ from vlp.datasets.task_sampler import TaskSampler
 from vlp.models import create_model
 from vlp.models.downstream import extend_for
 from vlp.platform.experiment_config import ExperimentConfig, StageSection
+from vlp.platform.init_weights_check import model_kwargs
 from vlp.platform.pretrain_data import PretrainSetup
 from vlp.platform.protocols import WorkerInfo
 
@@ -87,19 +88,15 @@ class PretrainComponents:
         s = self.setup
         if set(tasks) != set(s.tasks):
             raise ValueError(f"the loop asks for heads {tasks}, the setup has {list(s.tasks)}")
-        p = cfg.model.dropout
-        bundle = create_model(
-            s.family, tasks, init=cfg.model.init_spec(),
-            region_feat_dim=s.feature_dim or 2048, num_classes=s.num_classes or 1601,
-            vocab_size=s.vocab_size if s.vocab_size != s.preprocess.vocab_size else None,
-            overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
+        # the same arguments the driver's init_weights_check used
+        model = create_model(**model_kwargs(cfg, s)).model
         if cfg.model.cnn_init:   # SOHO's ImageNet start (checked on the driver in prepare)
             from vlp.models.vision.cnn_weights import load_cnn_weights
 
-            load_cnn_weights(bundle.model.backbone.visual.resnet, cfg.model.cnn_init)
+            load_cnn_weights(model.backbone.visual.resnet, cfg.model.cnn_init)
         if cfg.model.token_types:   # after init: the new rows copy the pretrained text row
-            extend_for(bundle.model.backbone, cfg.model.token_types)
-        return bundle.model
+            extend_for(model.backbone, cfg.model.token_types)
+        return model
 
     def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,
                            worker: WorkerInfo) -> PretrainBatches:

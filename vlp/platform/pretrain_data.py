@@ -26,6 +26,7 @@ from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.platform.config_loader import ConfigError
 from vlp.platform.experiment_config import (DATA_CONFIG_NAMES, ExperimentConfig, StageSection,
                                             check_family, check_task_names)
+from vlp.platform.init_weights_check import check_init_weights
 
 DEFAULT_NUM_CLASSES = 1601      # only sizes MRC heads, which need soft labels (and so a C)
 
@@ -57,8 +58,8 @@ class PretrainSetup:
 
 def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     """All checks and plans for ``cfg`` (relative paths resolve against the cwd): the
-    registry checks, the initial weights' file, and per stage the data. Raises
-    ``ConfigError`` listing every problem found."""
+    registry checks, the initial weights (read and fitted to the model on the meta device),
+    and per stage the data. Raises ``ConfigError`` listing every problem found."""
     check_model_and_tasks(cfg)
     family = get_family(cfg.model.family)
     tasks = tuple(cfg.all_tasks())
@@ -96,9 +97,11 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     feat_dim = stages[0].plan.feature_dim or 0
     num_classes = classes.pop() if classes else DEFAULT_NUM_CLASSES
     vocab = load_tokenizer(stages[0].plan.tokenizer_path or None).vocab_size
-    return PretrainSetup(cfg.model.family, tasks,
-                         preprocess_spec(family, tasks, feat_dim, num_classes), vocab,
-                         tuple(stages))
+    setup = PretrainSetup(cfg.model.family, tasks,
+                          preprocess_spec(family, tasks, feat_dim, num_classes), vocab,
+                          tuple(stages))
+    check_init_weights(cfg, setup)    # a checkpoint that does not fit fails here, not in Ray
+    return setup
 
 
 def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:

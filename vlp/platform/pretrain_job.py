@@ -36,11 +36,13 @@ def load_pretrain_config(path: str | Path | None = None, overrides: Iterable[str
 
 def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
              callbacks: Sequence[Any] = (), progress: bool = True,
-             say: Callable[[str], None] = print) -> PretrainResult:
+             say: Callable[[str], None] = print,
+             start_ray: Callable[[], None] | None = None) -> PretrainResult:
     """Run (or resume) the pretraining job ``cfg`` on the Ray cluster this process is
     attached to. ``parent_run_id`` nests its MLflow run (sweeps); ``callbacks`` are extra
     ``ray.train.UserCallback``s (Tune's ``TuneReportCallback``); ``progress`` prints a line
-    per report."""
+    per report; ``start_ray`` attaches to or starts Ray once every check has passed (a bad
+    config or checkpoint then fails before any Ray process exists)."""
     cfg = resolved(cfg)
     setup = prepare(cfg)            # ConfigError naming every bad key, before any compute
     # tracking store reachable, resumable checkpoint fits: run_pretraining checks again, but
@@ -53,6 +55,8 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
         from vlp.platform.progress import ProgressPrinter
 
         extra.insert(0, ProgressPrinter(cfg.total_steps(), [s.name for s in setup.stages]))
+    if start_ray is not None:
+        start_ray()
     return run_pretraining(cfg, PretrainComponents(setup), parent_run_id=parent_run_id,
                            callbacks=extra)
 

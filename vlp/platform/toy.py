@@ -9,7 +9,8 @@ The toy task: x ~ N(0, 1) of width ``dim``; classification tasks predict argmax(
 classes, "mrfr" regresses B x. Batches have a random number of examples and a random
 "length", so that examples and input units vary per batch as with UNITER's budgets.
 Fault injection for the fault-tolerance tests: ``fail_at_call`` raises once (a marker file
-makes it once per job, across worker restarts); ``nan_at_call`` returns a NaN batch.
+makes it once per job, across worker restarts); ``nan_at_call`` returns a NaN batch;
+``setup_error`` makes every model build fail alike (a set-up error, not a fault).
 """
 
 from __future__ import annotations
@@ -114,11 +115,18 @@ class ToyComponents:
     fail_marker: str = ""       # absolute path; its existence means "already failed"
     nan_at_call: int = 0        # batch number that carries a NaN (on nan_rank)
     nan_rank: int = 0
+    setup_error: str = ""       # build_model raises ValueError(this): a deterministic error
+    attempts_file: str = ""     # absolute path; build_model appends a line per call
 
     def datasets(self, cfg: Any) -> None:
         return None
 
     def build_model(self, cfg: Any, tasks: list[str]) -> nn.Module:
+        if self.attempts_file:
+            with open(self.attempts_file, "a") as f:
+                f.write("build_model\n")
+        if self.setup_error:
+            raise ValueError(self.setup_error)
         return ToyModel(tasks, dim=self.dim)
 
     def build_batch_source(self, cfg: Any, stage: Any, stage_index: int, worker: Any) -> ToyBatchSource:

@@ -25,6 +25,7 @@ from vlp.platform.checkpointing import TrainerState
 from vlp.platform.config_loader import from_dict
 from vlp.platform.engine import build_engine, compute_dtype, use_extensions_dir
 from vlp.platform.experiment_config import ExperimentConfig
+from vlp.platform.failures import SetupError, setup_phase
 from vlp.platform.protocols import WorkerInfo
 from vlp.platform.run_tracking import RankZeroTracker
 
@@ -39,8 +40,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """Entry point for ``TorchTrainer``. ``loop_config``: ``config`` (the experiment config
     as a dict, paths already absolute), ``components`` (a ``protocols.Components``),
     ``tracking`` (``pretrain.tracking_spec``) and ``run_dir`` (the Ray run folder)."""
-    cfg = from_dict(ExperimentConfig, loop_config["config"])
-    return _Worker(cfg, loop_config).run()
+    with setup_phase("worker set-up"):      # an error here is not worth a retry
+        cfg = from_dict(ExperimentConfig, loop_config["config"])
+        worker = _Worker(cfg, loop_config)
+    return worker.run()
 
 
 class _Worker:
@@ -94,7 +97,7 @@ class _Worker:
         problem = checkpointing.resume_problem(meta, [(s.name, s.steps) for s in self.plan],
                                                self.world)
         if problem:
-            raise RuntimeError(problem)
+            raise SetupError(problem)
 
     def _close_source(self) -> None:
         """Batch sources may hold reader threads (``PretrainBatches.close``)."""
@@ -133,7 +136,10 @@ class _Worker:
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        state = self._setup()
+        # model + initial weights, engine, checkpoint, batch source: a deterministic error
+        # (config, data, checkpoint) ends the run at once; faults are retried
+        with setup_phase(f"rank {self.rank} set-up"):
+            state = self._setup()
         t1 = time.perf_counter()
         start_step = state.step
         if self.tracker:

@@ -99,7 +99,9 @@ def assign_strict(model: nn.Module, tensors: Iterable[tuple[str, str, torch.Tens
         if target is None:
             raise CheckpointError(f"checkpoint key {ckpt_key!r} has no place in this model "
                                   f"(would be {our_key!r})")
-        value = value.to(device=target.device, dtype=target.dtype)
+        # cast here, move in copy_: the tied-value check below then compares the checkpoint's
+        # own tensors, also when the model is built on the meta device (preflight)
+        value = value.to(dtype=target.dtype)
         if value.shape != target.shape:
             fits_rows = (our_key in grow_rows and value.dim() == target.dim()
                          and value.shape[1:] == target.shape[1:]
