@@ -10,9 +10,11 @@ position 0) belongs to the backbone's weights but only heads that need it call i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Mapping
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
@@ -80,6 +82,15 @@ class VLBackbone(nn.Module):
     @property
     def hidden_size(self) -> int:
         return self.bert_config.hidden_size
+
+    def set_activation_checkpointing(self, on: bool = True) -> None:
+        """Recompute each encoder layer in the backward instead of keeping its activations
+        (``train.activation_checkpointing``). The RNG state is replayed, so dropout masks —
+        and the loss and gradients — are the same as without."""
+        for layer in self.encoder.layer:   # transformers' GradientCheckpointingLayer
+            layer.gradient_checkpointing = on
+            layer._gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint,
+                                                         use_reentrant=False)
 
     def forward(self, batch: Mapping[str, torch.Tensor], pool: bool = False,
                 visual_masking: bool = False) -> EncoderOutput:
