@@ -388,6 +388,12 @@ class _Worker:
             f"global batch: ≤ {budget:,} input units per step ({c.data.batch_input_units:,} "
             f"per micro-batch); examples per step are measured at step 1 (budget batching)",
         ]
+        name = device_name(self.info.device) or self.info.device.type
+        lines.append(f"precision {self.precision}; prefetch {c.train.prefetch_batches} "
+                     f"micro-batch(es) ahead; MFU " + (
+                         f"against {self.peak / 1e12:.1f} TFLOP/s per device ({name})"
+                         if self.peak else f"unknown: no peak FLOP/s known for {name} "
+                         "(set train.peak_tflops)"))
         for line in lines:
             self._say(line)
         if fresh:
