@@ -137,6 +137,10 @@ class _Worker:
                                  f"{type(model).__name__} has no set_activation_checkpointing")
             set_checkpointing(True)
         self.shape = encoder_shape(model)
+        if self.cfg.train.compile:
+            # in place: parameter names, and so checkpoints, stay those of the plain model;
+            # dynamic shapes: budget batching changes the batch and row lengths every step
+            model.compile(dynamic=True)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         ckpt = ray.train.get_checkpoint()
