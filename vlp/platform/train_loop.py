@@ -28,10 +28,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform import checkpointing
 from vlp.platform.checkpointing import TrainerState
 from vlp.platform.config_loader import from_dict
-from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform.device_peaks import device_name, peak_flops
 from vlp.platform.engine import (build_engine, compute_dtype, resolve_precision,
                                  use_extensions_dir)
