@@ -118,6 +118,19 @@ def measure(model, batches, tasks, device, dtype, iters):
     return seconds, rss.peak / 2**20
 
 
+class forced_sdpa:
+    """SDPA for every call, also in CPU training with dropout (its math path there)."""
+
+    def __enter__(self):
+        from vlp.models.backbone import VLBackbone
+
+        self.cls, self.auto = VLBackbone, VLBackbone._attention_for
+        VLBackbone._attention_for = lambda backbone, x, configured: configured
+
+    def __exit__(self, *exc):
+        self.cls._attention_for = self.auto
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", default="uniter-base")
@@ -134,6 +147,9 @@ def main() -> int:
                    "(default: iters on CUDA; 0 on CPU = derive from the per-task steps)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-mix", action="store_true")
+    p.add_argument("--compare-sdpa", action="store_true", help="also time each task with "
+                   "SDPA forced in CPU training (the attention before eager was chosen there), "
+                   "interleaved with the default, and print the ratio")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense bf16 "
                    "peak when its name is not in vlp.platform.device_peaks")
     args = p.parse_args()
@@ -185,6 +201,14 @@ def main() -> int:
             step = steps[task] = seconds / iters
             memories[task] = memory
             print(f"{task}/{dtype}/step_ms {step * 1e3:.1f}")
+            if args.compare_sdpa and not cuda:
+                with forced_sdpa():
+                    sdpa_seconds, _ = measure(model, batches, [task], device, dtype, iters)
+                again, _ = measure(model, batches, [task], device, dtype, iters)
+                step = steps[task] = (seconds + again) / (2 * iters)   # before and after
+                print(f"{task}/{dtype}/step_ms_default_mean {step * 1e3:.1f}")
+                print(f"{task}/{dtype}/sdpa_step_ms {sdpa_seconds / iters * 1e3:.1f}")
+                print(f"{task}/{dtype}/default_over_sdpa {step * iters / sdpa_seconds:.3f}")
             if not cuda:
                 print(f"{task}/{dtype}/cpu_time_ms_per_step {CPU_SECONDS / iters * 1e3:.1f}")
             print(f"{task}/{dtype}/examples_per_s {args.batch / step:.2f}")
