@@ -83,6 +83,41 @@ def test_encoder_runs_through_sdpa(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    model.eval()
     model(example_batch(spec, "itm"), task="itm")
     assert len(calls) == model.family.transformer.num_layers
     assert calls[0] is not None and calls[0].dtype == torch.bool  # the padding mask reaches it
+    calls.clear()
+    model(example_batch(spec, "itm", full_length=True), task="itm")
+    assert calls == [None] * model.family.transformer.num_layers  # no padding: no mask
+    calls.clear()
+    model.train()   # CPU training with attention dropout: eager attention (SDPA's math path
+    model(example_batch(spec, "itm"), task="itm")   # costs more), the config left as it was
+    assert calls == [] and model.backbone.bert_config._attn_implementation == "sdpa"
+
+
+def test_eager_training_attention_matches_sdpa_with_the_same_dropout():
+    from vlp.models.backbone import VLBackbone
+
+    model, spec, _ = create_model("uniter-tiny", tasks=["mlm"])
+    model.train()
+    batch = example_batch(spec, "mlm", batch_size=3)
+
+    def loss_and_grads():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        loss = model(batch, task="mlm")["loss"]
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                               if p.grad is not None}
+
+    eager_loss, eager = loss_and_grads()
+    auto = VLBackbone._attention_for
+    try:
+        VLBackbone._attention_for = lambda self, x, configured: configured   # SDPA always
+        sdpa_loss, sdpa = loss_and_grads()
+    finally:
+        VLBackbone._attention_for = auto
+    torch.testing.assert_close(eager_loss, sdpa_loss, rtol=1e-5, atol=1e-6)
+    for name in sdpa:
+        torch.testing.assert_close(eager[name], sdpa[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -36,7 +36,7 @@ def test_cpu_config_uses_torch_adamw_and_the_recipe():
 
 def test_gpu_config_uses_the_fused_optimizer_and_half_precision():
     ds = deepspeed_config(cfg_with("scaling.use_gpu=true", "train.precision=fp16"), 8)
-    assert "torch_adam" not in ds["optimizer"]["params"]          # DeepSpeed FusedAdam
+    assert ds["optimizer"]["params"]["fused"] is True             # torch's fused AdamW
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
     ds = deepspeed_config(cfg_with("scaling.use_gpu=true", "train.precision=bf16",
                                    "optimizer.impl=torch-fused"), 8)
@@ -145,6 +145,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
 
     # the loop's non-finite policy on a real engine: raise, or skip up to a limit
     from vlp.platform.train_loop import _Worker
+    from vlp.platform.prefetch import Prefetcher
     from vlp.platform.protocols import WorkerInfo
     from vlp.platform.toy import ToyTaskSampler
 
@@ -166,6 +167,8 @@ ENGINE_SCRIPT = textwrap.dedent("""
         w.info = WorkerInfo(0, 1, 0, torch.device("cpu"), 0)
         w.engine = build_engine(ToyModel(["mlm"]), cfg, stage_steps=6, world_size=1)
         w.sampler, w.source = ToyTaskSampler({"mlm": 1}, 0), source
+        w.prefetch = Prefetcher(w.sampler, source, depth=0, device=torch.device("cpu"))
+        w.stage_ends, w.stop_at, w.shape, w.overflow_skips = [6], 6, None, 0
         state = checkpointing.TrainerState(world_size=1)
         try:
             records = [w._optimizer_step(state) for _ in range(3)]

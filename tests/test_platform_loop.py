@@ -1,6 +1,6 @@
-"""The loop's cross-rank agreement step on 2 real gloo ranks (no Ray, no DeepSpeed): a NaN on
-one rank is seen by every rank, differing task draws are an error, and the reported losses
-are the global means."""
+"""The loop's per-step all-reduce on 2 real gloo ranks (no Ray, no DeepSpeed): a NaN on one
+rank is seen by every rank, differing task draws are an error, and the reported losses are
+the global means."""
 
 from __future__ import annotations
 
@@ -26,17 +26,24 @@ SCRIPT = textwrap.dedent("""
         w = object.__new__(_Worker)
         w.rank, w.world, w.task_ids = rank, 2, {"mlm": 0, "itm": 1, "mrfr": 2}
         state = TrainerState(step=4)
-        batch = {"num_examples": torch.tensor(3 + rank), "input_units": torch.tensor(100)}
         out = {}
         loss = torch.tensor(1.0 + rank)
-        ok, means, ex, units = w._agree("mlm", {"loss": loss, "mlm_loss": loss,
-                                                "mlm_acc": torch.tensor(float("nan"))},
-                                        batch, state)
-        out["agree"] = [ok, means, ex, units]
+        acc = torch.tensor(float("nan"))
+        # the step's one all-reduce: two micro-batches, 3 + rank and 2 examples on each rank
+        micro = [("mlm", {"loss": loss, "mlm_loss": loss, "mlm_acc": acc}, 3 + rank, 100),
+                 ("itm", {"loss": 2 * loss, "itm_loss": 2 * loss}, 2, 50)]
+        stats = w._reduce_step(micro, state)
+        out["agree"] = [stats["examples"], stats["input_units"], stats["loss_sum"],
+                        stats["means"]]
         nan = torch.tensor(float("nan")) if rank == 1 else torch.tensor(1.0)
-        out["nan"] = w._agree("mlm", {"loss": nan}, batch, state)[0]
         try:
-            w._agree("mlm" if rank == 0 else "itm", {"loss": loss}, batch, state)
+            w._reduce_step([("mlm", {"loss": nan}, 1, 1)], state)
+            out["nan"] = None
+        except FloatingPointError as e:
+            out["nan"] = str(e)
+        out["skip_nan"] = w._finite_everywhere("mlm", {"loss": nan}, state)
+        try:
+            w._reduce_step([("mlm" if rank == 0 else "itm", {"loss": loss}, 1, 1)], state)
             out["mismatch"] = None
         except RuntimeError as e:
             out["mismatch"] = str(e)
@@ -69,14 +76,15 @@ def test_agreement_across_two_ranks(tmp_path):
     results = json.loads(proc.stdout.split("RESULT", 1)[1])
     for rank in ("0", "1"):
         r = results[rank]
-        ok, means, examples, units = r["agree"]
-        assert ok and examples == 7 and units == 200            # summed over the ranks
-        assert means["loss"] == means["mlm_loss"] == 1.5          # the global mean
-        assert means["mlm_acc"] == 0.0                            # a NaN accuracy is no skip
-        assert r["nan"] is False                                  # rank 1's NaN, seen by both
+        examples, units, loss_sum, means = r["agree"]
+        assert examples == 3 + 4 + 2 + 2 and units == 300          # summed over the ranks
+        assert means["loss"] == 2.25 and loss_sum == 4.5           # global means: 1.5 and 3
+        assert means["mlm_loss"] == 1.5 and means["itm_loss"] == 3.0
+        assert means["mlm_acc"] == 0.0                            # a NaN accuracy is no error
+        assert "non-finite loss at step 5, micro-batch 1/1" in r["nan"]  # rank 1's NaN, on both
+        assert r["skip_nan"] is False                             # the skip check sees it too
         assert "ranks disagree at step 5" in r["mismatch"]
         assert "seeded identically on every rank" in r["mismatch"]
-
 
 def test_resume_problem_refuses_checkpoints_of_another_experiment():
     from vlp.platform.checkpointing import resume_problem

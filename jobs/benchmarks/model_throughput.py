@@ -9,8 +9,12 @@ of one task's batch (no optimiser step). The mix is UNITER's in-domain itm:mlm:m
 2:2:1:1, run as a fixed 6-step cycle with those proportions (on CPU, where a base-size step
 takes seconds, the mix figure is by default derived from the per-task steps as the 2:2:1:1
 weighted mean step time — ``--mix-cycles N`` measures it). On CUDA it also runs bf16 autocast
-and reports MFU against the GPU's dense bf16 peak. On CPU, peak memory is the process's peak
-RSS sampled during the task (weights included); on CUDA, ``max_memory_allocated``.
+and reports MFU against the GPU's dense peak (``vlp.platform.device_peaks``: exact device
+names; ``--peak-tflops`` for others). The fp32 GEMM roofline — a large matmul on the same
+device and threads, measured in the same run — gives each task's achieved encoder FLOP/s as
+a fraction of what this machine's matrix multiply reaches (``<task>/fp32/roofline_frac``).
+On CPU, peak memory is the process's peak RSS sampled during the task (weights included); on
+CUDA, ``max_memory_allocated``.
 
 Prints a settings block, then one figure per line: ``<task>/<dtype>/<metric> <value>``. On
 CPU it adds the process CPU time per step: on a shared machine, wall time includes waiting
@@ -33,13 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 
 from vlp.models import create_model  # noqa: E402
 from vlp.models.example_batch import example_batch  # noqa: E402
+from vlp.models.flops import encoder_shape  # noqa: E402
+from vlp.platform.device_peaks import peak_flops  # noqa: E402
 
 MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}  # UNITER in-domain mix
 MIX_CYCLE = ("itm", "mlm", "mrfr", "itm", "mlm", "mrc-kl")
 CPU_SECONDS = 0.0  # process CPU time of the last run_steps: on a shared CPU machine this is
                    # the contention-free cost, wall time also counts waiting for cores
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
-                   "L4": 121e12, "A10": 125e12}  # dense, no sparsity
 
 
 class PeakRSS:
@@ -66,13 +70,24 @@ class PeakRSS:
 
 
 def train_flops(model, batch_size: int, seq_len: int) -> float:
-    """Encoder training FLOPs per step: 3 × forward, forward = 2 · (matmul weights) · tokens
-    + 4 · B · S² · H per layer (QKᵀ and AV). Embeddings and heads are left out (small)."""
-    encoder = model.backbone.encoder
-    weights = sum(m.weight.numel() for m in encoder.modules() if isinstance(m, torch.nn.Linear))
-    h, layers = model.backbone.hidden_size, len(encoder.layer)
-    forward = 2 * weights * batch_size * seq_len + 4 * batch_size * seq_len ** 2 * h * layers
-    return 3.0 * forward
+    """Encoder training FLOPs per step (``vlp.models.flops``, the formula the loop logs)."""
+    return encoder_shape(model).train_flops(batch_size, batch_size * seq_len)
+
+
+def gemm_roofline(device, n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of an fp32 n×n×n matmul on this device and thread count (best of ``reps``)."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(reps + 1):       # the first warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
 
 
 def run_steps(model, batches, tasks, device, dtype) -> float:
@@ -103,6 +118,19 @@ def measure(model, batches, tasks, device, dtype, iters):
     return seconds, rss.peak / 2**20
 
 
+class forced_sdpa:
+    """SDPA for every call, also in CPU training with dropout (its math path there)."""
+
+    def __enter__(self):
+        from vlp.models.backbone import VLBackbone
+
+        self.cls, self.auto = VLBackbone, VLBackbone._attention_for
+        VLBackbone._attention_for = lambda backbone, x, configured: configured
+
+    def __exit__(self, *exc):
+        self.cls._attention_for = self.auto
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", default="uniter-base")
@@ -119,6 +147,11 @@ def main() -> int:
                    "(default: iters on CUDA; 0 on CPU = derive from the per-task steps)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-mix", action="store_true")
+    p.add_argument("--compare-sdpa", action="store_true", help="also time each task with "
+                   "SDPA forced in CPU training (the attention before eager was chosen there), "
+                   "interleaved with the default, and print the ratio")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense bf16 "
+                   "peak when its name is not in vlp.platform.device_peaks")
     args = p.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -139,7 +172,7 @@ def main() -> int:
     units = args.batch * seq
     dtypes = ["fp32", "bf16"] if cuda else ["fp32"]
     gpu = torch.cuda.get_device_name() if cuda else None
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if gpu and k in gpu), None)
+    peak = peak_flops(gpu, "bf16", args.peak_tflops)
 
     print(f"# model_throughput: {args.family}, {model.num_parameters() / 1e6:.1f}M parameters "
           f"({model.num_parameters(exclude_word_embeddings=True) / 1e6:.1f}M without word "
@@ -156,6 +189,8 @@ def main() -> int:
           f"attention {model.backbone.bert_config._attn_implementation}")
     flops = train_flops(model, args.batch, seq)
     print(f"encoder_train_tflop_per_step {flops / 1e12:.3f}")
+    roofline = gemm_roofline(device)
+    print(f"fp32_gemm_2048_gflops {roofline / 1e9:.1f}")
 
     run_steps(model, batches, ["itm"], device, dtypes[0])  # allocator / first-call costs
     for dtype in dtypes:
@@ -166,11 +201,22 @@ def main() -> int:
             step = steps[task] = seconds / iters
             memories[task] = memory
             print(f"{task}/{dtype}/step_ms {step * 1e3:.1f}")
+            if args.compare_sdpa and not cuda:
+                with forced_sdpa():
+                    sdpa_seconds, _ = measure(model, batches, [task], device, dtype, iters)
+                again, _ = measure(model, batches, [task], device, dtype, iters)
+                step = steps[task] = (seconds + again) / (2 * iters)   # before and after
+                print(f"{task}/{dtype}/step_ms_default_mean {step * 1e3:.1f}")
+                print(f"{task}/{dtype}/sdpa_step_ms {sdpa_seconds / iters * 1e3:.1f}")
+                print(f"{task}/{dtype}/default_over_sdpa {step * iters / sdpa_seconds:.3f}")
             if not cuda:
                 print(f"{task}/{dtype}/cpu_time_ms_per_step {CPU_SECONDS / iters * 1e3:.1f}")
             print(f"{task}/{dtype}/examples_per_s {args.batch / step:.2f}")
             print(f"{task}/{dtype}/input_units_per_s {units / step:.0f}")
             print(f"{task}/{dtype}/peak_mem_MiB {memory:.0f}")
+            print(f"{task}/{dtype}/encoder_gflops {flops / step / 1e9:.1f}")
+            if dtype == "fp32":
+                print(f"{task}/{dtype}/roofline_frac {flops / step / roofline:.3f}")
             if peak and dtype == "bf16":
                 print(f"{task}/{dtype}/mfu_pct {100 * flops / step / peak:.1f}")
         if args.no_mix:
@@ -188,6 +234,8 @@ def main() -> int:
         print(f"{name}/{dtype}/examples_per_s {args.batch / step:.2f}")
         print(f"{name}/{dtype}/input_units_per_s {units / step:.0f}")
         print(f"{name}/{dtype}/peak_mem_MiB {memory:.0f}")
+        if dtype == "fp32":
+            print(f"{name}/{dtype}/roofline_frac {flops / step / roofline:.3f}")
         if peak and dtype == "bf16":
             print(f"{name}/{dtype}/mfu_pct {100 * flops / step / peak:.1f}")
     return 0

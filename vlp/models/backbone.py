@@ -3,16 +3,20 @@
 The encoder is ``transformers``' ``BertEncoder`` built from a ``BertConfig`` (no hub access);
 attention goes through ``config._attn_implementation`` — "sdpa" by default, i.e.
 ``torch.nn.functional.scaled_dot_product_attention`` with the boolean padding mask that
-``create_bidirectional_mask`` builds for that implementation. The pooler (dense + tanh on
-position 0) belongs to the backbone's weights but only heads that need it call it.
+``create_bidirectional_mask`` builds for that implementation (none when no row is padded),
+except in CPU training with attention dropout, where eager attention is cheaper (see
+``_attention_for``). The pooler (dense + tanh on position 0) belongs to the backbone's
+weights but only heads that need it call it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Mapping
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
@@ -82,13 +86,40 @@ class VLBackbone(nn.Module):
     def hidden_size(self) -> int:
         return self.bert_config.hidden_size
 
+    def set_activation_checkpointing(self, on: bool = True) -> None:
+        """Recompute each encoder layer in the backward instead of keeping its activations
+        (``train.activation_checkpointing``). The RNG state is replayed, so dropout masks —
+        and the loss and gradients — are the same as without."""
+        for layer in self.encoder.layer:   # transformers' GradientCheckpointingLayer
+            layer.gradient_checkpointing = on
+            layer._gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint,
+                                                         use_reentrant=False)
+
+    def _attention_for(self, x: torch.Tensor, configured: str) -> str:
+        """"sdpa" runs fused kernels on CUDA (dropout included) and on CPU without dropout;
+        on CPU with attention dropout in training it falls back to its math path, which
+        costs more than plain (eager) attention — the q and k scaled apart, a NaN-safe
+        softmax, the boolean mask turned additive in every layer — so a CPU training step
+        runs eager attention there (the same dropout draws)."""
+        if (configured == "sdpa" and x.device.type == "cpu" and self.training
+                and self.bert_config.attention_probs_dropout_prob > 0):
+            return "eager"
+        return configured
+
     def forward(self, batch: Mapping[str, torch.Tensor], pool: bool = False,
                 visual_masking: bool = False) -> EncoderOutput:
         inputs = self.visual(batch, self.text_embeddings, visual_masking=visual_masking)
         rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask)
-        mask = create_bidirectional_mask(config=self.bert_config, inputs_embeds=rows.embeddings,
-                                         attention_mask=rows.attention_mask)
-        sequence = self.encoder(rows.embeddings, attention_mask=mask).last_hidden_state
+        configured = self.bert_config._attn_implementation
+        attention = self._attention_for(rows.embeddings, configured)
+        try:   # the layers read the implementation from the shared config at call time
+            self.bert_config._attn_implementation = attention
+            mask = create_bidirectional_mask(config=self.bert_config,
+                                             inputs_embeds=rows.embeddings,
+                                             attention_mask=rows.attention_mask)
+            sequence = self.encoder(rows.embeddings, attention_mask=mask).last_hidden_state
+        finally:
+            self.bert_config._attn_implementation = configured
         n = inputs.num_regions
         return EncoderOutput(
             sequence_output=sequence,

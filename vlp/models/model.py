@@ -64,6 +64,9 @@ class VLPModel(nn.Module):
         out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
         return out
 
+    def set_activation_checkpointing(self, on: bool = True) -> None:
+        self.backbone.set_activation_checkpointing(on)
+
     def encode(self, batch: Mapping[str, torch.Tensor], pool: bool = True) -> EncoderOutput:
         """Backbone outputs for downstream heads (no masking; pooled [CLS] included)."""
         return self.backbone(batch, pool=pool)

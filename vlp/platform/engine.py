@@ -64,14 +64,17 @@ class WarmupLinearDecay:
         return max(0.0, (self.total_steps - k + 1) / max(1, self.total_steps - self.warmup_steps))
 
 
-def _optimizer_params(cfg: ExperimentConfig) -> dict[str, Any]:
+def optimizer_params(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The ``optimizer.params`` of the DeepSpeed config: the one place that chooses the
+    optimizer implementation (parameter groups come from ``param_groups``)."""
     o = cfg.optimizer
     params: dict[str, Any] = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps,
                               "weight_decay": o.weight_decay}
     impl = o.impl
     if impl == "auto":
-        # plain "AdamW" JIT-builds FusedAdam (~60 s) and only helps on GPUs
-        impl = "deepspeed-fused" if cfg.scaling.use_gpu else "torch"
+        # torch's AdamW everywhere, its fused CUDA kernel on GPU: DeepSpeed's FusedAdam
+        # JIT-compiles on every new node and needs a matching nvcc
+        impl = "torch-fused" if cfg.scaling.use_gpu else "torch"
     if impl == "torch":
         params["torch_adam"] = True
     elif impl == "torch-fused":
@@ -79,26 +82,57 @@ def _optimizer_params(cfg: ExperimentConfig) -> dict[str, Any]:
     return params
 
 
-def deepspeed_config(cfg: ExperimentConfig, world_size: int) -> dict[str, Any]:
+def resolve_precision(cfg: ExperimentConfig, device: torch.device | None = None) -> str:
+    """``train.precision`` with ``auto`` resolved: bf16 on a CUDA device that supports it,
+    else fp32. Without a device (the driver), ``scaling.use_gpu`` stands for one."""
+    precision = cfg.train.precision
+    if precision != "auto":
+        return precision
+    cuda = device.type == "cuda" if device is not None else cfg.scaling.use_gpu
+    if not cuda:
+        return "fp32"
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16"   # the driver without a GPU: every GPU the platform targets has bf16
+
+
+def zero_bucket_elements(num_parameters: int) -> int:
+    """ZeRO reduce / all-gather bucket size: an eighth of the model, so that gradient
+    reduction overlaps the backward in several pieces (DeepSpeed's 5e8 default exceeds
+    every model here: one reduction after the whole backward), within [1e6, 5e8]."""
+    return int(min(5e8, max(1e6, num_parameters // 8)))
+
+
+def deepspeed_config(cfg: ExperimentConfig, world_size: int, *,
+                     device: torch.device | None = None,
+                     num_parameters: int | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON config. Batches are variable-sized (filled to an input-unit
     budget), so DeepSpeed's batch fields count micro-batches: 1 per worker per micro-step."""
     gas = cfg.train.grad_accum
+    zero: dict[str, Any] = {"stage": cfg.train.zero_stage}
+    if num_parameters and cfg.train.zero_stage > 0:
+        bucket = zero_bucket_elements(num_parameters)
+        zero.update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
+    if cfg.scaling.use_gpu and cfg.train.zero_stage > 0:
+        zero["overlap_comm"] = True     # reduce on a side stream during the backward
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": gas,
         "train_batch_size": gas * world_size,
-        "optimizer": {"type": "AdamW", "params": _optimizer_params(cfg)},
-        "zero_optimization": {"stage": cfg.train.zero_stage},
+        "optimizer": {"type": "AdamW", "params": optimizer_params(cfg)},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,            # the loop reports; keep DeepSpeed quiet
         "wall_clock_breakdown": False,
     }
     if cfg.optimizer.grad_clip > 0:
         ds["gradient_clipping"] = cfg.optimizer.grad_clip
-    if cfg.train.precision == "bf16":
+    precision = resolve_precision(cfg, device)
+    if precision == "bf16":
         ds["bf16"] = {"enabled": True}
-    elif cfg.train.precision == "fp16":
-        # dynamic loss scaling: DeepSpeed skips overflowing steps itself
+    elif precision == "fp16":
+        # dynamic loss scaling: DeepSpeed skips overflowing steps itself (and their
+        # scheduler step); the loop does not count them as steps
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     return ds
@@ -116,9 +150,20 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
-def compute_dtype(cfg: ExperimentConfig) -> torch.dtype:
+def compute_dtype(cfg: ExperimentConfig, device: torch.device | None = None) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        cfg.train.precision]
+        resolve_precision(cfg, device)]
+
+
+def configure_device(cfg: ExperimentConfig, device: torch.device | None) -> None:
+    """Per-process device settings: TF32 tensor cores for fp32 matmuls and convolutions on
+    CUDA (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training on
+    Ampere+ GPUs means in practice)."""
+    if device is None or device.type != "cuda":
+        return
+    torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def build_engine(model: torch.nn.Module, cfg: ExperimentConfig, stage_steps: int,
@@ -130,11 +175,11 @@ def build_engine(model: torch.nn.Module, cfg: ExperimentConfig, stage_steps: int
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)
-    if device is not None and device.type == "cuda":
-        torch.cuda.set_device(device)
+    configure_device(cfg, device)
     schedule = WarmupLinearDecay(cfg.optimizer.warmup_steps, stage_steps,
                                  decay=cfg.optimizer.schedule == "linear")
-    ds_config = deepspeed_config(cfg, world_size)
+    n_params = sum(p.numel() for p in model.parameters())
+    ds_config = deepspeed_config(cfg, world_size, device=device, num_parameters=n_params)
     # SOHO: SGD for the CNN beside AdamW, CNN frozen at first (None for the other families)
     recipe = cnn_recipe_for(model, cfg, schedule, stage_index)
     if recipe is not None:

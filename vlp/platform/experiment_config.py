@@ -8,7 +8,8 @@ preprocessing, onto one ``DataConfig`` per stage.
 
 Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
 decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
-except precision (fp32: the embedded default runs on CPU) and steps (set them per run).
+except precision (``auto``: bf16 on a bf16-capable GPU, fp32 on CPU) and steps (set them per
+run).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class OptimizerSection:
     warmup_steps: int = bounded(10_000, ge=0)      # per stage
     schedule: Literal["linear", "constant"] = "linear"   # after warm-up
     grad_clip: float = bounded(5.0, ge=0)          # global grad-norm clip; 0 = off
-    # auto: torch AdamW on CPU (no JIT build), DeepSpeed FusedAdam on GPU
+    # auto: torch AdamW, its fused CUDA kernel on GPU (nothing JIT-built)
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
     # a model with a CNN (SOHO): SGD for the CNN beside AdamW for the rest (SOHO §4.1: SGD lr
     # 1e-2, weight decay 5e-4; momentum 0.9 is ours), or adamw: the CNN shares the AdamW above
@@ -182,8 +183,13 @@ class OptimizerSection:
 class TrainSection:
     steps: int = bounded(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
     grad_accum: int = bounded(1, gt=0)    # micro-batches per optimizer step (one task each)
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal[0, 1, 2] = 2
+    activation_checkpointing: bool = False   # recompute encoder layers in the backward
+    compile: bool = False                 # torch.compile the model (needs a compiler; opt-in)
+    prefetch_batches: int = bounded(2, ge=0)   # micro-batches built ahead on a thread; 0 = off
+    peak_tflops: float = bounded(0.0, ge=0)    # device peak for MFU; 0 = from the device name
     log_every: int = bounded(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
     max_nonfinite_skips: int = bounded(10, gt=0)       # dropped batches per step, then raise

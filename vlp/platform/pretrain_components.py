@@ -41,16 +41,27 @@ from vlp.platform.protocols import WorkerInfo
 
 class AnyRank:
     """``epoch_sync`` for ``PretrainBatches``: whether any rank's epoch is exhausted (one
-    all-reduce of a flag on the process group Ray Train set up)."""
+    all-reduce of a flag). It runs on the loop's prefetch thread, concurrently with the main
+    thread's collectives, so it uses a gloo group of its own (collectives of one group are
+    ordered; two threads sharing one group would interleave differently on each rank), on
+    host memory (no device sync). Build it on every rank at the same point: creating the
+    group is itself a collective."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    _groups: dict[int, Any] = {}   # per default group: shared by every stage's source
+
+    def __init__(self, device: torch.device | None = None):
+        import torch.distributed as dist
+
+        key = id(dist.group.WORLD)
+        if key not in AnyRank._groups:
+            AnyRank._groups[key] = dist.new_group(backend="gloo")
+        self.group = AnyRank._groups[key]
 
     def __call__(self, exhausted: bool) -> bool:
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if exhausted else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        flag = torch.tensor([1 if exhausted else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
 

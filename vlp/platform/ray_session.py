@@ -28,6 +28,14 @@ from dataclasses import dataclass
 LOCAL = "local"
 
 
+def worker_env() -> dict[str, str]:
+    """Environment for every Ray worker: CUDA's expandable segments, so that the varying
+    batch shapes of budget batching do not fragment the caching allocator (a setting the
+    user exported wins)."""
+    return {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF",
+                                                      "expandable_segments:True")}
+
+
 def free_local_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,13 +117,15 @@ def ensure_ray(cpus_wanted: float, *, address: str | None = None, dashboard: boo
     say(f"[vlp] {choice.why} ({num_cpus} CPUs)")
     kwargs: dict = dict(address=LOCAL, num_cpus=num_cpus, log_to_driver=log_to_driver,
                         configure_logging=configure_logging)
+    env_vars = worker_env()
     if dashboard:
         port = free_local_port()
-        kwargs.update(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
-                      runtime_env={"env_vars": {"RAY_ADDRESS": f"http://127.0.0.1:{port}",
-                                                "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}})
+        env_vars.update({"RAY_ADDRESS": f"http://127.0.0.1:{port}",
+                         "RAY_DATA_DISABLE_PROGRESS_BARS": "1"})
+        kwargs.update(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
     else:
         kwargs.update(include_dashboard=False)
+    kwargs.update(runtime_env={"env_vars": env_vars})
     ray.init(**kwargs)
     route_worker_output()
 

@@ -97,7 +97,10 @@ class RankZeroTracker:
         if not self.enabled:
             return
         extra = {k: float(window_metrics[k]) for k in ("examples_per_s", "input_units_per_s",
-                                                        "examples_seen", "skipped_batches")}
+                                                        "examples_seen", "skipped_batches",
+                                                        "data_wait_share", "model_tflops_per_s",
+                                                        "mfu")
+                 if k in window_metrics}   # mfu only where the device's peak is known
         rows = self.pending + [(step, extra)]
         self.pending = []
         tags = {"vlp.checkpoint": checkpoint, "vlp.checkpoint_step": step} if checkpoint else {}

@@ -2,16 +2,24 @@
 
 Per optimizer step: ``grad_accum`` micro-batches, each of one task drawn by the seeded task
 sampler (the same draw on every rank: UNITER's conditional masking serves one task per
-batch). Before each backward, one all-reduce checks across ranks that the loss is finite and
-that every rank drew the same task; a non-finite loss raises, or (``on_nonfinite: skip``)
-drops that micro-batch on every rank and draws another. Checkpoints carry the trainer state
-(step, examples seen, sampler, batch source, RNG), so a resumed run continues exactly.
+batch). The micro-batches are built ahead on a thread (``prefetch.Prefetcher``) while the
+device computes. One all-reduce per optimizer step, after the last backward and before the
+update, carries the step's statistics: per micro-batch a non-finite-loss flag and the task
+drawn (so ranks that drew differently are caught), examples, input units and the outputs'
+sums; nothing in a micro-batch waits on the device. A non-finite loss raises before the
+update. With ``on_nonfinite: skip`` a small all-reduce before each backward decides instead
+whether to drop that micro-batch on every rank and draw another (a dropped batch must not
+reach the gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step:
+the step counter, the schedule and the stage boundaries do not move. Checkpoints carry the
+trainer state (step, examples seen, sampler, batch source, RNG), so a resumed run continues
+exactly.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import posixpath
 import tempfile
 import time
@@ -20,20 +28,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform import checkpointing
 from vlp.platform.checkpointing import TrainerState
 from vlp.platform.config_loader import from_dict
-from vlp.platform.engine import build_engine, compute_dtype, use_extensions_dir
+from vlp.platform.device_peaks import device_name, peak_flops
+from vlp.platform.engine import (build_engine, compute_dtype, resolve_precision,
+                                 use_extensions_dir)
 from vlp.platform.experiment_config import ExperimentConfig
 from vlp.platform.failures import SetupError, setup_phase
+from vlp.platform.prefetch import Prefetcher
 from vlp.platform.protocols import WorkerInfo
 from vlp.platform.run_tracking import RankZeroTracker
 
 HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
-NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/datasets/batch_spec.py
 # per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
 BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
-                         "global_batch_input_units"})
+                         "global_batch_input_units", "data_wait_s", "model_flops"})
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +53,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     ``tracking`` (``pretrain.tracking_spec``) and ``run_dir`` (the Ray run folder)."""
     with setup_phase("worker set-up"):      # an error here is not worth a retry
         cfg = from_dict(ExperimentConfig, loop_config["config"])
+        # before CUDA's allocator starts (ray_session.worker_env sets it for Ray's workers too)
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         worker = _Worker(cfg, loop_config)
     return worker.run()
 
@@ -58,7 +71,11 @@ class _Worker:
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         device = ray.train.torch.get_device() if cfg.scaling.use_gpu else torch.device("cpu")
         self.info = WorkerInfo(self.rank, self.world, ctx.get_local_rank(), device, cfg.run.seed)
-        self.dtype = compute_dtype(cfg)
+        self.dtype = compute_dtype(cfg, device)
+        self.precision = resolve_precision(cfg, device)
+        self.peak = peak_flops(device_name(device), self.precision, cfg.train.peak_tflops)
+        self.shape: EncoderShape | None = None
+        self.overflow_skips = 0
         self.plan = cfg.stage_plan()
         self.stage_ends = [sum(s.steps for s in self.plan[:i + 1]) for i in range(len(self.plan))]
         self.total = self.stage_ends[-1]
@@ -68,7 +85,7 @@ class _Worker:
         self.task_ids = {t: i for i, t in enumerate(cfg.all_tasks())}
         self.tracker = RankZeroTracker(loop_config["tracking"], cfg) if self.rank == 0 else None
         self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
-        self.engine = self.sampler = self.source = None
+        self.engine = self.sampler = self.source = self.prefetch = None
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -80,6 +97,9 @@ class _Worker:
         self.sampler = self.components.build_task_sampler(dict(stage.tasks),
                                                           self.cfg.run.seed * 1009 + k)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
+        # started at its first next(), after a resume has loaded the sampler and the source
+        self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
+                                   device=self.info.device, dtype=self.dtype)
 
     def _next_stage(self, state: TrainerState) -> None:
         """Initialise stage k+1 from stage k's weights: fresh optimizer and schedule."""
@@ -89,7 +109,7 @@ class _Worker:
         self._close_source()
         state.stage += 1
         self._build_stage(module, state.stage)
-        state.sampler = self.sampler.state_dict()
+        state.sampler = self.prefetch.state_dict()["sampler"]
         self._say(f"stage {state.stage} '{self.plan[state.stage].name}' starts at step "
                   f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
 
@@ -100,7 +120,10 @@ class _Worker:
             raise SetupError(problem)
 
     def _close_source(self) -> None:
-        """Batch sources may hold reader threads (``PretrainBatches.close``)."""
+        """The prefetch thread first (it may be inside ``source.next``), then the source:
+        batch sources may hold reader threads (``PretrainBatches.close``)."""
+        if self.prefetch is not None:
+            self.prefetch.close()
         close = getattr(self.source, "close", None)
         if callable(close):
             close()
@@ -111,12 +134,24 @@ class _Worker:
         use_extensions_dir(self.cfg.train.extensions_dir)
         checkpointing.seed_everything(self.cfg.run.seed)   # identical model init on every rank
         model = self.components.build_model(self.cfg, list(self.task_ids))
+        if self.cfg.train.activation_checkpointing:
+            set_checkpointing = getattr(model, "set_activation_checkpointing", None)
+            if set_checkpointing is None:
+                raise ValueError(f"train.activation_checkpointing: the model "
+                                 f"{type(model).__name__} has no set_activation_checkpointing")
+            set_checkpointing(True)
+        self.shape = encoder_shape(model)
+        if self.cfg.train.compile:
+            # in place: parameter names, and so checkpoints, stay those of the plain model;
+            # dynamic shapes: budget batching changes the batch and row lengths every step
+            model.compile(dynamic=True)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
             self._build_stage(model, 0)
-            state = TrainerState(world_size=self.world, sampler=self.sampler.state_dict())
+            state = TrainerState(world_size=self.world,
+                                 sampler=self.prefetch.state_dict()["sampler"])
             # per-rank streams (dropout, ...) from here on
             checkpointing.seed_everything(self.cfg.run.seed + 1 + self.rank)
             return state
@@ -147,12 +182,14 @@ class _Worker:
             self._announce(fresh=state.step == 0)
         self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
                   f"{time.perf_counter() - t1:.1f} s")
-        window = _Window()
+        window = _Window(self.peak, self.world)
         try:
             while state.step < self.stop_at:
                 if state.step == self.stage_ends[state.stage]:
                     self._next_stage(state)
                 record = self._optimizer_step(state)
+                if record is None:      # an fp16 overflow: DeepSpeed skipped the update
+                    continue
                 window.add(record)
                 self.history.append(record)
                 if self.tracker:
@@ -185,26 +222,27 @@ class _Worker:
         hook = getattr(self.components, "after_training", None)
         return None if hook is None else hook(self.cfg, self.engine.module, self.info)
 
-    def _optimizer_step(self, state: TrainerState) -> dict[str, Any]:
+    def _optimizer_step(self, state: TrainerState) -> dict[str, Any] | None:
+        """``grad_accum`` micro-batches and the update; the step's record, or None when
+        DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
         lr = float(self.engine.get_lr()[0])
-        sums: dict[str, float] = collections.defaultdict(float)
-        counts: dict[str, int] = collections.defaultdict(int)
-        tasks, examples, units, done, skips = [], 0, 0, 0, 0
+        wait0 = self.prefetch.wait_s
+        needed = self._micro_batches_left(state)
+        done, skips, micro = 0, 0, []
         while done < gas:
-            task = self.sampler.next()
-            batch = self._to_device(self.source.next(task))
-            out = self.engine(batch, task=task)
-            ok, means, n_ex, n_units = self._agree(task, out, batch, state)
-            if not ok:
+            item = self.prefetch.next(needed - done - 1)
+            task = item.task
+            out = self.engine(item.batch, task=task)
+            if "loss" not in out:
+                raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
+                               "entry (the total) is required")
+            if cfg.on_nonfinite == "skip" and not self._finite_everywhere(task, out, state):
                 state.skipped_batches += 1
                 skips += 1
                 msg = (f"non-finite loss at step {state.step + 1}, micro-batch {done + 1}/{gas}, "
                        f"task {task!r} (rank {self.rank} local values "
                        f"{ {k: float(v) for k, v in out.items()} })")
-                if cfg.on_nonfinite == "raise":
-                    raise FloatingPointError(msg + "; set train.on_nonfinite=skip to drop such "
-                                                   "batches")
                 if skips > cfg.max_nonfinite_skips:
                     raise FloatingPointError(f"{msg}; {skips} non-finite batches dropped in this "
                                              f"step (train.max_nonfinite_skips="
@@ -212,63 +250,113 @@ class _Worker:
                 self._say(msg + ": batch dropped on every rank")
                 continue
             self.engine.backward(out["loss"])
-            self.engine.step()
+            micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
+                          item.input_units))
             done += 1
-            tasks.append(task)
-            examples += n_ex
-            units += n_units
-            for k, v in means.items():
-                sums[k] += v
-                counts[k] += 1
+            if done == gas:   # before the update: a non-finite loss must not reach the weights
+                stats = self._reduce_step(micro, state)
+            self.engine.step()
+        state.examples_seen += stats["examples"]
+        state.input_units_seen += stats["input_units"]
+        if not self.engine.was_step_applied():
+            self.overflow_skips += 1
+            self._say(f"step {state.step + 1}: gradient overflow, update skipped (loss scale "
+                      f"lowered; {self.overflow_skips} skipped so far); the step is redone")
+            return None
         state.step += 1
-        state.examples_seen += examples
-        state.input_units_seen += units
-        record = {"step": state.step, "stage": state.stage, "tasks": tasks, "lr": lr,
-                  "global_batch_examples": examples, "global_batch_input_units": units}
-        record.update({k: sums[k] / counts[k] for k in sums})
-        record["loss"] = sums["loss"] / gas
+        record = {"step": state.step, "stage": state.stage, "tasks": [m[0] for m in micro],
+                  "lr": lr, "global_batch_examples": stats["examples"],
+                  "global_batch_input_units": stats["input_units"],
+                  "data_wait_s": self.prefetch.wait_s - wait0}
+        if self.shape is not None:
+            record["model_flops"] = self.shape.train_flops(stats["examples"],
+                                                          stats["input_units"])
+        record.update(stats["means"])
+        record["loss"] = stats["loss_sum"] / gas
         return record
 
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {}
-        for k, v in batch.items():
-            if isinstance(v, torch.Tensor):
-                v = v.to(self.info.device, non_blocking=True)
-                if v.is_floating_point() and v.dtype != self.dtype and k not in (NUM_EXAMPLES,
-                                                                                 INPUT_UNITS):
-                    v = v.to(self.dtype)
-            out[k] = v
-        return out
+    def _micro_batches_left(self, state: TrainerState) -> int:
+        """Micro-batches this stage still needs if none is dropped (the prefetch bound)."""
+        end = min(self.stage_ends[state.stage], self.stop_at)
+        return max(1, (end - state.step) * self.cfg.train.grad_accum)
 
-    def _agree(self, task: str, out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor],
-               state: TrainerState) -> tuple[bool, dict[str, float], int, int]:
-        """One all-reduce: non-finite count, task-draw agreement, examples, input units; a
-        second for the global mean of each model output when every loss is finite. Only the
-        ``*loss`` entries decide finiteness (an accuracy may be NaN on an empty batch)."""
-        if "loss" not in out:
-            raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
-                           "entry (the total) is required")
-        keys = sorted(out)
-        vals = torch.stack([out[k].detach().float().reshape(()) for k in keys])
-        is_loss = torch.tensor([k.endswith("loss") for k in keys], device=vals.device)
-        finite = bool(torch.isfinite(vals[is_loss]).all())
+    def _finite_everywhere(self, task: str, out: dict[str, torch.Tensor],
+                           state: TrainerState) -> bool:
+        """``on_nonfinite: skip``: one small all-reduce before the backward: whether every
+        rank's ``*loss`` is finite (and that every rank drew the same task)."""
+        losses = torch.stack([v.detach().float().reshape(()) for k, v in out.items()
+                              if k.endswith("loss")])
         idx = float(self.task_ids[task])
-        n_ex = int(batch[NUM_EXAMPLES]) if NUM_EXAMPLES in batch else _leading_dim(batch)
-        n_units = int(batch[INPUT_UNITS]) if INPUT_UNITS in batch else 0
-        head = torch.tensor([0.0 if finite else 1.0, idx, idx * idx, n_ex, n_units, len(keys)],
-                            dtype=torch.float64, device=vals.device)
+        head = torch.stack([(~torch.isfinite(losses)).any().double(),
+                            torch.tensor(idx, dtype=torch.float64, device=losses.device),
+                            torch.tensor(idx * idx, dtype=torch.float64, device=losses.device)])
         dist.all_reduce(head)
-        if head[1] ** 2 != self.world * head[2] or head[5] != self.world * len(keys):
+        h = head.tolist()
+        self._check_tasks([task], [h[1]], [h[2]], state)
+        return h[0] == 0
+
+    def _reduce_step(self, micro: list[tuple[str, dict[str, torch.Tensor], int, int]],
+                     state: TrainerState) -> dict[str, Any]:
+        """The step's one all-reduce: per micro-batch a non-finite-loss flag, the task id and
+        its square, and the outputs (summed); then examples, input units and the number of
+        outputs. Raises when ranks drew differently or a loss is non-finite. Only ``*loss``
+        entries decide finiteness (an accuracy may be NaN on an empty batch: counted as 0)."""
+        n = len(micro)
+        flags, values, keys = [], [], []
+        ids = [float(self.task_ids[t]) for t, _, _, _ in micro]
+        for _, out, _, _ in micro:
+            names = sorted(out)
+            vals = torch.stack([out[k].float().reshape(()) for k in names])
+            is_loss = torch.tensor([k.endswith("loss") for k in names], device=vals.device)
+            flags.append((~torch.isfinite(vals) & is_loss).any().float())
+            values.append(torch.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0))
+            keys.append(names)
+        examples = sum(m[2] for m in micro)
+        units = sum(m[3] for m in micro)
+        n_vals = sum(len(k) for k in keys)
+        host = torch.tensor(ids + [i * i for i in ids] + [examples, units, n_vals],
+                            dtype=torch.float64)
+        device = values[0].device
+        vec = torch.cat([torch.stack(flags).double(), host.to(device, non_blocking=True),
+                         torch.cat(values).double()])
+        dist.all_reduce(vec)
+        g = vec.tolist()          # the step's one host sync
+        nonfinite, id_sum, id_sq = g[:n], g[n:2 * n], g[2 * n:3 * n]
+        ex, un, nv = g[3 * n:3 * n + 3]
+        self._check_tasks([m[0] for m in micro], id_sum, id_sq, state,
+                          outputs_agree=nv == self.world * n_vals)
+        bad = [i for i, f in enumerate(nonfinite) if f > 0]
+        if bad:
+            i = bad[0]
+            task, out = micro[i][0], micro[i][1]
+            raise FloatingPointError(
+                f"non-finite loss at step {state.step + 1}, micro-batch {i + 1}/{n}, task "
+                f"{task!r} (rank {self.rank} local values "
+                f"{ {k: float(v) for k, v in out.items()} }); set train.on_nonfinite=skip to "
+                "drop such batches")
+        sums: dict[str, float] = collections.defaultdict(float)
+        counts: dict[str, int] = collections.defaultdict(int)
+        flat = iter(g[3 * n + 3:])
+        loss_sum = 0.0
+        for names in keys:
+            for k in names:
+                v = next(flat) / self.world
+                sums[k] += v
+                counts[k] += 1
+                if k == "loss":
+                    loss_sum += v
+        return {"examples": int(round(ex)), "input_units": int(round(un)), "loss_sum": loss_sum,
+                "means": {k: sums[k] / counts[k] for k in sums}}
+
+    def _check_tasks(self, tasks: list[str], id_sum: list[float], id_sq: list[float],
+                     state: TrainerState, outputs_agree: bool = True) -> None:
+        """Σ id² · world = (Σ id)² over ranks iff every rank drew the same id."""
+        same = all(s * s == self.world * q for s, q in zip(id_sum, id_sq))
+        if not (same and outputs_agree):
             raise RuntimeError(
-                f"ranks disagree at step {state.step + 1}: rank {self.rank} drew task {task!r} "
-                f"with outputs {keys}, others differ. The task sampler must be seeded "
-                "identically on every rank")
-        if head[0] > 0:
-            return False, {}, 0, 0
-        vals = torch.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0)
-        dist.all_reduce(vals)
-        vals /= self.world
-        return True, dict(zip(keys, vals.tolist())), int(head[3]), int(head[4])
+                f"ranks disagree at step {state.step + 1}: rank {self.rank} drew tasks "
+                f"{tasks}, others differ (or returned other outputs). The task sampler must "
+                "be seeded identically on every rank")
 
     # ---- reporting, checkpoints -------------------------------------------------------------
 
@@ -287,12 +375,14 @@ class _Worker:
                 self.tracker.flush(metrics, step)
             ray.train.report(metrics)
             return
-        state.sampler = self.sampler.state_dict()
+        # the states before the first batch the prefetch thread built but the loop did not use
+        resume = self.prefetch.state_dict()
+        state.sampler = resume["sampler"]
         if self.tracker and self.tracker.run_id:   # known once the tracking queue opened it
             state.mlflow_run_id = self.tracker.run_id
         name = _checkpoint_dir_name(step)
         with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
-            checkpointing.save(self.engine, tmp, state, self.rank, self.source.state_dict(),
+            checkpointing.save(self.engine, tmp, state, self.rank, resume["source"],
                                stages=[(s.name, s.steps) for s in self.plan])
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=name)
@@ -312,6 +402,12 @@ class _Worker:
             f"global batch: ≤ {budget:,} input units per step ({c.data.batch_input_units:,} "
             f"per micro-batch); examples per step are measured at step 1 (budget batching)",
         ]
+        name = device_name(self.info.device) or self.info.device.type
+        lines.append(f"precision {self.precision}; prefetch {c.train.prefetch_batches} "
+                     f"micro-batch(es) ahead; MFU " + (
+                         f"against {self.peak / 1e12:.1f} TFLOP/s per device ({name})"
+                         if self.peak else f"unknown: no peak FLOP/s known for {name} "
+                         "(set train.peak_tflops)"))
         for line in lines:
             self._say(line)
         if fresh:
@@ -336,17 +432,13 @@ def _checkpoint_dir_name(step: int) -> str:
     return f"checkpoint_{checkpointing.step_tag(step)}"
 
 
-def _leading_dim(batch: dict[str, torch.Tensor]) -> int:
-    for v in batch.values():
-        if isinstance(v, torch.Tensor) and v.ndim > 0:
-            return int(v.shape[0])
-    return 0
-
-
 class _Window:
-    """Means and throughput over the steps since the last report."""
+    """Means and throughput over the steps since the last report: examples and input units
+    per second, model FLOP/s and MFU (``peak`` per device, None when unknown), and the share
+    of the time the loop waited for its next batch."""
 
-    def __init__(self):
+    def __init__(self, peak: float | None = None, world: int = 1):
+        self.peak, self.world = peak, world
         self.reset()
 
     def reset(self) -> None:
@@ -354,12 +446,15 @@ class _Window:
         self.sums: dict[str, float] = collections.defaultdict(float)
         self.counts: dict[str, int] = collections.defaultdict(int)
         self.examples = self.units = 0
+        self.flops = self.wait = 0.0
         self.last: dict[str, Any] = {}
 
     def add(self, record: dict[str, Any]) -> None:
         self.last = record
         self.examples += record["global_batch_examples"]
         self.units += record["global_batch_input_units"]
+        self.flops += record.get("model_flops", 0.0)
+        self.wait += record.get("data_wait_s", 0.0)
         for k, v in record.items():
             if k not in BOOKKEEPING and isinstance(v, float) and math.isfinite(v):
                 self.sums[k] += v
@@ -371,5 +466,9 @@ class _Window:
         out.update(step=state.step, stage=state.stage, lr=self.last.get("lr", 0.0),
                    examples_per_s=self.examples / dt, input_units_per_s=self.units / dt,
                    examples_seen=state.examples_seen, input_units_seen=state.input_units_seen,
-                   skipped_batches=state.skipped_batches)
+                   skipped_batches=state.skipped_batches, data_wait_share=self.wait / dt)
+        if self.flops:
+            out["model_tflops_per_s"] = self.flops / dt / 1e12
+            if self.peak:   # no "mfu" key when the device's peak is unknown (a CPU)
+                out["mfu"] = self.flops / dt / (self.peak * self.world)
         return out

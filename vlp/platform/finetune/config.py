@@ -85,7 +85,7 @@ class FtTrainSection:
     betas: tuple[float, float] = bounded((0.9, 0.98), ge=0, lt=1)
     grad_clip: float = bounded(2.0, ge=0)          # UNITER finetuning clips at 2.0
     dropout: float = bounded(0.1, ge=0, lt=1)      # backbone hidden/attention dropout
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"   # auto: bf16 on GPU
     zero_stage: Literal[0, 1, 2] = 2
     log_every: int = bounded(50, gt=0)
     extensions_dir: str = ""
