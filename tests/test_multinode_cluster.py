@@ -267,7 +267,8 @@ def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
     assert killed_job["killed"] not in cluster.raylets()        # the node is gone
 
     files = s3_files(s3, "")
-    ckpts = {p.split("/")[3] for p in files if p.startswith(f"{BUCKET}/vlp/{RUN}/checkpoint_")}
+    ckpts = {p.split("/")[3] for p in files
+             if p.startswith(f"{BUCKET}/vlp/{RUN}/checkpoint_step")}
     assert f"checkpoint_step{STEPS:08d}" in ckpts and len(ckpts) <= 2     # keep: 2
     assert any(p.startswith(f"{BUCKET}/mlartifacts/") and p.endswith("loss_curve.png")
                for p in files)
