@@ -81,6 +81,7 @@ class VLBackbone(nn.Module):
         self.encoder = BertEncoder(self.bert_config)
         self.pooler = BertPooler(self.bert_config)
         self.token_type_layout = ""   # the downstream layout its type table was extended for
+        self.activation_checkpointing = False
 
     @property
     def hidden_size(self) -> int:
@@ -90,6 +91,7 @@ class VLBackbone(nn.Module):
         """Recompute each encoder layer in the backward instead of keeping its activations
         (``train.activation_checkpointing``). The RNG state is replayed, so dropout masks —
         and the loss and gradients — are the same as without."""
+        self.activation_checkpointing = on
         for layer in self.encoder.layer:   # transformers' GradientCheckpointingLayer
             layer.gradient_checkpointing = on
             layer._gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint,
@@ -100,8 +102,10 @@ class VLBackbone(nn.Module):
         on CPU with attention dropout in training it falls back to its math path, which
         costs more than plain (eager) attention — the q and k scaled apart, a NaN-safe
         softmax, the boolean mask turned additive in every layer — so a CPU training step
-        runs eager attention there (the same dropout draws)."""
-        if (configured == "sdpa" and x.device.type == "cpu" and self.training
+        runs eager attention there (the same dropout draws). Not under activation
+        checkpointing: the backward's recompute runs after ``forward`` has put the configured
+        implementation back, and must draw its dropout masks the way the forward did."""
+        if (configured == "sdpa" and not self.activation_checkpointing and x.device.type == "cpu" and self.training
                 and self.bert_config.attention_probs_dropout_prob > 0):
             return "eager"
         return configured
