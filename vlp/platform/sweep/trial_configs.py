@@ -62,10 +62,17 @@ def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
     (``cfg.model.text_init`` resolved: minilm or bert:<path>, see ``resolve_text_init``)."""
     if point.init != "text":
         return {"init": "random"}
-    if not cfg.model.text_init.startswith("bert:"):
-        # minilm; or auto / world-text not resolved yet: the preflight's stand-in (same
-        # checks, nothing trained)
-        return {"init": "minilm"}
+    text = cfg.model.text_init
+    if not text.startswith("bert:"):
+        # not resolved yet (the preflight): minilm where the run will use it; world-text
+        # weights are trained for this very family, so a random init of it is their stand-in
+        # (the packaged MiniLM would be refused by the init-weights check on a -tiny family)
+        from vlp.platform.sweep.space import init_problem
+
+        family = cfg.model.family
+        uses_minilm = text == "minilm" or (
+            text == "auto" and init_problem("text", family, "minilm") is None)
+        return {"init": "minilm" if uses_minilm else "random"}
     return {"init": "bert", "init_path": cfg.model.text_init[len("bert:"):]}
 
 
