@@ -27,7 +27,8 @@ def test_matches_torch_batchnorm_in_fp32(momentum):
         torch.testing.assert_close(bn(x), ref(x), rtol=0, atol=0)
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(bn.state_dict()[name], value, rtol=0, atol=0)
-    ref.eval(), bn.eval()
+    ref.eval()
+    bn.eval()
     x = torch.randn(2, 6, 5, 5)
     torch.testing.assert_close(bn(x), ref(x), rtol=0, atol=0)
 
