@@ -12,6 +12,10 @@ import torch
 from torch import nn
 
 from ..config import ResNetConfig
+from .batch_norm import Fp32StatsBatchNorm2d
+
+# fp32 statistics beside bf16/fp16 weights (DeepSpeed casts parameters, not buffers)
+BatchNorm2d = Fp32StatsBatchNorm2d
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -28,9 +32,9 @@ class BasicBlock(nn.Module):
     def __init__(self, cin: int, width: int, stride: int, downsample: nn.Module | None):
         super().__init__()
         self.conv1 = _conv3x3(cin, width, stride)
-        self.bn1 = nn.BatchNorm2d(width)
+        self.bn1 = BatchNorm2d(width)
         self.conv2 = _conv3x3(width, width)
-        self.bn2 = nn.BatchNorm2d(width)
+        self.bn2 = BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
@@ -46,11 +50,11 @@ class Bottleneck(nn.Module):
     def __init__(self, cin: int, width: int, stride: int, downsample: nn.Module | None):
         super().__init__()
         self.conv1 = _conv1x1(cin, width)
-        self.bn1 = nn.BatchNorm2d(width)
+        self.bn1 = BatchNorm2d(width)
         self.conv2 = _conv3x3(width, width, stride)
-        self.bn2 = nn.BatchNorm2d(width)
+        self.bn2 = BatchNorm2d(width)
         self.conv3 = _conv1x1(width, width * self.expansion)
-        self.bn3 = nn.BatchNorm2d(width * self.expansion)
+        self.bn3 = BatchNorm2d(width * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
@@ -73,7 +77,7 @@ class ResNet(nn.Module):
         block = BLOCKS[cfg.block]
         w = cfg.base_width
         self.conv1 = nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(w)
+        self.bn1 = BatchNorm2d(w)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         self.cin = w
@@ -88,7 +92,7 @@ class ResNet(nn.Module):
         downsample = None
         if stride != 1 or self.cin != width * block.expansion:
             downsample = nn.Sequential(_conv1x1(self.cin, width * block.expansion, stride),
-                                       nn.BatchNorm2d(width * block.expansion))
+                                       BatchNorm2d(width * block.expansion))
         layers = [block(self.cin, width, stride, downsample)]
         self.cin = width * block.expansion
         layers += [block(self.cin, width, 1, None) for _ in range(1, blocks)]
