@@ -53,9 +53,10 @@ class MaskedLanguageModeling(Task):
         labels = require(batch, bs.MLM_LABELS, "mlm")
         positive = positive_pairs(batch, labels.shape[0], labels.device)
         select = (labels != -100) & enc.text_mask & positive[:, None]
+        # keys named by the task, so mlm-obj and mlm-text (same head and loss) report their own
+        loss, acc = f"{self.name}_loss", f"{self.name}_acc"
         if not select.any():
-            return {"mlm_loss": zero_loss(enc), "mlm_acc": zero_loss(enc).detach()}
+            return {loss: zero_loss(enc), acc: zero_loss(enc).detach()}
         logits = head(enc.select_text(select))
         target = labels[select]
-        return {"mlm_loss": F.cross_entropy(logits.float(), target),
-                "mlm_acc": accuracy(logits, target)}
+        return {loss: F.cross_entropy(logits.float(), target), acc: accuracy(logits, target)}

@@ -5,11 +5,7 @@ well object words, which need the image, are predicted."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from ..backbone import EncoderOutput
-from .base import Batch, register_task
+from .base import register_task
 from .mlm import MaskedLanguageModeling
 
 
@@ -17,7 +13,3 @@ from .mlm import MaskedLanguageModeling
 class ObjectWordModeling(MaskedLanguageModeling):
     name = "mlm-obj"
     head_name = "mlm"
-
-    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        out = super().compute(head, enc, batch)
-        return {"mlm-obj_loss": out["mlm_loss"], "mlm-obj_acc": out["mlm_acc"]}

@@ -4,11 +4,7 @@ embeddings); the batch carries no regions, so the text sees no image."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from ..backbone import EncoderOutput
-from .base import Batch, register_task
+from .base import register_task
 from .mlm import MaskedLanguageModeling
 
 
@@ -16,7 +12,3 @@ from .mlm import MaskedLanguageModeling
 class TextOnlyMaskedLanguageModeling(MaskedLanguageModeling):
     name = "mlm-text"
     head_name = "mlm"
-
-    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        out = super().compute(head, enc, batch)
-        return {"mlm-text_loss": out["mlm_loss"], "mlm-text_acc": out["mlm_acc"]}
