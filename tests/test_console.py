@@ -5,6 +5,8 @@ fed the dicts Ray's log monitor sends."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vlp.platform import console
@@ -62,3 +64,21 @@ def test_verbose_leaves_ray_printing(dispatcher, tmp_path):
     assert console.apply() is False and console.log_to(tmp_path / "x.log") is None
     d.emit(batch(["Reporting training result 1"]))
     assert len(ray_printed) == 1 and [n for n, _ in d.handlers] == ["ray_print_logs"]
+
+
+def test_the_ray_log_of_a_job_on_shared_storage_stays_out_of_its_working_dir(tmp_path, monkeypatch):
+    """Under ``ray job submit`` a relative output_dir resolves inside Ray's package folder:
+    a job whose runs live at a URI writes its Ray log under the temp dir, a local one in its
+    run storage."""
+    import tempfile
+
+    from vlp.platform.console import log_folder
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VLP_STORAGE", raising=False)
+    assert log_folder("s3://bucket/vlp", "runs") == Path(tempfile.gettempdir()) / "vlp-ray-logs"
+    monkeypatch.setenv("VLP_STORAGE", "s3://bucket/vlp")
+    assert not str(log_folder("", "runs")).startswith(str(tmp_path))
+    monkeypatch.delenv("VLP_STORAGE")
+    assert log_folder("", "runs") == tmp_path / "runs"
+    assert log_folder(str(tmp_path / "st"), "runs") == tmp_path / "st"

@@ -108,15 +108,12 @@ def run(args: argparse.Namespace) -> int:
     if args.list_benchmarks:
         list_benchmarks()
         return 0
-    from vlp.platform.finetune import load_finetune_config, run_finetune
-
-    from pathlib import Path
-
     from vlp.platform import console
+    from vlp.platform.finetune import load_finetune_config, run_finetune
 
     cfg = load_finetune_config(args.config, overrides(args))
     console.configure(quiet=not getattr(args, "verbose", False))   # jobs/finetune.py: no flag
-    ray_log = console.log_to(Path(cfg.run.output_dir).expanduser().resolve()
+    ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
                              / f"{cfg.run.name}-{console.RAY_LOG}")
     if ray_log is not None:
         print(f"[vlp finetune] Ray's own output → {ray_log} (--verbose prints it here)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -108,8 +107,8 @@ def _run(args: argparse.Namespace) -> int:
     from vlp.platform import console
 
     console.configure(quiet=not getattr(args, "verbose", False))
-    ray_log = console.log_to(Path(cfg.run.output_dir).expanduser().resolve() / cfg.run.name
-                             / console.RAY_LOG)
+    ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
+                             / cfg.run.name / console.RAY_LOG)
     if ray_log is not None:
         print(f"[vlp pretrain] Ray's own output → {ray_log} (--verbose prints it here)")
     result = pretrain(cfg, parent_run_id=args.parent_run_id, start_ray=lambda: start_ray(cfg))

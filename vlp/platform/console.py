@@ -127,6 +127,22 @@ def apply() -> bool:
     return True
 
 
+def log_folder(storage: str, output_dir: str) -> Path:
+    """Where a job's Ray log goes: its run storage when that is a local folder; for a URI
+    (``s3://…``, a multi-node job) a folder under the node's temp dir — never ``output_dir``
+    resolved against the job's working dir, which under ``ray job submit`` is Ray's
+    package folder and must hold no run files."""
+    import tempfile
+
+    from vlp.platform.run_storage import is_uri, storage_root
+
+    root = storage_root(storage, output_dir)
+    if is_uri(root):
+        return Path(tempfile.gettempdir()) / "vlp-ray-logs"
+    local = root[len("file://"):] if root.startswith("file://") else root
+    return Path(local).expanduser().resolve()
+
+
 def log_to(path: str | Path) -> Path | None:
     """Send the routed output to ``path`` from now on (with what came before it; before Ray
     starts: once it does); the path, or None when nothing is routed (verbose, or Ray was
