@@ -116,3 +116,13 @@ def test_data_choice_without_sources(tiny_world, tmp_path):
     (world / "manifest.json").write_text(json.dumps(manifest))
     found = problems(world, tmp_path, "space.data=[in,out]")
     assert "out-domain" in found["space.data"]
+
+
+def test_a_text_init_that_is_no_checkpoint_is_refused_before_any_trial(tiny_world, tmp_path):
+    """Deterministic: the sweep fails once, before Ray starts, naming the file (it used to
+    fail inside the trial, retried)."""
+    bad = tmp_path / "not-bert.safetensors"
+    bad.write_bytes(b"this is not a checkpoint")
+    found = problems(tiny_world, tmp_path, "space.init=[random,text]",
+                     f"model.text_init=bert:{bad}", "sweep.include=[text-init]")
+    assert "not-bert.safetensors" in found["pretrain.model.init_path"]
