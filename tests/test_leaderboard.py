@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.platform.leaderboard import (LeaderboardError, find_sweep_run, load_leaderboard,
-                                      log_leaderboard)
+from vlp.platform.leaderboard import LeaderboardError, find_sweep_run, load_leaderboard
+from vlp.platform.leaderboard_export import log_leaderboard
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.tracking import MlflowRun, embedded_tracking_uri
 

@@ -12,7 +12,8 @@ import math
 
 import pytest
 
-from vlp.platform.leaderboard import load_leaderboard, log_leaderboard
+from vlp.platform.leaderboard import load_leaderboard
+from vlp.platform.leaderboard_export import log_leaderboard
 from vlp.platform.leaderboard_stats import (estimate, indistinguishable, pooled_variance,
                                             t_quantile, t_two_sided_p, welch_p)
 from vlp.platform.sweep.point import TrialPoint
@@ -159,7 +160,7 @@ def test_mlflow_and_cli_carry_the_intervals(pooled_store, tmp_path, capsys):
 
 def test_the_verdicts_say_what_the_ranking_supports(pooled_store, tmp_path):
     from vlp.commands.demo import pretraining_verdict
-    from vlp.commands.sweep import ranking_verdict
+    from vlp.platform.leaderboard import ranking_verdict
 
     uri, parent = pooled_store
     board = load_leaderboard(uri, parent.run_id)
@@ -176,7 +177,7 @@ def test_the_verdicts_say_what_the_ranking_supports(pooled_store, tmp_path):
 
 def test_one_seed_everywhere_is_not_evidence(tmp_path):
     from vlp.commands.demo import pretraining_verdict
-    from vlp.commands.sweep import ranking_verdict
+    from vlp.platform.leaderboard import ranking_verdict
 
     uri = embedded_tracking_uri(tmp_path)
     parent = MlflowRun.open(uri, "vlp-sweep", run_name="one", tags={"vlp.job": "sweep"})

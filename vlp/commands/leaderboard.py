@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {board.sweep} ({board.mode}), parent run {run_id}\n")
     print(board.markdown())
     print(board.noise_note())
-    from vlp.commands.sweep import ranking_verdict
+    from vlp.platform.leaderboard import ranking_verdict
 
     for line in ranking_verdict(board):
         print(line)

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def report(result) -> int:
     """The leaderboard and where to look next; the exit status."""
     from vlp.commands.ui import ui_hint
+    from vlp.platform.leaderboard import ranking_verdict
 
     board = result.leaderboard
     print(f"\nLeaderboard of {board.sweep} ({board.mode}); {result.trials} trials, "
@@ -105,26 +106,3 @@ def report(result) -> int:
         print("interrupted: run the same command again to resume (finished trials are kept)")
         return 130
     return 1 if result.trials and result.errors == result.trials else 0
-
-
-def ranking_verdict(board) -> list[str]:
-    """What the ranking supports, in words: the best line, and the lines that its noise does
-    not separate from it (or that there is no noise estimate to tell)."""
-    best = board.best()
-    if best is None:
-        return []
-    out = [f"best: {best.trial} {best.tasks} ({best.data}) Meta-Sum {best.cell('meta_sum')}"]
-    done = [r for r in board.rows if r.meta_sum is not None and r is not best]
-    if not done:
-        return out
-    if not board.has_intervals():
-        out.append("with one seed per line this order is not evidence: the gaps may be seed "
-                   "noise (set sweep.seeds, or sweep.include_seeds for a pooled estimate)")
-        return out
-    tied = [r for r in done if r.verdict == "≈best"]
-    if tied:
-        out.append(f"within noise of the best (not a real difference at this budget): "
-                   + "; ".join(f"{r.trial} {r.tasks} {r.cell('meta_sum')}" for r in tied))
-    else:
-        out.append("every other line is below the best beyond its noise")
-    return out

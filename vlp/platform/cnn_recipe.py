@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from vlp.platform.engine import WarmupLinearDecay
+from vlp.platform.lr_schedule import WarmupLinearDecay
 
 CNN_MARKER = ".visual.resnet."     # parameter names of SOHO's ResNet trunk inside a VLPModel
 

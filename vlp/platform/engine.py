@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from vlp.platform.experiment_config import ExperimentConfig
+from vlp.platform.lr_schedule import WarmupLinearDecay  # noqa: F401 (callers import it here)
 
 DEFAULT_EXTENSIONS_DIR = "~/.cache/torch_extensions/vlp"
 
@@ -42,26 +43,6 @@ def prebuild_comm_op(configured: str = "") -> None:
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is not None:
         builder.load(verbose=False)
-
-
-class WarmupLinearDecay:
-    """LambdaLR multiplier for the k-th optimizer step (k = index + 1): k / warmup during
-    warm-up, then linear from 1 down to 1 / (total - warmup) at the last step (UNITER's
-    ``warmup_linear``, shifted so that the first and last steps do not get lr 0). A class,
-    not a closure, so that LambdaLR's state_dict (saved in checkpoints) can hold it."""
-
-    def __init__(self, warmup_steps: int, total_steps: int, decay: bool = True):
-        self.warmup_steps = warmup_steps
-        self.total_steps = total_steps
-        self.decay = decay
-
-    def __call__(self, index: int) -> float:
-        k = index + 1
-        if k <= self.warmup_steps:
-            return k / self.warmup_steps
-        if not self.decay:
-            return 1.0
-        return max(0.0, (self.total_steps - k + 1) / max(1, self.total_steps - self.warmup_steps))
 
 
 def optimizer_params(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -52,3 +52,44 @@ def json_text(board: Leaderboard) -> str:
     return json.dumps({"sweep": board.sweep, "mode": board.mode,
                        "parent_run_id": board.parent_run_id, "noise": board.noise_note(),
                        "lines": records(board)}, indent=2, ensure_ascii=False) + "\n"
+
+
+# ---- writing to the parent run -----------------------------------------------------------------
+
+LEADERBOARD_MD = "leaderboard/leaderboard.md"
+LEADERBOARD_CSV = "leaderboard/leaderboard.csv"
+LEADERBOARD_JSON = "leaderboard/leaderboard.json"
+LEADERBOARD_PNG = "leaderboard/meta_sum.png"
+
+
+def log_leaderboard(tracking_uri: str, board: Leaderboard) -> None:
+    """The table (markdown, CSV, JSON) and the chart (PNG, with error bars) as artifacts of
+    the sweep's parent run; the best mean Meta-Sum there; each line's ``meta_sum_mean`` and
+    ``meta_sum_ci95`` on its trial run."""
+    from mlflow.tracking import MlflowClient
+
+    from vlp.platform.leaderboard_plot import leaderboard_figure
+
+    client = MlflowClient(tracking_uri)
+    title = f"{board.sweep} ({board.mode})"
+    client.log_text(board.parent_run_id,
+                    f"# {title}\n\n{board.markdown()}\n{board.noise_note()}\n", LEADERBOARD_MD)
+    client.log_text(board.parent_run_id, csv_text(board), LEADERBOARD_CSV)
+    client.log_text(board.parent_run_id, json_text(board), LEADERBOARD_JSON)
+    client.log_figure(board.parent_run_id, leaderboard_figure(board, title), LEADERBOARD_PNG)
+    for r in board.rows:
+        e = r.est.get("meta_sum")
+        if e is None:
+            continue
+        client.log_metric(r.run_id, "meta_sum_mean", e.mean)
+        if e.ci95() is not None:
+            client.log_metric(r.run_id, "meta_sum_ci95", e.ci95())
+        if r.verdict:
+            client.set_tag(r.run_id, "vlp.vs_best", r.verdict)
+    best = board.best()
+    if best is not None:
+        client.log_metric(board.parent_run_id, "best_meta_sum", best.meta_sum)
+        client.set_tag(board.parent_run_id, "best_trial", f"{best.trial} {best.tasks}")
+    client.set_tag(board.parent_run_id, "vlp.leaderboard.noise", board.noise_note()[:5000])
+    client.log_metric(board.parent_run_id, "trials_completed",
+                      sum(r.state == "completed" for r in board.rows))

@@ -108,7 +108,8 @@ class SweepProgress(ray.tune.Callback):
             self.say(f"warning: could not close MLflow run {run_id}: {e}")
 
     def _refresh(self) -> None:
-        from vlp.platform.leaderboard import load_leaderboard, log_leaderboard
+        from vlp.platform.leaderboard import load_leaderboard
+        from vlp.platform.leaderboard_export import log_leaderboard
 
         try:
             log_leaderboard(self.tracking_uri, load_leaderboard(self.tracking_uri,

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from vlp.platform.config_loader import ConfigError, flatten, to_dict
-from vlp.platform.leaderboard import Leaderboard, load_leaderboard, log_leaderboard
+from vlp.platform.leaderboard import Leaderboard, load_leaderboard
+from vlp.platform.leaderboard_export import log_leaderboard
 from vlp.platform.ray_session import ensure_ray
 from vlp.platform.sweep.callbacks import SweepProgress
 from vlp.platform.sweep.config import SweepConfig
