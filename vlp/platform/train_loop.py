@@ -18,7 +18,6 @@ exactly.
 from __future__ import annotations
 
 import collections
-import math
 import os
 import posixpath
 import tempfile
@@ -40,11 +39,9 @@ from vlp.platform.failures import SetupError, setup_phase
 from vlp.platform.prefetch import Prefetcher
 from vlp.platform.protocols import WorkerInfo
 from vlp.platform.run_tracking import RankZeroTracker
+from vlp.platform.step_stats import ReportWindow, check_tasks, reduce_step
 
 HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
-# per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
-BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
-                         "global_batch_input_units", "data_wait_s", "model_flops"})
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +179,7 @@ class _Worker:
             self._announce(fresh=state.step == 0)
         self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
                   f"{time.perf_counter() - t1:.1f} s")
-        window = _Window(self.peak, self.world)
+        window = ReportWindow(self.peak, self.world)
         try:
             while state.step < self.stop_at:
                 if state.step == self.stage_ends[state.stage]:
@@ -297,70 +294,15 @@ class _Worker:
 
     def _reduce_step(self, micro: list[tuple[str, dict[str, torch.Tensor], int, int]],
                      state: TrainerState) -> dict[str, Any]:
-        """The step's one all-reduce: per micro-batch a non-finite-loss flag, the task id and
-        its square, and the outputs (summed); then examples, input units and the number of
-        outputs. Raises when ranks drew differently or a loss is non-finite. Only ``*loss``
-        entries decide finiteness (an accuracy may be NaN on an empty batch: counted as 0)."""
-        n = len(micro)
-        flags, values, keys = [], [], []
-        ids = [float(self.task_ids[t]) for t, _, _, _ in micro]
-        for _, out, _, _ in micro:
-            names = sorted(out)
-            vals = torch.stack([out[k].float().reshape(()) for k in names])
-            is_loss = torch.tensor([k.endswith("loss") for k in names], device=vals.device)
-            flags.append((~torch.isfinite(vals) & is_loss).any().float())
-            values.append(torch.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0))
-            keys.append(names)
-        examples = sum(m[2] for m in micro)
-        units = sum(m[3] for m in micro)
-        n_vals = sum(len(k) for k in keys)
-        host = torch.tensor(ids + [i * i for i in ids] + [examples, units, n_vals],
-                            dtype=torch.float64)
-        device = values[0].device
-        vec = torch.cat([torch.stack(flags).double(), host.to(device, non_blocking=True),
-                         torch.cat(values).double()])
-        dist.all_reduce(vec)
-        g = vec.tolist()          # the step's one host sync
-        nonfinite, id_sum, id_sq = g[:n], g[n:2 * n], g[2 * n:3 * n]
-        ex, un, nv = g[3 * n:3 * n + 3]
-        self._check_tasks([m[0] for m in micro], id_sum, id_sq, state,
-                          outputs_agree=nv == self.world * n_vals)
-        bad = [i for i, f in enumerate(nonfinite) if f > 0]
-        if bad:
-            i = bad[0]
-            task, out = micro[i][0], micro[i][1]
-            raise FloatingPointError(
-                f"non-finite loss at step {state.step + 1}, micro-batch {i + 1}/{n}, task "
-                f"{task!r} (rank {self.rank} local values "
-                f"{ {k: float(v) for k, v in out.items()} }); set train.on_nonfinite=skip to "
-                "drop such batches")
-        sums: dict[str, float] = collections.defaultdict(float)
-        counts: dict[str, int] = collections.defaultdict(int)
-        flat = iter(g[3 * n + 3:])
-        loss_sum = 0.0
-        for names in keys:
-            for k in names:
-                v = next(flat) / self.world
-                sums[k] += v
-                counts[k] += 1
-                if k == "loss":
-                    loss_sum += v
-        return {"examples": int(round(ex)), "input_units": int(round(un)), "loss_sum": loss_sum,
-                "means": {k: sums[k] / counts[k] for k in sums}}
+        return reduce_step(micro, self.task_ids, self.world, self.rank, state.step)
 
     def _check_tasks(self, tasks: list[str], id_sum: list[float], id_sq: list[float],
-                     state: TrainerState, outputs_agree: bool = True) -> None:
-        """Σ id² · world = (Σ id)² over ranks iff every rank drew the same id."""
-        same = all(s * s == self.world * q for s, q in zip(id_sum, id_sq))
-        if not (same and outputs_agree):
-            raise RuntimeError(
-                f"ranks disagree at step {state.step + 1}: rank {self.rank} drew tasks "
-                f"{tasks}, others differ (or returned other outputs). The task sampler must "
-                "be seeded identically on every rank")
+                     state: TrainerState) -> None:
+        check_tasks(tasks, id_sum, id_sq, self.world, self.rank, state.step)
 
     # ---- reporting, checkpoints -------------------------------------------------------------
 
-    def _maybe_report(self, state: TrainerState, window: _Window) -> None:
+    def _maybe_report(self, state: TrainerState, window: ReportWindow) -> None:
         import ray.train
 
         step = state.step
@@ -430,45 +372,3 @@ class _Worker:
 
 def _checkpoint_dir_name(step: int) -> str:
     return f"checkpoint_{checkpointing.step_tag(step)}"
-
-
-class _Window:
-    """Means and throughput over the steps since the last report: examples and input units
-    per second, model FLOP/s and MFU (``peak`` per device, None when unknown), and the share
-    of the time the loop waited for its next batch."""
-
-    def __init__(self, peak: float | None = None, world: int = 1):
-        self.peak, self.world = peak, world
-        self.reset()
-
-    def reset(self) -> None:
-        self.t0 = time.perf_counter()
-        self.sums: dict[str, float] = collections.defaultdict(float)
-        self.counts: dict[str, int] = collections.defaultdict(int)
-        self.examples = self.units = 0
-        self.flops = self.wait = 0.0
-        self.last: dict[str, Any] = {}
-
-    def add(self, record: dict[str, Any]) -> None:
-        self.last = record
-        self.examples += record["global_batch_examples"]
-        self.units += record["global_batch_input_units"]
-        self.flops += record.get("model_flops", 0.0)
-        self.wait += record.get("data_wait_s", 0.0)
-        for k, v in record.items():
-            if k not in BOOKKEEPING and isinstance(v, float) and math.isfinite(v):
-                self.sums[k] += v
-                self.counts[k] += 1
-
-    def summary(self, state: TrainerState) -> dict[str, Any]:
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        out: dict[str, Any] = {k: self.sums[k] / self.counts[k] for k in self.sums}
-        out.update(step=state.step, stage=state.stage, lr=self.last.get("lr", 0.0),
-                   examples_per_s=self.examples / dt, input_units_per_s=self.units / dt,
-                   examples_seen=state.examples_seen, input_units_seen=state.input_units_seen,
-                   skipped_batches=state.skipped_batches, data_wait_share=self.wait / dt)
-        if self.flops:
-            out["model_tflops_per_s"] = self.flops / dt / 1e12
-            if self.peak:   # no "mfu" key when the device's peak is unknown (a CPU)
-                out["mfu"] = self.flops / dt / (self.peak * self.world)
-        return out
