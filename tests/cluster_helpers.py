@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from vlp.platform.ray_session import free_local_port
+from vlp.platform.cluster.ray_session import free_local_port
 
 BIN = Path(sys.executable).parent    # the venv's bin (not resolved: a venv's python is a link)
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

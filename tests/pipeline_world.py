@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlp.datasets.shards import image_table, write_image_shard
+from vlp.datasets.storage.shards import image_table, write_image_shard
 
 WORDS = ("red blue green small large cube sphere cylinder left right of near a the on under "
          "shiny matte metal rubber behind front two three").split()

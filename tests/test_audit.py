@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from vlp.datasets.audit import audit_world
-from vlp.datasets.shards import (read_image_shard, read_task_table, write_image_shard,
+from vlp.datasets.audit.leakage import audit_world
+from vlp.datasets.storage.shards import (read_image_shard, read_task_table, write_image_shard,
                                  write_json_atomic, write_task_table)
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.world import load_manifest
 
 
 @pytest.fixture

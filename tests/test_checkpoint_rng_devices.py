@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlp.platform import checkpointing
+from vlp.platform.training import checkpointing
 
 
 class FakeCuda:

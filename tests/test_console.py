@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform import console
+from vlp.platform.cluster import console
 
 
 def batch(lines, pid=4242, actor="RayTrainWorker", is_err=False):
@@ -72,7 +72,7 @@ def test_the_ray_log_of_a_job_on_shared_storage_stays_out_of_its_working_dir(tmp
     run storage."""
     import tempfile
 
-    from vlp.platform.console import log_folder
+    from vlp.platform.cluster.console import log_folder
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("VLP_STORAGE", raising=False)

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from test_importers_fixtures import make_images, write_butd_tsv
-from vlp.datasets.curation import CurationConfig, curate_source
-from vlp.datasets.curation.itm_checkpoint import (ItmCheckpointError, load_scoring_model,
+from vlp.platform.curation import CurationConfig, curate_source
+from vlp.platform.curation.itm_checkpoint import (ItmCheckpointError, load_scoring_model,
                                                   save_model_card)
-from vlp.datasets.curation.itm_scorer import ItmScorer
+from vlp.platform.curation.itm_scorer import ItmScorer
 from vlp.datasets.importers import run_import
-from vlp.datasets.shards import read_image_shard
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.shards import read_image_shard
+from vlp.datasets.storage.world import load_manifest
 
 CAPTIONS = [
     "a red ball on a table",                      # 0 kept
@@ -114,7 +114,7 @@ def test_itm_scores_match_the_model_and_ignore_batching(web, itm_model):
     m = load_manifest(web)
     scoring = load_scoring_model(weights, region_feat_dim=m.feature_dim,
                                  num_classes=m.num_classes or 2)
-    from vlp.datasets.curation.pairs import load_pairs
+    from vlp.platform.curation.pairs import load_pairs
     pairs = load_pairs(m.image_files("cc"))
     which = np.arange(pairs.num_pairs)
     one = ItmScorer(scoring, batch_size=1, feature_dim=m.feature_dim,
@@ -123,7 +123,7 @@ def test_itm_scores_match_the_model_and_ignore_batching(web, itm_model):
                      num_classes=m.num_classes).score(pairs, which)
     assert np.allclose(one, many, atol=1e-5) and ((one > 0) & (one < 1)).all()
     # by hand, from the detector output the fixture imported: softmax(itm(encode))[:, 1]
-    from vlp.datasets.text_tokenizer import load_tokenizer
+    from vlp.datasets.stream.text_tokenizer import load_tokenizer
     detections = {str(d["id"]): d for d in make_images(range(7), seed=5)}
     tok = load_tokenizer(None)
     first_two = which[:2]
@@ -150,7 +150,7 @@ def hand_itm_score(model, tok, detection: dict, text: str) -> float:
     """P(match) of one pair built without the pipeline: [CLS] pieces [SEP]; every detector
     region (fp16 as the shards store it) with UNITER's 7-d location; column 1 of the ITM
     head's softmax on the pooled [CLS]."""
-    from vlp.datasets import batch_spec as K
+    from vlp.contract import batch_spec as K
     pieces, _ = tok.encode([text])
     ids = torch.tensor([[tok.cls_id, *pieces.tolist(), tok.sep_id]])
     b, w, h = detection["boxes"], detection["w"], detection["h"]
@@ -217,5 +217,5 @@ def test_a_vocabulary_other_than_the_packaged_one_needs_its_tokenizer(web, tmp_p
 
 
 def _packaged_vocab():
-    from vlp.datasets.text_tokenizer import default_vocab_dir
+    from vlp.datasets.stream.text_tokenizer import default_vocab_dir
     return default_vocab_dir()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlp.datasets.curation import FILTERS, CurationConfig, CurationConfigError, run_filters
-from vlp.datasets.curation.caption_clean import clean_caption
-from vlp.datasets.curation.pairs import PairTable
-from vlp.datasets.curation.registry import CurationContext
-from vlp.datasets.curation.text_frequency import normalise_text
-from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.platform.curation import FILTERS, CurationConfig, CurationConfigError, run_filters
+from vlp.platform.curation.caption_clean import clean_caption
+from vlp.platform.curation.pairs import PairTable
+from vlp.platform.curation.registry import CurationContext
+from vlp.platform.curation.text_frequency import normalise_text
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
 
 def pairs_of(images) -> PairTable:

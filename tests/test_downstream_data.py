@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from vlp.datasets import batch_spec as K
+from vlp.contract import batch_spec as K
 from vlp.datasets.downstream import (DownstreamDataError, EpochSampler, MissingImagesError,
                                      data_config_for)
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.images import ImageStore
 from vlp.datasets.downstream.nlvr2 import Nlvr2Data
 from vlp.datasets.downstream.refexp import RefExpData
@@ -22,10 +22,10 @@ from vlp.datasets.downstream.text import TokenizedTexts, text_batch
 from vlp.datasets.downstream.vcr import VcrData
 from vlp.datasets.downstream.ve import VeData
 from vlp.datasets.downstream.vqa import AnswerVocab, VqaData
-from vlp.datasets.shards import read_image_shard, write_image_shard
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
-from vlp.platform.evaluation.metrics import normalize_vqa_answer, vqa_target_score
+from vlp.benchmarks.metrics import normalize_vqa_answer, vqa_target_score
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_segments_get_cls_sep_and_their_token_types(cfg):
 
 
 def test_text_batch_truncates_and_pads(cfg):
-    from vlp.datasets.text_tokenizer import load_tokenizer
+    from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
     tok = load_tokenizer(cfg.tokenizer_path)
     texts = TokenizedTexts.encode(tok, ["a red ball", "a very long sentence " * 10], max_len=5)
@@ -211,7 +211,7 @@ def data_config_for_world(cfg, world):
 
 
 def test_refexp_labels_detected_by_iou_and_gt_by_index(cfg):
-    from vlp.platform.evaluation.metrics import box_iou
+    from vlp.benchmarks.metrics import box_iou
 
     det = RefExpData(cfg, "train", "detected")     # train holds both kinds of expression
     assert 0 < det.unlabelled < len(det) and len(det.labelled) == len(det) - det.unlabelled

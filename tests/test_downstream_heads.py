@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.datasets import batch_spec as K
+from vlp.contract import batch_spec as K
 from vlp.datasets.downstream import data_config_for
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.nlvr2 import Nlvr2Data
 from vlp.datasets.downstream.refexp import RefExpData
 from vlp.datasets.downstream.retrieval import RetrievalData
@@ -19,10 +19,10 @@ from vlp.datasets.downstream.vcr import VcrData
 from vlp.datasets.downstream.ve import VeData
 from vlp.datasets.downstream.vqa import VqaData
 from vlp.models import create_model
-from vlp.models.downstream import DownstreamModel, build_head, extend_for, layout_types
-from vlp.models.downstream.retrieval_losses import (RETRIEVAL_LOSSES, hardest_rows,
+from vlp.models.heads import DownstreamModel, build_head, extend_for, layout_types
+from vlp.models.heads.retrieval_losses import (RETRIEVAL_LOSSES, hardest_rows,
                                                     margin_loss, triplet_loss)
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 
 torch.set_num_threads(1)
 
@@ -61,8 +61,8 @@ def vqa_batch(cfg, tiny_world):
     import pyarrow.parquet as pq
 
     from vlp.datasets.downstream.vqa import AnswerVocab
-    from vlp.datasets.world import load_manifest
-    from vlp.platform.evaluation.metrics import normalize_vqa_answer, vqa_target_score
+    from vlp.datasets.storage.world import load_manifest
+    from vlp.benchmarks.metrics import normalize_vqa_answer, vqa_target_score
 
     answers = pq.read_table(load_manifest(tiny_world).task_file("vqa", "train")).column("answers")
     vocab = AnswerVocab.build(answers.to_pylist(), normalize_vqa_answer, vqa_target_score)
@@ -249,7 +249,7 @@ def test_other_families_finetune_the_benchmarks_they_support(tiny_world, family)
     from vlp.platform.finetune.config import load_finetune_config
     from vlp.platform.finetune.preflight import prepare
     from vlp.platform.finetune.run import components_for
-    from vlp.platform.protocols import WorkerInfo
+    from vlp.platform.training.protocols import WorkerInfo
 
     soho = family.startswith("soho")
     runs = [("vqa", "pair"), ("nlvr2", "pair-biattn" if soho else "triplet"), ("vcr", "")]
@@ -272,7 +272,7 @@ def test_other_families_finetune_the_benchmarks_they_support(tiny_world, family)
                 "world": str(tiny_world), "benchmarks": [bench], "mlflow": {"enabled": False},
                 "model": {"family": family, "init": "random"}, "settings": {bench: extra}})
             _, bs, _, options = cfg.settings_for(bench)
-            from vlp.platform.finetune.benchmarks import get_benchmark
+            from vlp.benchmarks import get_benchmark
             with pytest.raises(ValueError, match="pair|regions"):
                 get_benchmark(bench).check(components_for(cfg, bench, prepare(cfg), bs,
                                                           options).ctx)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import BIN, stop_tree, wait_http
 
-from vlp.platform.ray_session import free_local_port
+from vlp.platform.cluster.ray_session import free_local_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from vlp.datasets.downstream import MissingImagesError
-from vlp.datasets.shards import read_image_shard, write_image_shard
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
-from vlp.platform.config_loader import ConfigError
+from vlp.contract.config_loader import ConfigError
 from vlp.platform.finetune import checkpoint as ckpt
 from vlp.platform.finetune import load_finetune_config
 from vlp.platform.finetune.preflight import prepare

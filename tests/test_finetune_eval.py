@@ -13,10 +13,10 @@ import torch
 
 from vlp.datasets.downstream import data_config_for
 from vlp.models import create_model
-from vlp.models.downstream import DownstreamModel, build_head
-from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
-from vlp.platform.finetune.benchmarks.retrieval import score_matrix
-from vlp.platform.finetune.eval_runner import EvalRunner
+from vlp.models.heads import DownstreamModel, build_head
+from vlp.benchmarks import BenchmarkContext, get_benchmark
+from vlp.benchmarks.retrieval import score_matrix
+from vlp.benchmarks.eval_runner import EvalRunner
 
 torch.set_num_threads(1)
 

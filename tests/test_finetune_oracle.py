@@ -17,15 +17,15 @@ import pytest
 import torch
 from torch import nn
 
-from vlp.datasets import batch_spec as K
+from vlp.contract import batch_spec as K
 from vlp.datasets.downstream import data_config_for
-from vlp.datasets.downstream import keys as D
-from vlp.datasets.shards import VE_LABELS
-from vlp.datasets.world import load_manifest
+from vlp.contract import downstream_keys as D
+from vlp.datasets.storage.shards import VE_LABELS
+from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
-from vlp.platform.evaluation.metrics import box_iou, vqa_accuracy
-from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
-from vlp.platform.finetune.eval_runner import EvalRunner
+from vlp.benchmarks.metrics import box_iou, vqa_accuracy
+from vlp.benchmarks import BenchmarkContext, get_benchmark
+from vlp.benchmarks.eval_runner import EvalRunner
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from vlp.platform.finetune import finetune_and_evaluate
-from vlp.platform.tracking import MlflowRun, embedded_tracking_uri
+from vlp.platform.tracking.mlflow_run import MlflowRun, embedded_tracking_uri
 
 pytestmark = pytest.mark.integration
 

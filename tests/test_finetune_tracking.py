@@ -13,8 +13,8 @@ from vlp.models.checkpoints import CheckpointError
 from vlp.platform.finetune import load_finetune_config, tracking
 from vlp.platform.finetune.preflight import prepare
 from vlp.platform.finetune.run import components_for
-from vlp.platform.protocols import WorkerInfo
-from vlp.platform.tracking import MlflowRun, embedded_tracking_uri, run_key
+from vlp.platform.training.protocols import WorkerInfo
+from vlp.platform.tracking.mlflow_run import MlflowRun, embedded_tracking_uri, run_key
 
 
 def fake_pretraining_checkpoint(root, tasks=("itm", "mlm")):

@@ -8,8 +8,8 @@ import pytest
 
 from test_importers_fixtures import feature_world, karpathy_doc, write_json
 from vlp.datasets.importers import InputFormatError, run_import
-from vlp.datasets.shards import read_image_shard
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.shards import read_image_shard
+from vlp.datasets.storage.world import load_manifest
 
 
 def _captions(out, source):

@@ -7,7 +7,7 @@ import pytest
 from test_importers_fixtures import karpathy_doc, make_images, vqa_docs, write_butd_tsv, write_json
 from vlp.cli import main
 from vlp.datasets.importers import IMPORTERS
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.world import load_manifest
 
 
 def test_help_lists_every_format_and_option(capsys):

@@ -7,8 +7,8 @@ import pytest
 from test_importers_fixtures import (feature_world, karpathy_doc, refcoco_files, vcr_record,
                                      vqa_docs, write_json, write_jsonl)
 from vlp.datasets.importers import InputFormatError, run_import
-from vlp.datasets.shards import read_task_table
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.shards import read_task_table
+from vlp.datasets.storage.world import load_manifest
 
 
 def _table(out, task, split):

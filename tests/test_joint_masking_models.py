@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, PixelConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.local_stream import local_batches
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, PixelConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches
 from vlp.models.embeddings.soho import MVM_LABELS
 
 

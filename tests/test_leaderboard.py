@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.platform.leaderboard import LeaderboardError, find_sweep_run, load_leaderboard
-from vlp.platform.leaderboard_export import log_leaderboard
+from vlp.platform.tracking.leaderboard import LeaderboardError, find_sweep_run, load_leaderboard
+from vlp.platform.tracking.leaderboard_export import log_leaderboard
 from vlp.platform.sweep.point import TrialPoint
-from vlp.platform.tracking import MlflowRun, embedded_tracking_uri
+from vlp.platform.tracking.mlflow_run import MlflowRun, embedded_tracking_uri
 
 PARTS = {"vqa": 60.0, "ir": 50.0, "tr": 55.5, "nlvr2": 70.25, "refcoco_plus": 40.0}
 

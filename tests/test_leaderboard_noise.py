@@ -12,12 +12,12 @@ import math
 
 import pytest
 
-from vlp.platform.leaderboard import load_leaderboard
-from vlp.platform.leaderboard_export import log_leaderboard
-from vlp.platform.leaderboard_stats import (estimate, indistinguishable, pooled_variance,
+from vlp.platform.tracking.leaderboard import load_leaderboard
+from vlp.platform.tracking.leaderboard_export import log_leaderboard
+from vlp.platform.tracking.leaderboard_stats import (estimate, indistinguishable, pooled_variance,
                                             t_quantile, t_two_sided_p, welch_p)
 from vlp.platform.sweep.point import TrialPoint
-from vlp.platform.tracking import MlflowRun, embedded_tracking_uri
+from vlp.platform.tracking.mlflow_run import MlflowRun, embedded_tracking_uri
 
 # Student's t, 0.975 quantile, from a printed table (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 10: 2.228, 30: 2.042, 100: 1.984}
@@ -160,7 +160,7 @@ def test_mlflow_and_cli_carry_the_intervals(pooled_store, tmp_path, capsys):
 
 def test_the_verdicts_say_what_the_ranking_supports(pooled_store, tmp_path):
     from vlp.commands.demo import pretraining_verdict
-    from vlp.platform.leaderboard import ranking_verdict
+    from vlp.platform.tracking.leaderboard import ranking_verdict
 
     uri, parent = pooled_store
     board = load_leaderboard(uri, parent.run_id)
@@ -177,7 +177,7 @@ def test_the_verdicts_say_what_the_ranking_supports(pooled_store, tmp_path):
 
 def test_one_seed_everywhere_is_not_evidence(tmp_path):
     from vlp.commands.demo import pretraining_verdict
-    from vlp.platform.leaderboard import ranking_verdict
+    from vlp.platform.tracking.leaderboard import ranking_verdict
 
     uri = embedded_tracking_uri(tmp_path)
     parent = MlflowRun.open(uri, "vlp-sweep", run_name="one", tags={"vlp.job": "sweep"})

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.masking import MASKING_POLICIES, MaskContext, apply_masking
-from vlp.datasets.masking.regions import SOFT_LABELS
-from vlp.datasets.pretrain_batches import whole_image_feature
-from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.contract import batch_spec as K
+from vlp.tasks.masking import MASKING_POLICIES, MaskContext, apply_masking
+from vlp.tasks.masking.regions import SOFT_LABELS
+from vlp.datasets.batching.pretrain_batches import whole_image_feature
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
 PAD, CLS, SEP, MASK = 0, 101, 102, 103
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vlp.platform.evaluation.metrics import (accuracy, box_iou, meta_sum, normalize_vqa_answer,
+from vlp.benchmarks.metrics import (accuracy, box_iou, meta_sum, normalize_vqa_answer,
                                              refexp_accuracy, retrieval_recall, vcr_scores,
                                              vqa_accuracy, vqa_score, vqa_target_score)
 

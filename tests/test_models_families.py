@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 from vlp.models import FAMILIES, TASKS, create_model, predict
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 from vlp.models.model import VLPModel
 
 torch.set_num_threads(1)

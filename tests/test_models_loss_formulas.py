@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 from vlp.models import create_model
-from vlp.models.downstream.retrieval import MatchScorer
-from vlp.models.example_batch import example_batch
+from vlp.models.heads.retrieval import MatchScorer
+from vlp.testing.example_batches import example_batch
 from vlp.models.predict import predict
 
 torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def test_itm_column_one_means_match():
 
 
 def test_wra_is_itm_plus_a_tenth_of_the_signed_mean_ot_distance(monkeypatch):
-    from vlp.models.tasks import wra
+    from vlp.tasks import wra
 
     model, batch = model_and_batch("uniter-tiny", "wra")
     labels = torch.tensor([1, 0, 1, 0])

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vlp.models import create_model
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 from vlp.models.packing import pack
 
 torch.set_num_threads(1)

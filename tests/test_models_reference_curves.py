@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from vlp.models import FAMILIES, create_model
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 
 CURVES_FILE = Path(__file__).parent / "data" / "models_reference_curves.json"
 TINY = ("uniter-tiny", "vlbert-tiny", "imagebert-tiny", "soho-tiny")

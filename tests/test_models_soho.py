@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from vlp.models import create_model
 from vlp.models.config import RESNET18, RESNET101, RESNET_TINY
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 from vlp.models.vision.position_2d import sine_position_2d
 from vlp.models.vision.resnet import ResNet
 from vlp.models.vision.visual_dictionary import VisualDictionary

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 from vlp.models import create_model
 from vlp.models.embeddings.vlbert import sine_box_geometry
-from vlp.models.example_batch import example_batch
-from vlp.models.tasks.wra import ipot_plan
+from vlp.testing.example_batches import example_batch
+from vlp.tasks.wra import ipot_plan
 
 torch.set_num_threads(1)
 

@@ -31,7 +31,7 @@ import pytest
 import yaml
 from cluster_helpers import BIN, S3Server, stop_tree, wait_http
 
-from vlp.platform.ray_session import free_local_port
+from vlp.platform.cluster.ray_session import free_local_port
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline_world import write_source
-from vlp.datasets.data_config import DataConfig, DataConfigError, RegionConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
+from vlp.datasets.stream.data_config import DataConfig, DataConfigError, RegionConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_plan_errors_before_reading(world, no_reading):
 
 
 def test_soft_labels_required_by_mrc(tmp_path, no_reading):
-    from vlp.datasets.shards import image_table, write_image_shard
+    from vlp.datasets.storage.shards import image_table, write_image_shard
     import numpy as np
     row = dict(image_id="a", source="s", split="train", width=10, height=10,
                boxes=[[0, 0, 5, 5]], confidences=[0.9], features=np.zeros((1, 4)),
@@ -140,8 +140,8 @@ def test_mlm_obj_object_words_from_config_or_world(world, tiny_world, no_reading
     names = plan_data(inside, {"mlm-obj": 1}).object_words
     assert "ball" in names and "__background__" not in names and len(names) == 16
 
-    from vlp.datasets.pretrain_batches import object_word_ids
-    from vlp.datasets.text_tokenizer import load_tokenizer
+    from vlp.datasets.batching.pretrain_batches import object_word_ids
+    from vlp.datasets.stream.text_tokenizer import load_tokenizer
     tok = load_tokenizer()
     ids = object_word_ids(tok, ("Ball", "box", "traffic light"))   # two-piece names are left out
     assert sorted(ids.tolist()) == sorted(tok.tokenizer.token_to_id(w) for w in ("ball", "box"))

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from pipeline_world import C, D, write_source
-from vlp.datasets import batch_spec as K
-from vlp.datasets.batching import bucket_batches, padding_waste
-from vlp.datasets.data_config import DataConfig, PixelConfig, RegionConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.image_block import image_key
-from vlp.datasets.local_stream import local_batches, local_blocks
-from vlp.datasets.location import LOCATION_FEATURES, location_kind
-from vlp.datasets.regions import select_regions
-from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.contract import batch_spec as K
+from vlp.datasets.batching.length_buckets import bucket_batches, padding_waste
+from vlp.datasets.stream.data_config import DataConfig, PixelConfig, RegionConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.batching.image_block import image_key
+from vlp.datasets.stream.local_stream import local_batches, local_blocks
+from vlp.datasets.stream.location import LOCATION_FEATURES, location_kind
+from vlp.datasets.stream.region_select import select_regions
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
 ALL_REGION_TASKS = {"mlm": 1, "itm": 1, "mrfr": 1, "mrc": 1, "mrc-kl": 1, "moc": 1,
                     "mrc-vlbert": 1}
@@ -301,10 +301,10 @@ def test_pixel_batches(pixel_world):
 def test_window_collate_equals_per_batch_collate(world):
     """The window collate (one pass over several blocks, then the ITM swap in the collated
     arrays) gives exactly the arrays of collating each batch's references, swapped or not."""
-    from vlp.datasets.collate import ExampleRefs, collate_examples, example_lengths
-    from vlp.datasets.image_block import ImageBlock
-    from vlp.datasets.itm import apply_donors, choose_donors
-    from vlp.datasets.window_collate import collate_window, swap_negatives
+    from vlp.datasets.batching.collate import ExampleRefs, collate_examples, example_lengths
+    from vlp.datasets.batching.image_block import ImageBlock
+    from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
+    from vlp.datasets.batching.window_collate import collate_window, swap_negatives
     plan = plan_data(config(world, read_rows=8), {"mrc-kl": 1})
     blocks = {i: ImageBlock.from_table(t, plan.feature_dim, plan.num_classes, plan.loc_dim)
               for i, t in enumerate(local_blocks(plan)(0))}
@@ -339,8 +339,8 @@ def test_window_collate_equals_per_batch_collate(world):
 
 
 def test_itm_donors_differ_in_image_and_fit_the_row():
-    from vlp.datasets.collate import ExampleRefs
-    from vlp.datasets.itm import apply_donors, choose_donors
+    from vlp.datasets.batching.collate import ExampleRefs
+    from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
     rng = np.random.default_rng(0)
     B = 12
     keys = np.array([7] * 11 + [9])                 # 11 captions of one image, one other
@@ -362,8 +362,8 @@ def test_itm_donors_differ_in_image_and_fit_the_row():
 def test_itm_negatives_keep_the_example_lengths():
     """A negative has its example's (text, regions) lengths whenever the batch holds a donor
     of the same length: lengths alone then cannot tell negatives from positives."""
-    from vlp.datasets.collate import ExampleRefs
-    from vlp.datasets.itm import apply_donors, choose_donors
+    from vlp.datasets.batching.collate import ExampleRefs
+    from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
     rng = np.random.default_rng(1)
     B = 64
     keys = rng.integers(0, 40, B)
@@ -386,8 +386,8 @@ def test_itm_negatives_keep_the_example_lengths():
 
 def test_itm_length_fallback_is_counted():
     """No donor of equal length: the swap falls back to one that fits the row, and says so."""
-    from vlp.datasets.collate import ExampleRefs
-    from vlp.datasets.itm import apply_donors, choose_donors
+    from vlp.datasets.batching.collate import ExampleRefs
+    from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
     B = 4
     keys, T, N = np.arange(B), np.array([5, 6, 7, 8]), np.array([9, 8, 7, 6])
     ar = np.arange(B)

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, PixelConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.local_stream import local_batches
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, PixelConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches
 
 FAMILY_TASKS = {
     "uniter-tiny": ["mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra"],
@@ -51,7 +51,7 @@ def test_world_batches_feed_the_models(tiny_world, family, masking):
 
 
 def test_model_mismatch_is_a_clear_error(tiny_world):
-    from vlp.datasets.data_config import DataConfigError
+    from vlp.datasets.stream.data_config import DataConfigError
     from vlp.models.factory import create_model
 
     probe = create_model("uniter-tiny", tasks=["mlm"], region_feat_dim=2048).preprocess

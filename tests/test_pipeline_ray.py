@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pipeline_world import write_source
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.image_block import image_key
-from vlp.datasets.local_stream import local_blocks
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.batching.image_block import image_key
+from vlp.datasets.stream.local_stream import local_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def rows_of(tables):
 @pytest.fixture(scope="module")
 def dataset(ray_local, world):
     """The streaming pipeline, executed once (Ray Data start-up costs seconds here)."""
-    from vlp.datasets.pipeline import build_dataset
+    from vlp.datasets.stream.pipeline import build_dataset
     return build_dataset(world[2]).materialize()
 
 
@@ -56,7 +56,7 @@ def test_ray_dataset_matches_local_stream(dataset, world):
 
 
 def test_iter_torch_batches_with_task_collate(dataset, world):
-    from vlp.datasets.pipeline import TaskCollateFn
+    from vlp.datasets.stream.pipeline import TaskCollateFn
     _, _, plan = world
     batches = list(dataset.iter_torch_batches(batch_size=8, collate_fn=TaskCollateFn(plan, "mlm")))
     assert batches and all((b[K.MLM_LABELS] != -100).any(1).all() for b in batches)
@@ -68,8 +68,8 @@ def _train_loop(config):
     """A stand-in for the platform's loop: draw the task, take the batch, record what it saw."""
     import ray.train
 
-    from vlp.datasets.pipeline import shard_batches
-    from vlp.datasets.task_sampler import TaskSampler
+    from vlp.datasets.stream.pipeline import shard_batches
+    from vlp.datasets.batching.task_sampler import TaskSampler
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.platform.config_loader import (ConfigError, apply_overrides, flatten, load_config,
+from vlp.contract.config_loader import (ConfigError, apply_overrides, flatten, load_config,
                                         redact, to_yaml)
-from vlp.platform.experiment_config import (PAPER_TASKS, ExperimentConfig,
+from vlp.platform.pretrain.config import (PAPER_TASKS, ExperimentConfig,
                                             load_experiment_config)
 
 BASE = {

@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from vlp.platform.engine import WarmupLinearDecay, deepspeed_config, param_groups
-from vlp.platform.experiment_config import load_experiment_config
+from vlp.platform.training.engine import WarmupLinearDecay, deepspeed_config, param_groups
+from vlp.platform.pretrain.config import load_experiment_config
 
 BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},
         "optimizer": {"warmup_steps": 10}}
@@ -65,9 +65,9 @@ def test_no_weight_decay_on_biases_and_norms():
 ENGINE_SCRIPT = textwrap.dedent("""
     import json, os, sys, tempfile
     import torch, torch.distributed as dist
-    from vlp.platform.engine import build_engine
-    from vlp.platform.experiment_config import load_experiment_config
-    from vlp.platform.toy import ToyModel, ToyBatchSource
+    from vlp.platform.training.engine import build_engine
+    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.testing.toy import ToyModel, ToyBatchSource
     from vlp.platform import checkpointing
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
@@ -144,10 +144,10 @@ ENGINE_SCRIPT = textwrap.dedent("""
         fresh.destroy()
 
     # the loop's non-finite policy on a real engine: raise, or skip up to a limit
-    from vlp.platform.train_loop import _Worker
-    from vlp.platform.prefetch import Prefetcher
-    from vlp.platform.protocols import WorkerInfo
-    from vlp.platform.toy import ToyTaskSampler
+    from vlp.platform.training.loop import _Worker
+    from vlp.platform.training.prefetch import Prefetcher
+    from vlp.platform.training.protocols import WorkerInfo
+    from vlp.testing.toy import ToyTaskSampler
 
     class AlwaysNaN(ToyBatchSource):
         def next(self, task):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from vlp.platform.device_peaks import peak_flops
-from vlp.platform.engine import deepspeed_config, resolve_precision, zero_bucket_elements
-from vlp.platform.experiment_config import load_experiment_config
+from vlp.platform.training.device_peaks import peak_flops
+from vlp.platform.training.engine import deepspeed_config, resolve_precision, zero_bucket_elements
+from vlp.platform.pretrain.config import load_experiment_config
 
 BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},
         "optimizer": {"warmup_steps": 10}}
@@ -50,7 +50,7 @@ def test_peaks_match_exact_device_names_only():
 
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     from vlp.models import create_model
-    from vlp.models.example_batch import example_batch
+    from vlp.testing.example_batches import example_batch
 
     model, spec, _ = create_model("uniter-tiny", tasks=["mlm", "itm"], region_feat_dim=32,
                                   num_classes=9)

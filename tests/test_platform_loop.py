@@ -19,8 +19,8 @@ SCRIPT = textwrap.dedent("""
     import torch.multiprocessing as mp
 
     def rank_main(rank, port, queue):
-        from vlp.platform.checkpointing import TrainerState
-        from vlp.platform.train_loop import _Worker
+        from vlp.platform.training.checkpointing import TrainerState
+        from vlp.platform.training.loop import _Worker
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=2)
         w = object.__new__(_Worker)
@@ -87,7 +87,7 @@ def test_agreement_across_two_ranks(tmp_path):
         assert "seeded identically on every rank" in r["mismatch"]
 
 def test_resume_problem_refuses_checkpoints_of_another_experiment():
-    from vlp.platform.checkpointing import resume_problem
+    from vlp.platform.training.checkpointing import resume_problem
 
     stages = [("web", 15), ("indomain", 15)]
     meta = {"step": 20, "stage": 1, "stages": [["web", 15], ["indomain", 15]], "world_size": 2}

@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from vlp.platform.checkpointing import TrainerState
-from vlp.platform.engine import WarmupLinearDecay
-from vlp.platform.experiment_config import load_experiment_config
-from vlp.platform.prefetch import Prefetcher
-from vlp.platform.toy import ToyBatchSource, ToyModel, ToyTaskSampler
+from vlp.platform.training.checkpointing import TrainerState
+from vlp.platform.training.engine import WarmupLinearDecay
+from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.training.prefetch import Prefetcher
+from vlp.testing.toy import ToyBatchSource, ToyModel, ToyTaskSampler
 
 MIX = {"mlm": 1.0, "itm": 1.0, "mrfr": 1.0}
 CPU = torch.device("cpu")
@@ -136,7 +136,7 @@ def one_rank():
 
 
 def worker(gas: int, overflow_at: tuple[int, ...] = ()):
-    from vlp.platform.train_loop import _Worker
+    from vlp.platform.training.loop import _Worker
 
     torch.manual_seed(0)
     cfg = load_experiment_config(data={

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from vlp.platform.experiment_config import load_experiment_config
-from vlp.platform.tracking import (PARENT_TAG, RUN_KEY_TAG, MlflowRun, TrackingUnreachable,
+from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.tracking.mlflow_run import (PARENT_TAG, RUN_KEY_TAG, MlflowRun, TrackingUnreachable,
                                    check_reachable, embedded_artifact_location,
                                    embedded_tracking_uri, loss_curve_figure, run_key)
 
@@ -113,8 +113,8 @@ def test_runs_by_key_nested_runs_params_metrics_artifacts(tmp_path):
 
 
 def test_driver_refuses_to_start_when_the_tracking_server_is_unreachable(tmp_path):
-    from vlp.platform.pretrain import run_pretraining
-    from vlp.platform.toy import ToyComponents
+    from vlp.platform.pretrain.run import run_pretraining
+    from vlp.testing.toy import ToyComponents
 
     cfg = load_experiment_config(data={
         "run": {"name": "unreachable", "output_dir": str(tmp_path)},

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.experiment_config import load_experiment_config
-from vlp.platform.pretrain import run_pretraining
-from vlp.platform.toy import ToyComponents
-from vlp.platform.tracking import RUN_KEY_TAG, embedded_tracking_uri, run_key
+from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.run import run_pretraining
+from vlp.testing.toy import ToyComponents
+from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, embedded_tracking_uri, run_key
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def toy_config(root: Path, name: str, *overrides: str):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    from vlp.platform.engine import prebuild_comm_op
+    from vlp.platform.training.engine import prebuild_comm_op
 
     prebuild_comm_op()      # DeepSpeed's shm comm op: ~28 s cold, cached afterwards
     return tmp_path_factory.mktemp("platform-runs")
@@ -117,7 +117,7 @@ def test_two_workers_zero2_two_stages_losses_fall_and_mlflow_holds_the_run(strai
 
 
 def test_a_changed_experiment_under_the_same_name_is_refused_before_compute(straight, root):
-    from vlp.platform.pretrain import preflight, resolve
+    from vlp.platform.pretrain.run import preflight, resolve
 
     with pytest.raises(ValueError, match="does not fit this config's stages"):
         preflight(resolve(toy_config(root, "straight", "stages.0.steps=20")))

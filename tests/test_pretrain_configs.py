@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from vlp.datasets.data_config import DataConfig
-from vlp.platform.experiment_config import DATA_CONFIG_NAMES, DataSection
+from vlp.datasets.stream.data_config import DataConfig
+from vlp.platform.pretrain.config import DATA_CONFIG_NAMES, DataSection
 from vlp.platform.finetune.config import load_finetune_config
-from vlp.platform.pretrain_data import check_model_and_tasks
-from vlp.platform.pretrain_job import load_pretrain_config
+from vlp.platform.pretrain.data import check_model_and_tasks
+from vlp.platform.pretrain.job import load_pretrain_config
 
 CONFIGS = sorted((Path(__file__).parents[1] / "jobs" / "configs").glob("*.yaml"))
 OTHER_JOBS = ("finetune", "sweep", "table3")     # configs of other jobs, by name prefix

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.config_loader import ConfigError
-from vlp.platform.pretrain_job import load_pretrain_config, pretrain
-from vlp.platform.tracking import TrackingUnreachable
+from vlp.contract.config_loader import ConfigError
+from vlp.platform.pretrain.job import load_pretrain_config, pretrain
+from vlp.platform.tracking.mlflow_run import TrackingUnreachable
 
 JOB = Path(__file__).parents[1] / "jobs" / "pretrain.py"
 

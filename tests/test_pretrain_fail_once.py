@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlp.platform.config_loader import ConfigError
-from vlp.platform.failures import SetupError, remove_if_empty, setup_error_of, setup_phase
-from vlp.platform.pretrain_job import load_pretrain_config, pretrain
+from vlp.contract.config_loader import ConfigError
+from vlp.platform.training.failures import SetupError, remove_if_empty, setup_error_of, setup_phase
+from vlp.platform.pretrain.job import load_pretrain_config, pretrain
 
 JOB = Path(__file__).parents[1] / "jobs" / "pretrain.py"
 TASKS = ["itm", "mlm"]
@@ -111,7 +111,7 @@ def test_the_policy_raises_setup_errors_and_retries_faults():
     from ray.train.v2._internal.execution.failure_handling import FailureDecision
     from ray.train.v2.api.exceptions import WorkerGroupError
 
-    from vlp.platform.fail_once import SetupErrorsFailOnce
+    from vlp.platform.training.fail_once import SetupErrorsFailOnce
 
     policy = SetupErrorsFailOnce(FailureConfig(max_failures=3))
     setup = WorkerGroupError("x", {0: RuntimeError("collective aborted"),
@@ -140,9 +140,9 @@ def test_remove_if_empty_deletes_only_a_folder_without_checkpoints(tmp_path):
 def test_a_worker_setup_error_is_not_retried(ray_local, tmp_path):
     """A Ray Train worker whose model build raises a ValueError, max_failures=3: one attempt,
     a one-line SetupError from run_pretraining, no run folder left."""
-    from vlp.platform.experiment_config import load_experiment_config
-    from vlp.platform.pretrain import run_pretraining
-    from vlp.platform.toy import ToyComponents
+    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.run import run_pretraining
+    from vlp.testing.toy import ToyComponents
 
     cfg = load_experiment_config(data={
         "run": {"name": "setup-error", "output_dir": str(tmp_path / "runs"), "max_failures": 3},

@@ -10,11 +10,11 @@ import threading
 import pytest
 import torch
 
-from vlp.datasets.data_config import DataConfig, world_sources
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.local_stream import local_blocks
-from vlp.datasets.pretrain_batches import PretrainBatches
-from vlp.datasets.task_sampler import TaskSampler
+from vlp.datasets.stream.data_config import DataConfig, world_sources
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_blocks
+from vlp.datasets.batching.pretrain_batches import PretrainBatches
+from vlp.datasets.batching.task_sampler import TaskSampler
 from vlp.models import create_model
 
 MIX = {"mlm": 2, "itm": 2, "mrfr": 1, "mrc-kl": 1}

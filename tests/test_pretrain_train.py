@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from vlp.platform.pretrain_components import PretrainComponents
-from vlp.platform.pretrain_job import load_pretrain_config, pretrain
-from vlp.platform.tracking import RUN_KEY_TAG, embedded_tracking_uri, run_key
+from vlp.platform.pretrain.components import PretrainComponents
+from vlp.platform.pretrain.job import load_pretrain_config, pretrain
+from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, embedded_tracking_uri, run_key
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ class RecordingComponents(PretrainComponents):
 def root(tmp_path_factory):
     import ray.cloudpickle
 
-    from vlp.platform.engine import prebuild_comm_op
+    from vlp.platform.training.engine import prebuild_comm_op
 
     prebuild_comm_op()      # DeepSpeed's shm comm op: ~28 s cold, cached afterwards
     # workers cannot import this test module: ship FailingComponents by value
@@ -127,9 +127,9 @@ def root(tmp_path_factory):
 
 
 def run(world, root, name, *overrides, components=None):
-    from vlp.platform.pretrain import run_pretraining
-    from vlp.platform.pretrain_data import prepare
-    from vlp.platform.pretrain_job import resolved
+    from vlp.platform.pretrain.run import run_pretraining
+    from vlp.platform.pretrain.data import prepare
+    from vlp.platform.pretrain.job import resolved
 
     cfg = config(world, root, name, *overrides)
     if components is None:
@@ -249,11 +249,11 @@ def test_the_trained_weights_beat_the_initial_ones_on_the_same_batches(straight,
     weights must score clearly lower MLM and MRFR losses on the same in-domain batches."""
     import torch
 
-    from vlp.datasets.local_stream import local_blocks
-    from vlp.datasets.pretrain_batches import PretrainBatches
-    from vlp.platform import checkpointing
-    from vlp.platform.pretrain_data import prepare
-    from vlp.platform.pretrain_job import resolved
+    from vlp.datasets.stream.local_stream import local_blocks
+    from vlp.datasets.batching.pretrain_batches import PretrainBatches
+    from vlp.platform.training import checkpointing
+    from vlp.platform.pretrain.data import prepare
+    from vlp.platform.pretrain.job import resolved
 
     cfg = resolved(config(tiny_world, root, "straight"))
     setup = prepare(cfg)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.ray_session import LOCAL, choose_address, free_local_port, node_cluster_address
+from vlp.platform.cluster.ray_session import LOCAL, choose_address, free_local_port, node_cluster_address
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -67,7 +67,7 @@ def test_attaches_to_the_cluster_ray_start_runs_on_this_node():
     try:
         out, _ = head.communicate(timeout=180)
         assert head.returncode == 0, out
-        driver = ("import ray\nfrom vlp.platform.ray_session import ensure_ray\n"
+        driver = ("import ray\nfrom vlp.platform.cluster.ray_session import ensure_ray\n"
                   "ensure_ray(1)\nprint(ray.get_runtime_context().gcs_address)\n")
         run = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True,
                              text=True, timeout=180)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 from vlp.models import create_model
-from vlp.models.downstream import build_head
-from vlp.models.example_batch import example_batch
-from vlp.models.tasks.wra import cosine_cost, ipot_plan
+from vlp.models.heads import build_head
+from vlp.testing.example_batches import example_batch
+from vlp.tasks.wra import cosine_cost, ipot_plan
 
 torch.set_num_threads(1)
 

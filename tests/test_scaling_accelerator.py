@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.platform.config_loader import ConfigError
-from vlp.platform.experiment_config import ACCELERATOR_TYPES, load_experiment_config
+from vlp.contract.config_loader import ConfigError
+from vlp.platform.pretrain.config import ACCELERATOR_TYPES, load_experiment_config
 
 BASE = {"run": {"name": "gpu"}, "model": {"family": "toy"},
         "data": {"sources": {"web": {"path": "/unused"}}}, "tasks": {"mlm": 1},
@@ -30,9 +30,9 @@ def test_checked_on_load():
 
 
 def test_workers_ask_for_the_gpu_types_resource(monkeypatch, tmp_path):
-    import vlp.platform.fail_once as fail_once
-    from vlp.platform.pretrain import run_pretraining
-    from vlp.platform.toy import ToyComponents
+    import vlp.platform.training.fail_once as fail_once
+    from vlp.platform.pretrain.run import run_pretraining
+    from vlp.testing.toy import ToyComponents
 
     seen = {}
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vlp.datasets.shards import (ShardError, _with_meta, image_table, read_image_shard,
+from vlp.datasets.storage.shards import (ShardError, _with_meta, image_table, read_image_shard,
                                  read_task_table, write_image_shard, write_task_table)
 
 D, C = 8, 4

@@ -8,21 +8,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.itm import choose_donors
-from vlp.datasets.local_stream import local_batches
-from vlp.datasets.pretrain_batches import EXAMPLE_IMAGE_KEY, EXAMPLE_TEXT_KEY
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.batching.itm_negatives import choose_donors
+from vlp.datasets.stream.local_stream import local_batches
+from vlp.datasets.batching.pretrain_batches import EXAMPLE_IMAGE_KEY, EXAMPLE_TEXT_KEY
 from vlp.models import FAMILIES, create_model
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 
 torch.set_num_threads(1)
 
 
 def test_sirp_is_registered_for_the_vlbert_families_only():
-    from vlp.datasets.masking import get_policy
-    from vlp.platform.experiment_config import PAPER_TASKS
+    from vlp.tasks.masking import get_policy
+    from vlp.platform.pretrain.config import PAPER_TASKS
     from vlp.platform.sweep.point import TASK_LABELS, TASK_ORDER
 
     assert get_policy("sirp").negatives_swap == "text"

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 
 from vlp.models import create_model
 from vlp.models.config import RESNET_TINY, ResNetConfig
-from vlp.models.example_batch import example_batch
+from vlp.testing.example_batches import example_batch
 from vlp.models.vision.cnn_weights import cnn_weights_problem, load_cnn_weights
 from vlp.models.vision.resnet import ResNet
 from vlp.models.vision.visual_dictionary import VisualDictionary
-from vlp.platform.cnn_recipe import CNN_MARKER, SgdAdamW, build_cnn_recipe
-from vlp.platform.engine import WarmupLinearDecay
+from vlp.platform.training.cnn_recipe import CNN_MARKER, SgdAdamW, build_cnn_recipe
+from vlp.platform.training.engine import WarmupLinearDecay
 
 torch.set_num_threads(1)
 
@@ -259,9 +259,9 @@ def test_groups_at_lr_zero_keep_no_state():
 
 def test_config_checks_the_cold_start_and_the_cnn_checkpoint(tmp_path):
     from vlp.models import get_family
-    from vlp.platform.config_loader import ConfigError
-    from vlp.platform.experiment_config import load_experiment_config
-    from vlp.platform.pretrain_data import cnn_problems
+    from vlp.contract.config_loader import ConfigError
+    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.data import cnn_problems
 
     base = {"data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mvm": 1},
             "model": {"family": "soho-tiny"}, "train": {"steps": 100},

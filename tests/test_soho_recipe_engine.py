@@ -18,10 +18,10 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys, tempfile
     import torch, torch.distributed as dist
     from vlp.models import create_model
-    from vlp.models.example_batch import example_batch
+    from vlp.testing.example_batches import example_batch
     from vlp.platform import checkpointing
-    from vlp.platform.engine import build_engine
-    from vlp.platform.experiment_config import load_experiment_config
+    from vlp.platform.training.engine import build_engine
+    from vlp.platform.pretrain.config import load_experiment_config
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
@@ -81,10 +81,10 @@ PRECISION_SCRIPT = textwrap.dedent("""
     import json, os, sys, tempfile
     import torch, torch.distributed as dist
     from vlp.models import create_model
-    from vlp.models.example_batch import example_batch
+    from vlp.testing.example_batches import example_batch
     from vlp.platform import checkpointing
-    from vlp.platform.engine import build_engine
-    from vlp.platform.experiment_config import load_experiment_config
+    from vlp.platform.training.engine import build_engine
+    from vlp.platform.pretrain.config import load_experiment_config
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])

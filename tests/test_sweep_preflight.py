@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.config_loader import ConfigError
+from vlp.contract.config_loader import ConfigError
 from vlp.platform.sweep import load_sweep_config
 from vlp.platform.sweep.preflight import check_sweep
 

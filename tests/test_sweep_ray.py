@@ -121,7 +121,7 @@ def test_mlflow_holds_the_sweep_and_the_leaderboard(sweep, capsys):
 def test_a_changed_config_is_refused_on_restore(sweep, overrides):
     """The sweep's folder holds its config: running the same sweep.name with another value
     fails before any trial starts, naming the key and the folder."""
-    from vlp.platform.config_loader import ConfigError
+    from vlp.contract.config_loader import ConfigError
 
     cfg, _, _ = sweep
     with pytest.raises(ConfigError, match="sweep.num_samples") as e:

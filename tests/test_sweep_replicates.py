@@ -17,7 +17,7 @@ from vlp.platform.sweep import load_sweep_config
 from vlp.platform.sweep import trial as trial_mod
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.trial import TrialContext, run_trial
-from vlp.platform.tracking import MlflowRun
+from vlp.platform.tracking.mlflow_run import MlflowRun
 
 CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
 POINT = TrialPoint.of({"mlm": 1, "itm": 1})
@@ -134,7 +134,7 @@ def test_restore_after_an_interrupted_replicate_reruns_only_that_replicate(setup
 
 
 def test_include_seeds_replicate_the_named_include_points_only(tmp_path):
-    from vlp.platform.config_loader import ConfigError
+    from vlp.contract.config_loader import ConfigError
     from vlp.platform.sweep.preflight import SweepPlan
     from vlp.platform.sweep.run import _summary  # noqa: F401  (the plan's wording)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.config_loader import ConfigError
+from vlp.contract.config_loader import ConfigError
 from vlp.platform.sweep import load_sweep_config
 from vlp.platform.sweep.run import TUNE_DIR, _check_resume
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.platform.config_loader import ConfigError
+from vlp.contract.config_loader import ConfigError
 from vlp.platform.sweep import SearchSpace, TrialPoint, check_space, load_sweep_config
 from vlp.platform.sweep.replays import check_replay, named_point, replay_lines
 from vlp.platform.sweep.space import SpaceSampler

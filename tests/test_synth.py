@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from vlp.datasets.shards import (TASK_SCHEMAS, VE_LABELS, list_shards, read_image_shard,
+from vlp.datasets.storage.shards import (TASK_SCHEMAS, VE_LABELS, list_shards, read_image_shard,
                                  read_task_table, shard_info)
 from vlp.datasets.synth import SCALES, generate_world
 from vlp.datasets.synth.vocabulary import SPATIAL_WORDS, all_attribute_words
-from vlp.datasets.world import WorldError, load_manifest
+from vlp.datasets.storage.world import WorldError, load_manifest
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -6,8 +6,8 @@ import collections
 
 import pytest
 
-from vlp.datasets.data_config import DataConfigError
-from vlp.datasets.task_sampler import TaskSampler
+from vlp.datasets.stream.data_config import DataConfigError
+from vlp.datasets.batching.task_sampler import TaskSampler
 
 UNITER_MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}
 

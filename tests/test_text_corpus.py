@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, DataConfigError, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.local_stream import local_batches
-from vlp.datasets.masking import MaskContext
-from vlp.datasets.text_corpus import TextCorpusBatches
-from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, DataConfigError, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches
+from vlp.tasks.masking import MaskContext
+from vlp.datasets.batching.text_corpus import TextCorpusBatches
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 
 torch.set_num_threads(1)

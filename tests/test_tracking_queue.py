@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vlp.platform.checkpointing import TrainerState
-from vlp.platform.experiment_config import load_experiment_config
-from vlp.platform.ray_session import free_local_port
-from vlp.platform.run_tracking import UNDELIVERED_FILE, RankZeroTracker
-from vlp.platform.tracking_queue import TrackingQueue
+from vlp.platform.training.checkpointing import TrainerState
+from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.cluster.ray_session import free_local_port
+from vlp.platform.tracking.rank_zero import UNDELIVERED_FILE, RankZeroTracker
+from vlp.platform.tracking.background_queue import TrackingQueue
 
 HANG_S = 60
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from vlp.datasets.downstream import data_config_for
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.vcr import VcrData
 from vlp.models import create_model
-from vlp.models.downstream import DownstreamModel, build_head, extend_for
+from vlp.models.heads import DownstreamModel, build_head, extend_for
 
 torch.set_num_threads(1)
 
@@ -73,8 +73,8 @@ def test_rows_are_independent(vcr_model_and_batch):
 
 
 def test_vcr_benchmark_builds_the_pair_classifier():
-    from vlp.models.downstream.choice import ChoicePairClassifier
-    from vlp.platform.finetune.benchmarks.base import BenchmarkContext, get_benchmark
+    from vlp.models.heads.choice import ChoicePairClassifier
+    from vlp.benchmarks.base import BenchmarkContext, get_benchmark
 
     base, _, _ = create_model("uniter-tiny", ["itm"])
     bench = get_benchmark("vcr")

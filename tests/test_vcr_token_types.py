@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from pipeline_world import C, D
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, DataConfigError, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.local_stream import local_batches
-from vlp.datasets.segment_types import segment_type_ids
-from vlp.datasets.shards import image_table, write_image_shard
-from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, DataConfigError, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches
+from vlp.datasets.batching.segment_types import segment_type_ids
+from vlp.datasets.storage.shards import image_table, write_image_shard
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
-from vlp.models.downstream import extend_for
+from vlp.models.heads import extend_for
 from vlp.platform.finetune import checkpoint as ckpt
 
 torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def test_pretraining_batches_carry_vcr_segment_types(vcr_source):
 
 
 def _experiment(tmp_path, source, token_types):
-    from vlp.platform.experiment_config import load_experiment_config
+    from vlp.platform.pretrain.config import load_experiment_config
     return load_experiment_config(data={
         "run": {"name": "vcr2", "output_dir": str(tmp_path)},
         "model": {"family": "uniter-tiny", "token_types": token_types},
@@ -90,8 +90,8 @@ def _experiment(tmp_path, source, token_types):
 
 
 def test_stage2_config_types_data_and_grows_the_table(tmp_path, vcr_source):
-    from vlp.platform.pretrain_components import PretrainComponents
-    from vlp.platform.pretrain_data import prepare
+    from vlp.platform.pretrain.components import PretrainComponents
+    from vlp.platform.pretrain.data import prepare
 
     cfg = _experiment(tmp_path, vcr_source, "vcr")
     setup = prepare(cfg)
@@ -106,7 +106,7 @@ def test_stage2_config_types_data_and_grows_the_table(tmp_path, vcr_source):
 
 
 def test_vcr_finetune_loads_a_stage2_checkpoint(tmp_path):
-    from vlp.platform.finetune.benchmarks.base import get_benchmark
+    from vlp.benchmarks.base import get_benchmark
 
     model, _, _ = create_model("uniter-tiny", ["mlm"])
     extend_for(model.backbone, "vcr")

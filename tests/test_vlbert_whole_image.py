@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from pipeline_world import C, D, write_source
-from vlp.datasets import batch_spec as K
-from vlp.datasets.data_config import DataConfig, SourceConfig
-from vlp.datasets.data_plan import plan_data
-from vlp.datasets.image_block import image_key
-from vlp.datasets.local_stream import local_batches
-from vlp.datasets.pretrain_batches import EXAMPLE_IMAGE_KEY
-from vlp.datasets.shards import image_table
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.batching.image_block import image_key
+from vlp.datasets.stream.local_stream import local_batches
+from vlp.datasets.batching.pretrain_batches import EXAMPLE_IMAGE_KEY
+from vlp.datasets.storage.shards import image_table
 from vlp.models import create_model
 
 torch.set_num_threads(1)
@@ -98,7 +98,7 @@ def test_without_a_whole_image_roi_the_mean_and_a_warning_naming_the_source(tmp_
     write_source(tmp_path, "webalt", 24, shards=1, seed=3)      # shards: null image_feature
     src = _vlbert_batches((SourceConfig("webalt", str(tmp_path / "webalt")),), ("mlm",), D, C)
     try:
-        with caplog.at_level(logging.WARNING, logger="vlp.datasets.pretrain_batches"):
+        with caplog.at_level(logging.WARNING, logger="vlp.datasets.batching.pretrain_batches"):
             batch = src.next("mlm")
             src.next("mlm")
     finally:
@@ -125,7 +125,7 @@ def test_a_full_image_box_among_the_detections_lends_its_feature():
 
 @pytest.mark.parametrize("bad", [2, 0])
 def test_shard_validation_checks_the_whole_image_feature_width(tmp_path, bad):
-    from vlp.datasets.shards import ShardError, write_image_shard
+    from vlp.datasets.storage.shards import ShardError, write_image_shard
 
     row = dict(image_id="x", source="s", split="train", width=50, height=40,
                boxes=[[5, 5, 20, 20]], confidences=[0.9], features=np.ones((1, D)),

@@ -20,7 +20,6 @@ COMMAND_MODULES = [
     "sweep",        # vlp sweep
     "leaderboard",  # vlp leaderboard
     "ui",           # vlp ui
-    "predict",      # vlp predict
     "demo",         # vlp demo
 ]
 
@@ -34,13 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `vlp COMMAND --help` for the options of each command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"vlp.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"vlp.commands.{name}":
-                continue  # not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"vlp.commands.{name}").register(sub)
     return parser
 
 

@@ -21,7 +21,7 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
     """Pretrain and return the checkpoint path (reused when it exists already)."""
     if mode in ("auto", "platform"):
         try:
-            from vlp.platform.pretrain_job import load_pretrain_config, pretrain as run_job
+            from vlp.platform.pretrain.job import load_pretrain_config, pretrain as run_job
         except ImportError:
             if mode == "platform":
                 raise
@@ -47,12 +47,12 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
                    say=print, every: int = 0, on_every=None) -> str:
     """``on_every(step, model, spec)`` (``spec``: ``create_model``'s) runs after every
     ``every``-th step (e.g. a probe), in eval mode; training resumes in train mode after it."""
-    from vlp.datasets.data_config import DataConfig, SourceConfig
-    from vlp.datasets.data_plan import plan_data
-    from vlp.datasets.local_stream import local_batches
-    from vlp.datasets.task_sampler import TaskSampler
+    from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+    from vlp.datasets.stream.data_plan import plan_data
+    from vlp.datasets.stream.local_stream import local_batches
+    from vlp.datasets.batching.task_sampler import TaskSampler
     from vlp.models import create_model
-    from vlp.platform.engine import WarmupLinearDecay, param_groups
+    from vlp.platform.training.engine import WarmupLinearDecay, param_groups
 
     if Path(out).is_file():
         return out

@@ -77,8 +77,8 @@ def train_platform(world, out: Path, steps: int, lr: float, seed: int) -> Path:
     """The platform's pretraining job (Ray Train + DeepSpeed, one CPU worker)."""
     import ray
 
-    from vlp.datasets.curation.itm_checkpoint import save_model_card
-    from vlp.platform.pretrain_job import load_pretrain_config, pretrain
+    from vlp.platform.curation.itm_checkpoint import save_model_card
+    from vlp.platform.pretrain.job import load_pretrain_config, pretrain
 
     if not ray.is_initialized():   # a logically larger CPU count: 2-core machines deadlock
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # Ray Data else
@@ -103,13 +103,13 @@ def train_platform(world, out: Path, steps: int, lr: float, seed: int) -> Path:
 
 def train_local(world, out: Path, steps: int, lr: float, seed: int) -> Path:
     """The same recipe in one process over the pipeline's local stream (no Ray)."""
-    from vlp.datasets.curation.itm_checkpoint import save_model_card
-    from vlp.datasets.data_config import DataConfig, SourceConfig
-    from vlp.datasets.data_plan import plan_data
-    from vlp.datasets.local_stream import local_batches
-    from vlp.datasets.task_sampler import TaskSampler
+    from vlp.platform.curation.itm_checkpoint import save_model_card
+    from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+    from vlp.datasets.stream.data_plan import plan_data
+    from vlp.datasets.stream.local_stream import local_batches
+    from vlp.datasets.batching.task_sampler import TaskSampler
     from vlp.models import create_model
-    from vlp.platform.engine import WarmupLinearDecay, param_groups
+    from vlp.platform.training.engine import WarmupLinearDecay, param_groups
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -154,8 +154,8 @@ def train_local(world, out: Path, steps: int, lr: float, seed: int) -> Path:
 def swap_images(batch: dict, rng: np.random.Generator, neg_prob: float = 0.5) -> dict:
     """ITM negatives without a length cue: the regions of half the (positive) pairs are
     replaced by those of a random example showing another image."""
-    from vlp.datasets import batch_spec as K
-    from vlp.datasets.pretrain_batches import EXAMPLE_IMAGE_KEY
+    from vlp.contract import batch_spec as K
+    from vlp.datasets.batching.pretrain_batches import EXAMPLE_IMAGE_KEY
 
     image = batch[EXAMPLE_IMAGE_KEY].numpy()
     B = len(image)
@@ -176,11 +176,11 @@ def swap_images(batch: dict, rng: np.random.Generator, neg_prob: float = 0.5) ->
 
 def itm_accuracy(world, checkpoint: Path, seed: int, batches_n: int = 20) -> float:
     """ITM accuracy on in-domain batches of another seed, negatives from ``swap_images``."""
-    from vlp.datasets import batch_spec as K
-    from vlp.datasets.curation.itm_checkpoint import load_scoring_model
-    from vlp.datasets.data_config import DataConfig, SourceConfig
-    from vlp.datasets.data_plan import plan_data
-    from vlp.datasets.local_stream import local_batches
+    from vlp.contract import batch_spec as K
+    from vlp.platform.curation.itm_checkpoint import load_scoring_model
+    from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+    from vlp.datasets.stream.data_plan import plan_data
+    from vlp.datasets.stream.local_stream import local_batches
     from vlp.models import predict
 
     scoring = load_scoring_model(checkpoint, region_feat_dim=world.feature_dim,
@@ -212,7 +212,7 @@ def truth_of(world, source: str, pairs) -> np.ndarray:
 
 def measure(world, out: Path, setting: str, filters: list[str], cfg, scorer=None,
             itm_info=None) -> None:
-    from vlp.datasets.curation import curate_source
+    from vlp.platform.curation import curate_source
 
     total = {"tp": 0, "removed": 0, "truth": 0}
     for source in SOURCES:
@@ -251,11 +251,11 @@ def _report(prefix: str, c: dict) -> None:
 def main(argv=None) -> int:
     from dataclasses import replace
 
-    from vlp.datasets.curation import FILTERS, CurationConfig
-    from vlp.datasets.curation.itm_checkpoint import load_scoring_model
-    from vlp.datasets.curation.itm_scorer import ItmScorer
+    from vlp.platform.curation import FILTERS, CurationConfig
+    from vlp.platform.curation.itm_checkpoint import load_scoring_model
+    from vlp.platform.curation.itm_scorer import ItmScorer
     from vlp.datasets.synth import generate_world
-    from vlp.datasets.world import WorldError, load_manifest
+    from vlp.datasets.storage.world import WorldError, load_manifest
 
     args = parse_args(argv)
     # on a shared 2-core machine two OpenMP threads spin-wait on each other: one thread

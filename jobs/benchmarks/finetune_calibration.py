@@ -92,7 +92,7 @@ def main() -> int:
         args.set = [*DEMO_FINETUNE, *args.set]
 
     from vlp.datasets.synth import generate_world
-    from vlp.datasets.world import WorldError, load_manifest
+    from vlp.datasets.storage.world import WorldError, load_manifest
     from vlp.platform.finetune import META_SUM_BENCHMARKS, finetune_and_evaluate
 
     out = Path(args.out).resolve()

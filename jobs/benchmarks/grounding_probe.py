@@ -20,7 +20,7 @@ import torch
 
 def attribute_accuracy(checkpoint: str, world: str, family: str = "uniter-tiny",
                        split: str = "val", captions: int = 1000) -> dict[str, float]:
-    from vlp.datasets.world import load_manifest
+    from vlp.datasets.storage.world import load_manifest
     from vlp.models import create_model
     from vlp.platform.finetune import checkpoint as ckpt
 
@@ -38,7 +38,7 @@ def attribute_accuracy(checkpoint: str, world: str, family: str = "uniter-tiny",
 def probe(model, spec, world: str, split: str = "val", captions: int = 1000
           ) -> dict[str, float]:
     """The probe on a model in memory (in eval mode) whose ``create_model`` spec is ``spec``."""
-    from vlp.datasets import batch_spec as K
+    from vlp.contract import batch_spec as K
     from vlp.datasets.downstream import data_config_for
     from vlp.datasets.downstream.retrieval import RetrievalData
     from vlp.datasets.synth.vocabulary import CLASSES, COLOUR_NAMES

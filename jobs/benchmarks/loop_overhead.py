@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.platform.pretrain_job import load_pretrain_config, pretrain  # noqa: E402
+from vlp.platform.pretrain.job import load_pretrain_config, pretrain  # noqa: E402
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain-tiny.yaml"
 
@@ -57,12 +57,12 @@ class ReportLog(ray.train.UserCallback):
 
 def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
     """(a): the model of the run, the batches the run's first stage would draw, in memory."""
-    from vlp.datasets.local_stream import local_batches
-    from vlp.datasets.task_sampler import TaskSampler
-    from vlp.platform import checkpointing
-    from vlp.platform.engine import param_groups
-    from vlp.platform.pretrain_components import PretrainComponents
-    from vlp.platform.pretrain_data import prepare
+    from vlp.datasets.stream.local_stream import local_batches
+    from vlp.datasets.batching.task_sampler import TaskSampler
+    from vlp.platform.training import checkpointing
+    from vlp.platform.training.engine import param_groups
+    from vlp.platform.pretrain.components import PretrainComponents
+    from vlp.platform.pretrain.data import prepare
 
     setup = prepare(cfg)
     stage = cfg.stage_plan()[0]

@@ -9,7 +9,7 @@ of one task's batch (no optimiser step). The mix is UNITER's in-domain itm:mlm:m
 2:2:1:1, run as a fixed 6-step cycle with those proportions (on CPU, where a base-size step
 takes seconds, the mix figure is by default derived from the per-task steps as the 2:2:1:1
 weighted mean step time — ``--mix-cycles N`` measures it). On CUDA it also runs bf16 autocast
-and reports MFU against the GPU's dense peak (``vlp.platform.device_peaks``: exact device
+and reports MFU against the GPU's dense peak (``vlp.platform.training.device_peaks``: exact device
 names; ``--peak-tflops`` for others). The fp32 GEMM roofline — a large matmul on the same
 device and threads, measured in the same run — gives each task's achieved encoder FLOP/s as
 a fraction of what this machine's matrix multiply reaches (``<task>/fp32/roofline_frac``).
@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
 from vlp.models import create_model  # noqa: E402
-from vlp.models.example_batch import example_batch  # noqa: E402
+from vlp.testing.example_batches import example_batch  # noqa: E402
 from vlp.models.flops import encoder_shape  # noqa: E402
-from vlp.platform.device_peaks import peak_flops  # noqa: E402
+from vlp.platform.training.device_peaks import peak_flops  # noqa: E402
 
 MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}  # UNITER in-domain mix
 MIX_CYCLE = ("itm", "mlm", "mrfr", "itm", "mlm", "mrc-kl")
@@ -151,7 +151,7 @@ def main() -> int:
                    "SDPA forced in CPU training (the attention before eager was chosen there), "
                    "interleaved with the default, and print the ratio")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense bf16 "
-                   "peak when its name is not in vlp.platform.device_peaks")
+                   "peak when its name is not in vlp.platform.training.device_peaks")
     args = p.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

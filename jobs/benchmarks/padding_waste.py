@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.datasets import batch_spec as K  # noqa: E402
-from vlp.datasets.data_config import DataConfig, RegionConfig, world_sources  # noqa: E402
-from vlp.datasets.data_plan import plan_data  # noqa: E402
-from vlp.datasets.local_stream import local_batches  # noqa: E402
+from vlp.contract import batch_spec as K  # noqa: E402
+from vlp.datasets.stream.data_config import DataConfig, RegionConfig, world_sources  # noqa: E402
+from vlp.datasets.stream.data_plan import plan_data  # noqa: E402
+from vlp.datasets.stream.local_stream import local_batches  # noqa: E402
 
 
 def figure(name: str, value: float, unit: str = "") -> None:

@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from vlp.datasets import batch_spec as K  # noqa: E402
-from vlp.datasets.data_config import DataConfig, world_sources  # noqa: E402
-from vlp.datasets.data_plan import plan_data  # noqa: E402
-from vlp.datasets.local_stream import local_batches, local_blocks  # noqa: E402
-from vlp.datasets.pretrain_batches import PretrainBatches  # noqa: E402
-from vlp.datasets.task_sampler import TaskSampler  # noqa: E402
+from vlp.contract import batch_spec as K  # noqa: E402
+from vlp.datasets.stream.data_config import DataConfig, world_sources  # noqa: E402
+from vlp.datasets.stream.data_plan import plan_data  # noqa: E402
+from vlp.datasets.stream.local_stream import local_batches, local_blocks  # noqa: E402
+from vlp.datasets.batching.pretrain_batches import PretrainBatches  # noqa: E402
+from vlp.datasets.batching.task_sampler import TaskSampler  # noqa: E402
 
 MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}
 
@@ -68,9 +68,9 @@ def widen_world(world: Path, dim: int) -> Path:
     import numpy as np
     import pyarrow as pa
 
-    from vlp.datasets.arrow_views import binary_array
-    from vlp.datasets.shards import read_image_shard, write_image_shard
-    from vlp.datasets.world import load_manifest
+    from vlp.datasets.storage.arrow_views import binary_array
+    from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+    from vlp.datasets.storage.world import load_manifest
     out = world.parent / f"{world.name}-d{dim}"
     if (out / "manifest.json").is_file():
         return out
@@ -150,7 +150,7 @@ class TimedBlocks:
 def ray_rates(plan, epochs: int, num_cpus: int) -> dict[str, float]:
     import ray
 
-    from vlp.datasets.pipeline import build_dataset, shard_blocks
+    from vlp.datasets.stream.pipeline import build_dataset, shard_blocks
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:

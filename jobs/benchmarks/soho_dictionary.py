@@ -39,8 +39,8 @@ def probe_images(plan, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` images (pixels [3, H, W], mask [H, W]) from a stream of another seed."""
     import dataclasses
 
-    from vlp.datasets.data_plan import plan_data
-    from vlp.datasets.local_stream import local_batches
+    from vlp.datasets.stream.data_plan import plan_data
+    from vlp.datasets.stream.local_stream import local_batches
 
     other = plan_data(dataclasses.replace(plan.config, seed=plan.config.seed + 7919),
                       list(TASKS))
@@ -74,11 +74,11 @@ def usage(model, images) -> tuple[float, float, float]:
 
 
 def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, float, float]]:
-    from vlp.datasets.local_stream import local_batches
-    from vlp.datasets.task_sampler import TaskSampler
+    from vlp.datasets.stream.local_stream import local_batches
+    from vlp.datasets.batching.task_sampler import TaskSampler
     from vlp.models import create_model
-    from vlp.platform.cnn_recipe import build_cnn_recipe
-    from vlp.platform.engine import WarmupLinearDecay, param_groups
+    from vlp.platform.training.cnn_recipe import build_cnn_recipe
+    from vlp.platform.training.engine import WarmupLinearDecay, param_groups
 
     torch.manual_seed(args.seed)
     model, _, _ = create_model(
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         args.cold_start = args.steps // 4
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    from vlp.datasets.data_config import DataConfig, SourceConfig
-    from vlp.datasets.data_plan import plan_data
+    from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+    from vlp.datasets.stream.data_plan import plan_data
     from vlp.models import create_model, get_family
 
     world = Path(args.world)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.platform.leaderboard import find_sweep_run  # noqa: E402
+from vlp.platform.tracking.leaderboard import find_sweep_run  # noqa: E402
 
 
 def trials(uri: str, sweep: str, experiment: str | None) -> list[dict]:
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                         "has replicates, else 0)")
     args = p.parse_args(argv)
 
-    from vlp.platform.leaderboard import load_leaderboard
+    from vlp.platform.tracking.leaderboard import load_leaderboard
 
     parent = find_sweep_run(args.tracking_uri, args.experiment, sweep=args.grid)
     board = load_leaderboard(args.tracking_uri, parent.info.run_id)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from vlp.datasets.synth import generate_world
-from vlp.datasets.world import load_manifest
+from vlp.datasets.storage.world import load_manifest
 
 ATTRIBUTES = ("class", "colour", "material", "size")
 

@@ -45,8 +45,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from vlp.commands.data_audit import format_report
-    from vlp.datasets.audit import audit_world
+    from vlp.commands.data.audit import format_report
+    from vlp.datasets.audit.leakage import audit_world
 
     out = Path(args.out).resolve()
     world = out / "world"
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 def make_world(world: Path, scale: str, seed: int) -> None:
     from vlp.datasets.synth import generate_world
-    from vlp.datasets.world import WorldError, load_manifest
+    from vlp.datasets.storage.world import WorldError, load_manifest
 
     try:
         m = load_manifest(world)
@@ -95,7 +95,7 @@ def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
     import shutil
 
     from vlp.commands.sweep import report
-    from vlp.platform import console
+    from vlp.platform.cluster import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
 
     console.configure(quiet=not args.verbose)
@@ -119,7 +119,7 @@ CALIBRATION = ("python jobs/benchmarks/finetune_calibration.py --dropout 0 --pre
 def pretraining_verdict(board) -> str:
     """Does the demo show pretraining beating no pretraining beyond seed noise? Said plainly,
     with the command that shows a real gap when it does not."""
-    from vlp.platform.leaderboard_stats import indistinguishable
+    from vlp.platform.tracking.leaderboard_stats import indistinguishable
 
     none = next((r for r in board.rows if r.tasks == "None" and r.meta_sum is not None), None)
     pre = [r for r in board.rows if r.meta_sum is not None and r.tasks not in ("None", "")

@@ -91,7 +91,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def list_benchmarks() -> None:
-    from vlp.platform.finetune.benchmarks import BENCHMARKS
+    from vlp.benchmarks import BENCHMARKS
     from vlp.platform.finetune.config import DEFAULT_LR_WIDTH, default_lr_scale
 
     tiny = default_lr_scale("uniter-tiny")
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_benchmarks:
         list_benchmarks()
         return 0
-    from vlp.platform import console
+    from vlp.platform.cluster import console
     from vlp.platform.finetune import load_finetune_config, run_finetune
 
     cfg = load_finetune_config(args.config, overrides(args))

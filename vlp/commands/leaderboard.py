@@ -40,7 +40,7 @@ def tracking_uri(args: argparse.Namespace) -> str:
     import os
     from pathlib import Path
 
-    from vlp.platform.tracking import embedded_tracking_uri
+    from vlp.platform.tracking.mlflow_run import embedded_tracking_uri
 
     if args.tracking_uri:
         return args.tracking_uri
@@ -54,20 +54,20 @@ def tracking_uri(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlp.platform.leaderboard import find_sweep_run, load_leaderboard
+    from vlp.platform.tracking.leaderboard import find_sweep_run, load_leaderboard
 
     uri = tracking_uri(args)
     run_id = args.run_id or find_sweep_run(uri, args.experiment, sweep=args.sweep).info.run_id
     board = load_leaderboard(uri, run_id)
     if args.csv or args.json:
-        from vlp.platform.leaderboard_export import csv_text, json_text
+        from vlp.platform.tracking.leaderboard_export import csv_text, json_text
 
         print((csv_text if args.csv else json_text)(board), end="")
         return 0
     print(f"# {board.sweep} ({board.mode}), parent run {run_id}\n")
     print(board.markdown())
     print(board.noise_note())
-    from vlp.platform.leaderboard import ranking_verdict
+    from vlp.platform.tracking.leaderboard import ranking_verdict
 
     for line in ranking_verdict(board):
         print(line)

@@ -93,18 +93,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vlp.platform.pretrain_job import load_pretrain_config, pretrain, summary
+    from vlp.platform.pretrain.job import load_pretrain_config, pretrain, summary
 
     cfg = load_pretrain_config(args.config, overrides(args))
     if args.check:
-        from vlp.platform.pretrain_data import prepare
-        from vlp.platform.pretrain_job import resolved
+        from vlp.platform.pretrain.data import prepare
+        from vlp.platform.pretrain.job import resolved
 
         cfg = resolved(cfg)
         for line in summary(cfg, prepare(cfg)):
             print(f"[vlp pretrain] {line}")
         return 0
-    from vlp.platform import console
+    from vlp.platform.cluster import console
 
     console.configure(quiet=not getattr(args, "verbose", False))
     ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
@@ -122,7 +122,7 @@ def start_ray(cfg) -> None:
     bars off (our progress lines report throughput)."""
     import ray.data
 
-    from vlp.platform.ray_session import ensure_ray
+    from vlp.platform.cluster.ray_session import ensure_ray
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_replays:
         list_replays()
         return 0
-    from vlp.platform import console
+    from vlp.platform.cluster import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
 
     console.configure(quiet=not args.verbose)
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def report(result) -> int:
     """The leaderboard and where to look next; the exit status."""
     from vlp.commands.ui import ui_hint
-    from vlp.platform.leaderboard import ranking_verdict
+    from vlp.platform.tracking.leaderboard import ranking_verdict
 
     board = result.leaderboard
     print(f"\nLeaderboard of {board.sweep} ({board.mode}); {result.trials} trials, "

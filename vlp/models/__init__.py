@@ -8,14 +8,14 @@
 Never imports Ray, MLflow or ``vlp.platform``.
 """
 
-from .backbone import EncoderOutput, VLBackbone
-from .checkpoints import (CheckpointError, LoadReport, export_uniter, load_uniter, save_uniter)
-from .config import FamilyConfig, TransformerConfig
-from .factory import ModelBundle, PreprocessSpec, create_model, list_families
-from .families import FAMILIES, get_family
-from .model import VLPModel
-from .predict import predict
-from .tasks import TASKS, get_task
+from vlp.models.backbone import EncoderOutput, VLBackbone
+from vlp.models.checkpoints import CheckpointError, LoadReport, export_uniter, load_uniter, save_uniter
+from vlp.models.config import FamilyConfig, TransformerConfig
+from vlp.models.factory import ModelBundle, PreprocessSpec, create_model, list_families
+from vlp.models.families import FAMILIES, get_family
+from vlp.models.model import VLPModel
+from vlp.models.predict import predict
+from vlp.tasks import TASKS, get_task
 
 __all__ = ["create_model", "list_families", "ModelBundle", "PreprocessSpec", "VLPModel",
            "EncoderOutput", "VLBackbone", "FamilyConfig", "TransformerConfig", "FAMILIES",

@@ -13,10 +13,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from .checkpoints import LoadReport, initialize, minilm_dir
-from .config import FamilyConfig
-from .families import FAMILIES, get_family
-from .model import VLPModel
+from vlp.models.checkpoints import LoadReport, initialize, minilm_dir
+from vlp.models.config import FamilyConfig
+from vlp.models.families import FAMILIES, get_family
+from vlp.models.model import VLPModel
 
 log = logging.getLogger(__name__)
 

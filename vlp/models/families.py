@@ -9,8 +9,7 @@ debug sizes for tests (hidden 64, 2 layers).
 
 from __future__ import annotations
 
-from .config import (RESNET18, RESNET101, RESNET_TINY, FamilyConfig, ImageBertVisualConfig,
-                     SohoVisualConfig, TransformerConfig, UniterVisualConfig, VLBertVisualConfig)
+from vlp.models.config import RESNET18, RESNET101, RESNET_TINY, FamilyConfig, ImageBertVisualConfig, SohoVisualConfig, TransformerConfig, UniterVisualConfig, VLBertVisualConfig
 
 # mlm-obj (MLM on the words that name objects) is ours, not the papers': every family has MLM
 UNITER_TASKS = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra", "mlm-obj")

@@ -1,7 +1,7 @@
 """VLPModel: the backbone plus the heads of the tasks it was built for.
 
 ``model(batch, task="mlm")`` runs one pretraining task on a batch of the contract in
-``vlp.datasets.batch_spec`` and returns ``{"loss", "{task}_loss", …metrics}``; ``loss`` is the
+``vlp.contract.batch_spec`` and returns ``{"loss", "{task}_loss", …metrics}``; ``loss`` is the
 sum of the ``*_loss`` entries. ``model.encode(batch)`` is what downstream heads build on:
 packed sequence output, pooled [CLS], and where the text and regions sit in the packed row.
 """
@@ -13,12 +13,12 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 
-from .backbone import EncoderOutput, VLBackbone
-from .config import FamilyConfig
-from .embeddings.base import METRIC_PREFIX
-from .tasks import HeadContext, Task, get_task
+from vlp.models.backbone import EncoderOutput, VLBackbone
+from vlp.models.config import FamilyConfig
+from vlp.models.embeddings.base import METRIC_PREFIX
+from vlp.tasks import HeadContext, Task, get_task
 
 
 class VLPModel(nn.Module):

@@ -6,7 +6,7 @@ from typing import Mapping
 
 import torch
 
-from .model import VLPModel
+from vlp.models.model import VLPModel
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
 """Downstream benchmark data: task tables + downstream image shards → batches of the batch
-contract (``vlp/datasets/batch_spec.py``) plus each benchmark's labels (``keys.py``).
+contract (``vlp/contract/batch_spec.py``) plus each benchmark's labels (``vlp/contract/downstream_keys.py``).
 
 One adapter per benchmark table (``vqa.py``, ``ve.py``, ``nlvr2.py``, ``retrieval.py``,
 ``refexp.py``, ``vcr.py``); all of them look images up by ``image_id`` in an Arrow-backed

@@ -8,15 +8,15 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from vlp.datasets import batch_spec as K
+from vlp.contract import batch_spec as K
 from vlp.datasets.downstream.config import DownstreamDataConfig
 from vlp.datasets.downstream.errors import DownstreamDataError
 from vlp.datasets.downstream.images import ImageStore
 from vlp.datasets.downstream.text import TokenizedTexts
-from vlp.datasets.pretrain_batches import to_torch, whole_image_feature
-from vlp.datasets.shards import ShardError, read_task_table
-from vlp.datasets.text_tokenizer import TextTokenizer, load_tokenizer
-from vlp.datasets.world import WorldError, load_manifest
+from vlp.datasets.batching.pretrain_batches import to_torch, whole_image_feature
+from vlp.datasets.storage.shards import ShardError, read_task_table
+from vlp.datasets.stream.text_tokenizer import TextTokenizer, load_tokenizer
+from vlp.datasets.storage.world import WorldError, load_manifest
 
 
 @lru_cache(maxsize=8)

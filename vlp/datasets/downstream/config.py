@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlp.datasets.data_config import PixelConfig, RegionConfig
+from vlp.datasets.stream.data_config import PixelConfig, RegionConfig
 
 # PreprocessSpec.location_kind → the pipeline's LOCATION_FEATURES key
 LOCATION_OF_KIND = {"uniter7": "uniter", "imagebert5": "imagebert", "box4": "vlbert"}
@@ -19,7 +19,7 @@ LOCATION_OF_KIND = {"uniter7": "uniter", "imagebert5": "imagebert", "box4": "vlb
 class DownstreamDataConfig:
     world: str                                 # folder with manifest.json (vlp world)
     visual: str = "regions"                    # "regions" | "pixels" (SOHO)
-    location: str = "uniter"                   # key of vlp.datasets.location.LOCATION_FEATURES
+    location: str = "uniter"                   # key of vlp.datasets.stream.location.LOCATION_FEATURES
     feature_dim: int = 0                       # D the model expects (0: take the shards')
     tokenizer_path: str | None = None          # None = the packaged uncased vocab
     max_text_len: int = 60                     # word pieces per text segment (UNITER: 60)

@@ -3,7 +3,7 @@
 The shards are read once with pyarrow and pushed through the pretraining pipeline's own row
 transform (``ImageRowTransform``: region selection, location features, fp16 features or
 decoded pixels), so a finetuned model sees its regions exactly as pretraining showed them.
-The result is one :class:`~vlp.datasets.image_block.ImageBlock` whose arrays are views of
+The result is one :class:`~vlp.datasets.batching.image_block.ImageBlock` whose arrays are views of
 Arrow buffers: no per-image Python objects, and host memory does not grow per step.
 """
 
@@ -16,19 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlp.datasets.arrow_views import flat_numpy, list_parts
-from vlp.datasets.collate import ExampleRefs, pixel_arrays, region_arrays
-from vlp.datasets.data_config import DataConfig, RegionConfig, SourceConfig
-from vlp.datasets.data_plan import PIXEL_COLUMNS, REGION_COLUMNS, DataPlan
+from vlp.datasets.storage.arrow_views import flat_numpy, list_parts
+from vlp.datasets.batching.collate import ExampleRefs, pixel_arrays, region_arrays
+from vlp.datasets.stream.data_config import DataConfig, RegionConfig, SourceConfig
+from vlp.datasets.stream.data_plan import PIXEL_COLUMNS, REGION_COLUMNS, DataPlan
 from vlp.datasets.downstream.config import DownstreamDataConfig
 from vlp.datasets.downstream.errors import DownstreamDataError, MissingImagesError
-from vlp.datasets.image_block import ImageBlock
-from vlp.datasets.image_rows import ImageRowTransform
-from vlp.datasets.location import LOCATION_FEATURES
-from vlp.datasets.regions import select_regions
-from vlp.datasets.shards import ShardError, shard_info
-from vlp.datasets.text_tokenizer import resolve_tokenizer_path
-from vlp.datasets.world import WorldError, load_manifest
+from vlp.datasets.batching.image_block import ImageBlock
+from vlp.datasets.stream.image_rows import ImageRowTransform
+from vlp.datasets.stream.location import LOCATION_FEATURES
+from vlp.datasets.stream.region_select import select_regions
+from vlp.datasets.storage.shards import ShardError, shard_info
+from vlp.datasets.stream.text_tokenizer import resolve_tokenizer_path
+from vlp.datasets.storage.world import WorldError, load_manifest
 
 # every region of a ground-truth-box store is an annotated object: keep them all, in order
 GT_REGIONS = RegionConfig(conf_threshold=0.0, min_regions=1, max_regions=100)

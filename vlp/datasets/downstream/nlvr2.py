@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData, concat_visual
 from vlp.datasets.downstream.errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
 from vlp.datasets.downstream.errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch
@@ -72,7 +72,7 @@ class RefExpData(TableData):
 
 def _iou(boxes: np.ndarray, target: np.ndarray) -> np.ndarray:
     """IoU of each of ``boxes`` [n, 4] with one ``target`` [4] (labels only; the metric is
-    ``vlp.platform.evaluation.metrics.box_iou``)."""
+    ``vlp.benchmarks.metrics.box_iou``)."""
     lt = np.maximum(boxes[:, :2], target[:2])
     rb = np.minimum(boxes[:, 2:], target[2:])
     inter = np.clip(rb - lt, 0, None).prod(1)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.arrow_views import ranges
-from vlp.datasets.text_tokenizer import TextTokenizer
+from vlp.contract import batch_spec as K
+from vlp.datasets.storage.arrow_views import ranges
+from vlp.datasets.stream.text_tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlp.datasets import batch_spec as K
-from vlp.datasets.downstream import keys as D
+from vlp.contract import batch_spec as K
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
 from vlp.datasets.downstream.errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
 from vlp.datasets.downstream.text import text_batch
-from vlp.datasets.shards import VE_LABELS
+from vlp.datasets.storage.shards import VE_LABELS
 
 
 class VeData(TableData):

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from vlp.datasets.downstream import keys as D
+from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
 from vlp.datasets.downstream.errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch

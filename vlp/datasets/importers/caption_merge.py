@@ -23,7 +23,7 @@ from vlp.datasets.importers.data_folder import (check_compatible, default_domain
 from vlp.datasets.importers.feature_import import DEFAULT_SHARD_MB, class_names
 from vlp.datasets.importers.errors import InputFormatError
 from vlp.datasets.importers.registry import ImportReport, Option
-from vlp.datasets.shards import SPLITS, list_shards, read_image_shard, write_image_shard
+from vlp.datasets.storage.shards import SPLITS, list_shards, read_image_shard, write_image_shard
 
 FEATURES = Option("--features", "folder of image shards to attach the captions to (default: "
                                 "OUT/images/SOURCE/, written by a feature import); the result "
@@ -174,7 +174,7 @@ def merge_captions(importer: str, caps: Captions, inputs: list[Path], out: Path,
         notes.append(f"{images - captioned} image(s) have features but no captions")
 
     def change(world) -> None:
-        from vlp.datasets.world import SourceInfo
+        from vlp.datasets.storage.world import SourceInfo
         old = world.sources.get(source)
         domain = old.domain if old else (meta["extra_meta"] or {}).get(
             "domain", default_domain(source))

@@ -1,4 +1,4 @@
-"""The data folder (a *world*, see ``vlp.datasets.world``) importers write, without half-states.
+"""The data folder (a *world*, see ``vlp.datasets.storage.world``) importers write, without half-states.
 
 Layout (the one ``vlp data synth`` writes too)::
 
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from vlp.datasets.shards import write_json_atomic
+from vlp.datasets.storage.shards import write_json_atomic
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -107,7 +107,7 @@ def default_domain(source: str) -> str:
 
 def read_world(root: Path):
     """The folder's WorldManifest, or None when it has none yet."""
-    from vlp.datasets.world import MANIFEST_NAME, load_manifest
+    from vlp.datasets.storage.world import MANIFEST_NAME, load_manifest
     root = Path(root)
     if not (root / MANIFEST_NAME).exists():
         return None
@@ -116,7 +116,7 @@ def read_world(root: Path):
 
 def require_world(root: Path):
     """The folder's manifest; a task import needs one (it records the feature width)."""
-    from vlp.datasets.world import MANIFEST_NAME
+    from vlp.datasets.storage.world import MANIFEST_NAME
     world = read_world(root)
     if world is None:
         raise FileNotFoundError(
@@ -128,7 +128,7 @@ def require_world(root: Path):
 
 def new_world(root: Path, *, feature_dim: int, num_classes: int, class_names: list[str],
               feature_extractor: str):
-    from vlp.datasets.world import WorldManifest
+    from vlp.datasets.storage.world import WorldManifest
     return WorldManifest(name=Path(root).resolve().name, generator="vlp data import",
                          feature_dim=feature_dim, num_classes=num_classes,
                          class_names=class_names, feature_extractor=feature_extractor,
@@ -166,7 +166,7 @@ def update_world(root: Path, change: Callable, create: Callable | None = None,
     is an error. ``log`` is appended to ``meta/imports.jsonl`` (the manifest has no room for
     provenance) before the manifest is written, so the manifest stays the last write.
     """
-    from vlp.datasets.world import MANIFEST_NAME
+    from vlp.datasets.storage.world import MANIFEST_NAME
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".manifest.lock", "w") as lock:  # hidden: no reader looks at it

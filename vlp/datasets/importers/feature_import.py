@@ -12,7 +12,7 @@ from vlp.datasets.importers.data_folder import (check_compatible, default_domain
                                                 staged_folder, update_world)
 from vlp.datasets.importers.image_writer import ImageShardWriter, Record
 from vlp.datasets.importers.registry import ImportReport, Option
-from vlp.datasets.shards import SPLITS, ShardInfo, list_shards, read_image_shard, shard_info
+from vlp.datasets.storage.shards import SPLITS, ShardInfo, list_shards, read_image_shard, shard_info
 
 DEFAULT_EXTRACTOR = "butd-r101-vg"  # Anderson et al.'s Caffe Faster R-CNN, ResNet-101, VG
 DEFAULT_SHARD_MB = 128.0
@@ -134,7 +134,7 @@ def write_features(importer: str, rows: Iterable[tuple[dict, Record]], inputs: l
     counts = {"images": writer.num_images - len(old_ids), "shards": len(infos)}
 
     def change(world) -> None:
-        from vlp.datasets.world import SourceInfo
+        from vlp.datasets.storage.world import SourceInfo
         check_compatible(world, source, feature_dim=dim, num_classes=classes,
                          feature_extractor=feature_extractor)
         if not [s for s in world.sources if s != source]:  # (re)defines the world

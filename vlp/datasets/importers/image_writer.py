@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from vlp.datasets.importers.errors import InputFormatError
-from vlp.datasets.shards import (BOX_TOLERANCE, SPLITS, ShardError, ShardInfo, image_table,
+from vlp.datasets.storage.shards import (BOX_TOLERANCE, SPLITS, ShardError, ShardInfo, image_table,
                                  write_image_shard)
 
 FP16_MAX = 65504.0  # features are stored as fp16: larger magnitudes would become Inf

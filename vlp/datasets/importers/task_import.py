@@ -10,7 +10,7 @@ from vlp.datasets.importers.data_folder import (import_record, require_world, st
                                                 task_path, update_world)
 from vlp.datasets.importers.errors import InputFormatError
 from vlp.datasets.importers.registry import ImportReport, Option
-from vlp.datasets.shards import (TASK_SCHEMAS, ShardError, list_shards, read_image_shard,
+from vlp.datasets.storage.shards import (TASK_SCHEMAS, ShardError, list_shards, read_image_shard,
                                  write_task_table)
 
 IMAGES = Option("--images", "folder of image shards (e.g. OUT/images/coco): every image id of "

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from vlp.datasets.shards import write_json_atomic, write_task_table
+from vlp.datasets.storage.shards import write_json_atomic, write_task_table
 from vlp.datasets.synth.captions import cc_caption, coco_captions, sbu_caption, vg_phrases
 from vlp.datasets.synth.detector import CLASS_NAMES, NUM_CLASSES, DetectorConfig, \
     SimulatedDetector
@@ -23,7 +23,7 @@ from vlp.datasets.synth.source_writer import SourceWriter
 from vlp.datasets.synth.tasks import TASKS, build_task_tables
 from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, HYPERNYMS, MATERIALS,
                                            RELATIONS, SIZE_NAMES)
-from vlp.datasets.world import MANIFEST_NAME, SourceInfo, WorldManifest
+from vlp.datasets.storage.world import MANIFEST_NAME, SourceInfo, WorldManifest
 
 GENERATOR = "vlp.datasets.synth/1"
 # source → (domain, scene style, captioner)

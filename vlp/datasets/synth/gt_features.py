@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlp.datasets.shards import image_table, write_image_shard
+from vlp.datasets.storage.shards import image_table, write_image_shard
 from vlp.datasets.synth.detector import NUM_CLASSES, SimulatedDetector
 from vlp.datasets.synth.images import SOURCE_CODES, stream
 from vlp.datasets.synth.scene import Scene

@@ -10,12 +10,12 @@ from typing import Callable
 
 import numpy as np
 
-from vlp.datasets.shards import image_table, write_image_shard
+from vlp.datasets.storage.shards import image_table, write_image_shard
 from vlp.datasets.synth.detector import NUM_CLASSES, SimulatedDetector
 from vlp.datasets.synth.images import SynthImage, add_features, make_image
 from vlp.datasets.synth.scales import ScaleConfig
 from vlp.datasets.synth.scene import DomainStyle, Scene
-from vlp.datasets.world import SourceInfo
+from vlp.datasets.storage.world import SourceInfo
 
 
 @dataclass

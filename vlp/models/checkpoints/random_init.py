@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..vision.resnet import ResNet
-from ..vision.visual_dictionary import VisualDictionary
+from vlp.models.vision.resnet import ResNet
+from vlp.models.vision.visual_dictionary import VisualDictionary
 
 
 @torch.no_grad()

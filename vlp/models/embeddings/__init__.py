@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from .imagebert import ImageBertEmbedder
-from .soho import SohoEmbedder
-from .uniter import UniterEmbedder
-from .vlbert import VLBertEmbedder
+from vlp.models.embeddings.imagebert import ImageBertEmbedder
+from vlp.models.embeddings.soho import SohoEmbedder
+from vlp.models.embeddings.uniter import UniterEmbedder
+from vlp.models.embeddings.vlbert import VLBertEmbedder
 
 EMBEDDERS: dict[str, type[nn.Module]] = {
     "uniter": UniterEmbedder,

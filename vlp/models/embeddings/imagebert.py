@@ -13,12 +13,12 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 
-from ..batch_access import check_last_dim, require
-from ..config import ImageBertVisualConfig, TransformerConfig
-from .base import EmbeddedInputs
-from .text import TextEmbeddings
+from vlp.contract.batch_access import check_last_dim, require
+from vlp.models.config import ImageBertVisualConfig, TransformerConfig
+from vlp.models.embeddings.base import EmbeddedInputs
+from vlp.models.embeddings.text import TextEmbeddings
 
 
 class ImageBertEmbedder(nn.Module):

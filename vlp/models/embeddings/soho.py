@@ -24,17 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 
-from ..batch_access import BatchError, require
-from ..config import SohoVisualConfig, TransformerConfig
-from ..vision.position_2d import sine_position_2d
-from ..vision.resnet import ResNet
-from ..vision.visual_dictionary import VisualDictionary
-from .base import METRIC_PREFIX, EmbeddedInputs
-from .text import TextEmbeddings
+from vlp.contract.batch_access import BatchError, require
+from vlp.models.config import SohoVisualConfig, TransformerConfig
+from vlp.models.vision.position_2d import sine_position_2d
+from vlp.models.vision.resnet import ResNet
+from vlp.models.vision.visual_dictionary import VisualDictionary
+from vlp.models.embeddings.base import METRIC_PREFIX, EmbeddedInputs
+from vlp.models.embeddings.text import TextEmbeddings
 
-MVM_LABELS = "mvm_labels"  # extras key: long [B, n] dictionary index at masked cells, else -100
+from vlp.contract.encoder_output import MVM_LABELS  # noqa: E402  (re-exported)
 
 
 class SohoEmbedder(nn.Module):
@@ -49,7 +49,7 @@ class SohoEmbedder(nn.Module):
         self.mask_token = nn.Parameter(torch.zeros(h))  # MVM's [MASK] embedding
         self.LayerNorm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
-        # SOHO's cold start (vlp/platform/cnn_recipe.py sets it): the ResNet runs without
+        # SOHO's cold start (vlp/platform/training/cnn_recipe.py sets it): the ResNet runs without
         # autograd while frozen; its BatchNorm statistics still follow the data
         self.cnn_frozen = False
 

@@ -17,12 +17,12 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from vlp.datasets import batch_spec as bs
+from vlp.contract import batch_spec as bs
 
-from ..batch_access import check_last_dim, require
-from ..config import TransformerConfig, VLBertVisualConfig
-from .base import EmbeddedInputs
-from .text import TextEmbeddings
+from vlp.contract.batch_access import check_last_dim, require
+from vlp.models.config import TransformerConfig, VLBertVisualConfig
+from vlp.models.embeddings.base import EmbeddedInputs
+from vlp.models.embeddings.text import TextEmbeddings
 
 SEGMENT_IMAGE = 2
 WHOLE_IMAGE_BOX = (0.0, 0.0, 1.0, 1.0)

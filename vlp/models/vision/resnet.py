@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ResNetConfig
-from .batch_norm import Fp32StatsBatchNorm2d
+from vlp.models.config import ResNetConfig
+from vlp.models.vision.batch_norm import Fp32StatsBatchNorm2d
 
 # fp32 statistics beside bf16/fp16 weights (DeepSpeed casts parameters, not buffers)
 BatchNorm2d = Fp32StatsBatchNorm2d

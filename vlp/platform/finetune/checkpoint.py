@@ -25,10 +25,10 @@ import torch
 from vlp.models import FAMILIES, VLPModel, get_family
 from vlp.models.checkpoints import CheckpointError, LoadReport, read_state_dict
 from vlp.models.checkpoints.state_dict_io import assign_strict
-from vlp.models.downstream import extra_type_rows
-from vlp.platform.run_storage import StorageError, is_uri, local_copy, open_location
+from vlp.models.heads import extra_type_rows
+from vlp.platform.cluster.run_storage import StorageError, is_uri, local_copy, open_location
 
-TRAINER_META = "vlp_trainer.json"       # vlp/platform/checkpointing.py
+TRAINER_META = "vlp_trainer.json"       # vlp/platform/training/checkpointing.py
 MODEL_STATES = "mp_rank_00_model_states.pt"
 WORD_EMBEDDINGS = "backbone.text_embeddings.word_embeddings.weight"
 TYPE_TABLE = "backbone.text_embeddings.token_type_embeddings.weight"

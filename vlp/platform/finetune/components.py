@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from vlp.datasets.downstream import EpochSampler
-from vlp.datasets.text_tokenizer import load_tokenizer
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
-from vlp.models.downstream import DownstreamModel, build_head, extend_for
+from vlp.models.heads import DownstreamModel, build_head, extend_for
 from vlp.platform.finetune import checkpoint as ckpt
-from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark
-from vlp.platform.finetune.eval_runner import EvalRunner
+from vlp.benchmarks import BenchmarkContext, get_benchmark
+from vlp.benchmarks.eval_runner import EvalRunner
 
 
 class SingleTask:

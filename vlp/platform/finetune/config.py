@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from vlp.platform.config_loader import ConfigError, bounded, load_config
-from vlp.platform.experiment_config import ScalingSection, _NAME
-from vlp.platform.finetune.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
+from vlp.contract.config_loader import ConfigError, bounded, load_config
+from vlp.platform.pretrain.config import ScalingSection, _NAME
+from vlp.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
 
 META_SUM_BENCHMARKS = ["vqa", "retrieval", "nlvr2", "refcoco+"]   # UNITER Table 3
 # The benchmarks' default lrs are UNITER-base's, tuned at hidden width 768. With Adam the step
@@ -153,7 +153,7 @@ class FinetuneConfig:
     def resolved_paths(self) -> "FinetuneConfig":
         import dataclasses
 
-        from vlp.platform.run_storage import is_uri
+        from vlp.platform.cluster.run_storage import is_uri
 
         def absolute(p: str) -> str:   # a URI (s3://...) stays as it is
             return str(Path(p).expanduser().resolve()) if p and not is_uri(p) else p

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 from vlp.datasets.downstream import DownstreamDataConfig, DownstreamDataError, MissingImagesError
 from vlp.datasets.downstream import data_config_for
 from vlp.datasets.downstream.images import split_files
-from vlp.datasets.text_tokenizer import load_tokenizer
-from vlp.datasets.world import WorldError, load_manifest
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
+from vlp.datasets.storage.world import WorldError, load_manifest
 from vlp.models import get_family
 from vlp.models.factory import preprocess_spec
 from vlp.platform.finetune import checkpoint as ckpt
-from vlp.platform.finetune.benchmarks import get_benchmark
+from vlp.benchmarks import get_benchmark
 from vlp.platform.finetune.config import FinetuneConfig
 
 IMAGE_COLUMNS = {"vqa": ["image_id"], "retrieval": ["image_id"], "ve": ["image_id"],

@@ -19,19 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from vlp.platform.config_loader import flatten, from_dict
-from vlp.platform.evaluation.metrics import META_SUM_PARTS, meta_sum
-from vlp.platform.experiment_config import ExperimentConfig
+from vlp.contract.config_loader import flatten, from_dict
+from vlp.benchmarks.metrics import META_SUM_PARTS, meta_sum
+from vlp.platform.pretrain.config import ExperimentConfig
 from vlp.platform.finetune import tracking
-from vlp.platform.finetune.benchmarks import BenchmarkContext, get_benchmark, task_id
+from vlp.benchmarks import BenchmarkContext, get_benchmark, task_id
 from vlp.platform.finetune.components import FinetuneComponents
 from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
-from vlp.platform.ray_session import ensure_ray
-from vlp.platform.pretrain import run_pretraining
-from vlp.platform.progress import ProgressPrinter
-from vlp.platform.tracking import check_reachable
-from vlp.platform.tracking_choice import TRACKING_ENV, check_tracking_shared
+from vlp.platform.cluster.ray_session import ensure_ray
+from vlp.platform.pretrain.run import run_pretraining
+from vlp.platform.training.progress import ProgressPrinter
+from vlp.platform.tracking.mlflow_run import check_reachable
+from vlp.platform.tracking.choice import TRACKING_ENV, check_tracking_shared
 
 
 @dataclass

@@ -14,8 +14,8 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlp.platform.run_storage import is_uri, open_location
-from vlp.platform.tracking import RUN_KEY_TAG, MlflowRun, embedded_tracking_uri, run_key
+from vlp.platform.cluster.run_storage import is_uri, open_location
+from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, MlflowRun, embedded_tracking_uri, run_key
 
 TRAINER_META = "vlp_trainer.json"
 

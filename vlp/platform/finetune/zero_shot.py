@@ -13,9 +13,9 @@ from typing import Any
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.config import FinetuneConfig
 from vlp.platform.finetune.preflight import prepare
-from vlp.platform.ray_session import ensure_ray
+from vlp.platform.cluster.ray_session import ensure_ray
 from vlp.platform.finetune.run import BenchmarkReport, components_for, run_name
-from vlp.platform.protocols import WorkerInfo
+from vlp.platform.training.protocols import WorkerInfo
 
 ZERO_SHOT_BENCHMARKS = ("retrieval",)
 
@@ -41,7 +41,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     from ray.train.torch import TorchTrainer
 
     from vlp.platform.finetune.run import with_tracking_env
-    from vlp.platform.tracking_choice import check_tracking_shared
+    from vlp.platform.tracking.choice import check_tracking_shared
 
     cfg = with_tracking_env(cfg.resolved_paths())
     bad = [b for b in cfg.benchmarks if b not in ZERO_SHOT_BENCHMARKS]
@@ -85,7 +85,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
                                  eval_split=value.get("eval_split", ""),
                                  eval_examples=value.get("eval_examples", 0))
         if parent is not None:
-            from vlp.platform.tracking import MlflowRun
+            from vlp.platform.tracking.mlflow_run import MlflowRun
 
             child = MlflowRun.open(parent.tracking_uri, parent.experiment,
                                    run_name=f"{run_name(cfg, 'zero-shot-' + name)}",

@@ -108,8 +108,8 @@ class SweepProgress(ray.tune.Callback):
             self.say(f"warning: could not close MLflow run {run_id}: {e}")
 
     def _refresh(self) -> None:
-        from vlp.platform.leaderboard import load_leaderboard
-        from vlp.platform.leaderboard_export import log_leaderboard
+        from vlp.platform.tracking.leaderboard import load_leaderboard
+        from vlp.platform.tracking.leaderboard_export import log_leaderboard
 
         try:
             log_leaderboard(self.tracking_uri, load_leaderboard(self.tracking_uri,
@@ -127,7 +127,7 @@ class SweepProgress(ray.tune.Callback):
 
 
 def _parts_of(benchmark: str) -> list[str]:
-    from vlp.platform.finetune.benchmarks import get_benchmark
+    from vlp.benchmarks import get_benchmark
 
     try:
         return list(get_benchmark(benchmark).meta_parts)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from vlp.platform.config_loader import bounded, load_config
-from vlp.platform.experiment_config import name_and_folder_problems
+from vlp.contract.config_loader import bounded, load_config
+from vlp.platform.pretrain.config import name_and_folder_problems
 from vlp.platform.sweep.space import SearchSpace
 
 # keys of ``pretrain`` that the sweep decides per trial (a user value would be ignored)
@@ -145,7 +145,7 @@ class SweepConfig:
     def resolved(self) -> "SweepConfig":
         """Absolute paths (Ray workers and job drivers run in other folders) and the
         tracking URI filled in."""
-        from vlp.platform.tracking import embedded_tracking_uri
+        from vlp.platform.tracking.mlflow_run import embedded_tracking_uri
 
         root = str(Path(self.sweep.output_dir).expanduser().resolve())
         uri = (self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")

@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from vlp.platform.config_loader import ConfigError
+from vlp.contract.config_loader import ConfigError
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.replays import NAMED_POINTS, check_replay, named_point, replay_lines
@@ -57,7 +57,7 @@ def check_sweep(cfg: SweepConfig) -> SweepPlan:
     problems += _finetune_problems(cfg)   # both: every problem at once
     if problems:
         raise ConfigError(problems)
-    from vlp.platform.tracking import check_reachable
+    from vlp.platform.tracking.mlflow_run import check_reachable
 
     check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
     return plan
@@ -97,7 +97,7 @@ def _probe_points(cfg: SweepConfig) -> list[TrialPoint]:
 
 
 def _world_problems(cfg: SweepConfig, points: list[TrialPoint]) -> list[tuple[str, str]]:
-    from vlp.datasets.world import WorldError, load_manifest
+    from vlp.datasets.storage.world import WorldError, load_manifest
 
     try:
         load_manifest(cfg.world)
@@ -115,7 +115,7 @@ def _world_problems(cfg: SweepConfig, points: list[TrialPoint]) -> list[tuple[st
 
 def _pretrain_problems(cfg: SweepConfig, named: list[tuple[str, TrialPoint]]
                        ) -> list[tuple[str, str]]:
-    from vlp.platform.pretrain_data import prepare
+    from vlp.platform.pretrain.data import prepare
 
     problems: list[tuple[str, str]] = []
     seen = set()

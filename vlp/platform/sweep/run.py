@@ -21,18 +21,18 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from vlp.platform.config_loader import ConfigError, flatten, to_dict
-from vlp.platform.leaderboard import Leaderboard, load_leaderboard
-from vlp.platform.leaderboard_export import log_leaderboard
-from vlp.platform.ray_session import ensure_ray
+from vlp.contract.config_loader import ConfigError, flatten, to_dict
+from vlp.platform.tracking.leaderboard import Leaderboard, load_leaderboard
+from vlp.platform.tracking.leaderboard_export import log_leaderboard
+from vlp.platform.cluster.ray_session import ensure_ray
 from vlp.platform.sweep.callbacks import SweepProgress
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.space import SpaceSampler
-from vlp.platform.run_storage import check_shared, open_location
+from vlp.platform.cluster.run_storage import check_shared, open_location
 from vlp.platform.sweep.trial_configs import resolve_text_init
-from vlp.platform.tracking_choice import check_tracking_shared
+from vlp.platform.tracking.choice import check_tracking_shared
 from vlp.platform.sweep.tracking import open_parent_run
 from vlp.platform.sweep.trial import TrialContext, run_trial
 
@@ -83,7 +83,7 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     check_shared(open_location(cfg.sweep.output_dir))
     check_tracking_shared(cfg.mlflow.tracking_uri)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
-    from vlp.platform.console import RAY_LOG, log_to
+    from vlp.platform.cluster.console import RAY_LOG, log_to
 
     ray_log = log_to(sweep_dir / RAY_LOG)      # None: not routed (verbose, or a library call)
     parent = open_parent_run(cfg, instance)
@@ -209,7 +209,7 @@ def _interrupted(tune_path: Path, expected: int, exhausted: bool = False) -> boo
 
 def _pretrain_scaling(cfg: SweepConfig):
     """The trials' pretraining ``scaling`` section, defaults filled in."""
-    from vlp.platform.experiment_config import ScalingSection
+    from vlp.platform.pretrain.config import ScalingSection
 
     given = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
     default = ScalingSection()

@@ -19,7 +19,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vlp.platform.config_loader import bounded
+from vlp.contract.config_loader import bounded
 from vlp.platform.sweep.point import TASK_ORDER, TrialPoint, task_rank
 
 

@@ -31,7 +31,7 @@ def captions_of(world: str, limit: int = 200_000) -> list[str]:
     """The captions of the world's in- and out-of-domain pretraining corpora."""
     import pyarrow.parquet as pq
 
-    from vlp.datasets.world import load_manifest
+    from vlp.datasets.storage.world import load_manifest
 
     m = load_manifest(world)
     out: list[str] = []
@@ -52,7 +52,7 @@ def make_text_init(family: str, *, world: str, out: str, steps: int = 600,
     import torch
     from transformers import BertConfig, BertForPreTraining
 
-    from vlp.datasets.text_tokenizer import load_tokenizer
+    from vlp.datasets.stream.text_tokenizer import load_tokenizer
     from vlp.models import get_family
 
     target = Path(out) / "model.safetensors"

@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlp.platform.config_loader import flatten
+from vlp.contract.config_loader import flatten
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
-from vlp.platform.tracking import MlflowRun, run_key
+from vlp.platform.tracking.mlflow_run import MlflowRun, run_key
 
 SWEEP_JOB = "sweep"
 TRIAL_JOB = "sweep-trial"

@@ -2,7 +2,7 @@
 the no-pretraining point), then finetune and evaluate on each benchmark in turn, reporting
 to Tune after every stage.
 
-    stage 0            pretraining (vlp.platform.pretrain_job.pretrain)      score 0
+    stage 0            pretraining (vlp.platform.pretrain.job.pretrain)      score 0
     stage k = 1..B     finetune + evaluate benchmark k (finetune_and_evaluate)  score = the
                        Meta-Sum parts so far (sum of the scores of benchmarks 1..k)
 
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlp.platform.evaluation.metrics import META_SUM_PARTS, meta_sum
+from vlp.benchmarks.metrics import META_SUM_PARTS, meta_sum
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 
@@ -201,7 +201,7 @@ def _run_stage(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, 
 
 def _pretrain(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, run_id: str,
               state: Replicate) -> None:
-    from vlp.platform.pretrain_job import pretrain
+    from vlp.platform.pretrain.job import pretrain
     from vlp.platform.sweep.trial_configs import pretrain_config
 
     exp = pretrain_config(ctx.cfg, point, trial=name, trial_dir=trial_dir, seed=state.seed)
@@ -253,7 +253,7 @@ def _finished_twin(ctx: TrialContext, point: TrialPoint, own_run_id: str
 def _replay_twin(run: Any, state: TrialState, twin: tuple[str, dict[str, float]],
                  benchmarks: list[str]) -> None:
     """Report the twin's stage results (no steps spent), so Optuna and ASHA see them."""
-    from vlp.platform.finetune.benchmarks import get_benchmark
+    from vlp.benchmarks import get_benchmark
 
     name, metrics = twin
     run.set_tags({"vlp.duplicate_of": name})

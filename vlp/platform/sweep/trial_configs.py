@@ -1,5 +1,5 @@
 """From a point of the space to the configs a trial runs: the pretraining experiment config
-(``vlp.platform.pretrain_job``) and the finetune settings (``vlp.platform.finetune``).
+(``vlp.platform.pretrain.job``) and the finetune settings (``vlp.platform.finetune``).
 
     cfg = pretrain_config(sweep_cfg, point, trial="L10", trial_dir="/abs/sweep/trials/L10")
     kw = finetune_kwargs(sweep_cfg, point, checkpoint, "vqa", trial="L10", trial_dir=...)
@@ -15,7 +15,7 @@ import copy
 from pathlib import Path
 from typing import Any, Iterator
 
-from vlp.platform.experiment_config import ExperimentConfig
+from vlp.platform.pretrain.config import ExperimentConfig
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 
@@ -25,7 +25,7 @@ DOMAIN_OF_CHOICE = {"in": ("in",), "out": ("out",), "both": ("in", "out")}
 def data_sources(world: str, choice: str) -> dict[str, dict[str, Any]]:
     """The world's pretraining sources for a data choice (in / out / both), by the domains
     its manifest records."""
-    from vlp.datasets.world import load_manifest
+    from vlp.datasets.storage.world import load_manifest
 
     m = load_manifest(world, check_files=False)
     names = [n for d in DOMAIN_OF_CHOICE[choice] for n in m.pretraining_sources(d)]
@@ -37,7 +37,7 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
     """The pretraining job of ``point``: the sweep's shared ``pretrain`` sections plus what the
     point decides. ``seed``: the replicate's training seed (default ``sweep.seed``).
     Validated against the model registry (``load_pretrain_config``)."""
-    from vlp.platform.pretrain_job import load_pretrain_config
+    from vlp.platform.pretrain.job import load_pretrain_config
 
     if not point.pretrains:
         raise ValueError(f"trial {trial}: the point {point.describe()} does not pretrain")
@@ -106,7 +106,7 @@ def text_init_checkpoint(cfg: SweepConfig) -> str:
 
     import torch
 
-    from vlp.datasets.world import load_manifest
+    from vlp.datasets.storage.world import load_manifest
     from vlp.models import create_model
 
     out = cfg.sweep_dir / "text-init" / "model.pt"

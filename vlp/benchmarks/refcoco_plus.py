@@ -1,0 +1,67 @@
+"""RefCOCO+ comprehension (UNITER §4.1): Linear(H, 1) per region, padding masked, CE over
+regions; a prediction is right when its box has IoU > 0.5 with the target.
+
+Two benchmarks: ``refcoco+`` on detected boxes (the Meta-Sum part, UNITER's val^d) and
+``refcoco+-gt`` on features of the ground-truth boxes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vlp.datasets.downstream.refexp import RefExpData
+from vlp.models.heads import build_head
+from vlp.benchmarks.metrics import refexp_accuracy
+from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
+                                                   hidden_size, register)
+
+
+class _RefCoco(Benchmark):
+    table = "refexp"
+    defaults = TrainDefaults(steps=600, batch_size=32, lr=1e-4)
+    boxes = "detected"
+
+    def check(self, ctx):
+        if ctx.data.visual != "regions":
+            raise ValueError(f"{self.name} scores image regions: family {ctx.family.name!r} "
+                             f"reads pixels (SOHO) and has none")
+
+    def train_data(self, ctx):
+        return RefExpData(ctx.data, "train", self.boxes)
+
+    def eval_data(self, ctx):
+        return RefExpData(ctx.data, ctx.eval_split, self.boxes)
+
+    def train_indices(self, data: RefExpData) -> np.ndarray:
+        return data.labelled
+
+    def build_head(self, ctx, backbone, itm_head):
+        return build_head("region-scorer", name=self.task, hidden=hidden_size(ctx))
+
+    def evaluate(self, ctx, data: RefExpData, runner) -> EvalResult | None:
+        # scores are [rows, regions] with a region count per batch: keep only the argmax
+        pred = runner.predict_sharded(data.batch, len(data), post=lambda s: s.argmax(1))
+        if pred is None:
+            return None
+        pred = pred.astype(np.int64)
+        boxes = np.stack([data.region_boxes(k)[p] for k, p in enumerate(pred)])
+        acc = refexp_accuracy(boxes, data.target_boxes)
+        return EvalResult({f"{self.task}_acc": acc},
+                          [{"ref_id": r, "region": int(p), "box": b.tolist()}
+                           for r, p, b in zip(data.column("ref_id"), pred, boxes)])
+
+
+@register
+class RefCocoDetected(_RefCoco):
+    name = "refcoco+"
+    description = "RefCOCO+ comprehension on detected boxes (accuracy, IoU > 0.5)"
+    boxes = "detected"
+    meta_parts = {"refcoco+": "refcocoplus_acc"}
+    primary = "refcocoplus_acc"
+
+
+@register
+class RefCocoGt(_RefCoco):
+    name = "refcoco+-gt"
+    description = "RefCOCO+ comprehension on ground-truth boxes (accuracy)"
+    boxes = "gt"
+    primary = "refcocoplus-gt_acc"

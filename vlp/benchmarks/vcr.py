@@ -1,0 +1,59 @@
+"""VCR (UNITER §4.1 / Appendix A.2): Q→A and QA→R trained together; each (question, choice)
+row classified right / wrong by its own two-class MLP on [CLS] (CE per row), a group's
+choices ranked by P(right); token types extended to question / answer / rationale; Q→AR =
+both stages right (the rationale scored given the right answer, VCR's protocol)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vlp.datasets.downstream.vcr import VcrData
+from vlp.models.heads import build_head, extend_for, layout_types
+from vlp.benchmarks.metrics import vcr_scores
+from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
+                                                   hidden_size, register)
+
+STAGES = {"both": ("q2a", "qa2r"), "q2a": ("q2a",), "qa2r": ("qa2r",)}
+
+
+@dataclass
+class VcrOptions:
+    train_stages: Literal["both", "q2a", "qa2r"] = "both"
+
+
+@register
+class Vcr(Benchmark):
+    name = "vcr"
+    table = "vcr"
+    description = "VCR: Q→A, QA→R and holistic Q→AR multiple choice (accuracy)"
+    defaults = TrainDefaults(steps=500, batch_size=8, lr=1e-4)
+    Options = VcrOptions
+    primary = "q2ar"
+    token_types = "vcr"
+
+    def _data(self, ctx, split):
+        types = layout_types(ctx.family, "vcr")[1]["vcr_types"]
+        return VcrData(ctx.data, split, types, STAGES[ctx.options.train_stages])
+
+    def train_data(self, ctx):
+        return self._data(ctx, "train")
+
+    def eval_data(self, ctx):
+        return self._data(ctx, ctx.eval_split)
+
+    def build_head(self, ctx, backbone, itm_head):
+        extend_for(backbone, "vcr")
+        return build_head("choice-pair-classifier", name=self.task, hidden=hidden_size(ctx))
+
+    def evaluate(self, ctx, data: VcrData, runner) -> EvalResult | None:
+        q2a = runner.predict_sharded(lambda idx: data.batch(idx, stages=("q2a",)), len(data),
+                                     max(1, runner.batch_size // 4))
+        qa2r = runner.predict_sharded(lambda idx: data.batch(idx, stages=("qa2r",)), len(data),
+                                      max(1, runner.batch_size // 4))
+        if q2a is None:
+            return None
+        a, r = q2a.argmax(1), qa2r.argmax(1)
+        metrics = vcr_scores(a, data.answer_labels, r, data.rationale_labels)
+        return EvalResult(metrics, [{"id": i, "answer": int(x), "rationale": int(y)}
+                                    for i, x, y in zip(data.column("id"), a, r)])

@@ -1,0 +1,150 @@
+"""Collate every batch of a window in one pass (region input), and swap ITM negatives in a
+collated batch.
+
+Collating batch by batch cost ~40 numpy calls per batch, each dearer than the bytes it moved
+(a demo-world batch is ~240 pairs). Here a window's batches share flat buffers: one scatter
+places every token, one take per region array (over the source blocks' rows laid end to end)
+places every region row, and each batch is a set of views into the buffers (disjoint, so a
+task may mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
+same references, batch by batch.
+
+The task of a batch is not known when the window is cut, so batches are collated unmasked and
+as positives; an ITM batch then swaps in its donors' rows (``swap_negatives``), which gives
+the arrays that collating the swapped references would.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from vlp.contract import batch_spec as K
+from vlp.datasets.storage.arrow_views import ranges
+from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT, ExampleRefs,
+                                  caption_spans, image_spans, whole_image_arrays)
+from vlp.datasets.batching.image_block import ImageBlock
+from vlp.datasets.batching.itm_negatives import Donors
+from vlp.tasks.masking.regions import SOFT_LABELS
+from vlp.datasets.stream.text_tokenizer import TextTokenizer
+
+Batch = dict[str, np.ndarray]
+
+
+def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
+                   tok: TextTokenizer, *, feature_dim: int, loc_dim: int,
+                   num_classes: int | None, need_soft: bool) -> list[Batch]:
+    """The unmasked batches (text, regions, ``positive``, unit counts) of ``batches``."""
+    if not batches:
+        return []
+    sizes = np.array([len(b) for b in batches], np.int64)
+    first = np.concatenate([[0], np.cumsum(sizes)])            # example offsets per batch
+    refs = ExampleRefs.concat(batches)
+    E = len(refs)
+    batch_of = np.repeat(np.arange(len(batches)), sizes)
+    slot = np.arange(E) - first[batch_of]                      # row within its batch
+
+    # per example: where its caption's word pieces are, its image's region rows, identities
+    tok_at, n_tok, text_key = caption_spans(blocks, refs)
+    reg_at, n_reg, image_key = image_spans(blocks, refs)
+
+    # text: [CLS] pieces [SEP] [PAD]… rows of each batch's own width, gathered in one take
+    # from the blocks' pieces with the three special ids appended
+    text_blocks = np.unique(refs.text_block)
+    pieces, tok_base = _concat_rows([blocks[b].tokens for b in text_blocks],
+                                    np.array([tok.pad_id, tok.cls_id, tok.sep_id], np.int32))
+    tok_at = tok_base[np.searchsorted(text_blocks, refs.text_block)] + tok_at
+    pad, cls, sep = len(pieces) - 3, len(pieces) - 2, len(pieces) - 1
+    T = np.maximum.reduceat(n_tok, first[:-1]) + 2
+    t_off = np.concatenate([[0], np.cumsum(sizes * T)])
+    row = t_off[batch_of] + slot * T[batch_of]                 # flat index of each [CLS]
+    take = np.full(int(t_off[-1]), pad, np.int64)
+    take[row] = cls
+    take[row + n_tok + 1] = sep
+    ex, pos = np.repeat(np.arange(E), n_tok), ranges(n_tok)
+    take[row[ex] + 1 + pos] = tok_at[ex] + pos
+    ids = pieces[take].astype(np.int64)
+    text_mask = np.zeros(len(ids), np.int64)
+    text_mask[np.repeat(row, n_tok + 2) + ranges(n_tok + 2)] = 1
+
+    # regions: rows padded to each batch's most regions (fp16 as stored), each array one
+    # take from the blocks' rows with a zero row appended for the padding
+    image_blocks = np.unique(refs.image_block)
+    starts = np.concatenate([[0], np.cumsum([len(blocks[b].features) for b in image_blocks])])
+    reg_at = starts[np.searchsorted(image_blocks, refs.image_block)] + reg_at
+    N = np.maximum.reduceat(n_reg, first[:-1])
+    r_off = np.concatenate([[0], np.cumsum(sizes * N)])
+    rrow = r_off[batch_of] + slot * N[batch_of]
+    rows_total = int(r_off[-1])
+    take = np.full(rows_total, starts[-1], np.int64)          # the zero row
+    ex, pos = np.repeat(np.arange(E), n_reg), ranges(n_reg)
+    dst = rrow[ex] + pos
+    take[dst] = reg_at[ex] + pos
+
+    def gather(name: str) -> np.ndarray:
+        parts = [getattr(blocks[b], name) for b in image_blocks]
+        rows = np.concatenate(parts + [np.zeros((1, parts[0].shape[1]), parts[0].dtype)])
+        return np.take(rows, take, axis=0)
+
+    feats, loc = gather("features"), gather("region_loc")
+    soft = gather("soft_labels") if need_soft else None
+    region_mask = np.zeros(rows_total, np.int64)
+    region_mask[dst] = 1
+    whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding
+
+    width = np.maximum.reduceat(n_tok + 2 + n_reg, first[:-1])   # the packed row
+    out = []
+    for i in range(len(batches)):
+        s, e, B, t, n = first[i], first[i + 1], sizes[i], T[i], N[i]
+        ts, rs = slice(t_off[i], t_off[i + 1]), slice(r_off[i], r_off[i + 1])
+        batch = {K.INPUT_IDS: ids[ts].reshape(B, t), K.TEXT_MASK: text_mask[ts].reshape(B, t),
+                 TEXT_KEYS: text_key[s:e],
+                 K.REGION_FEATS: feats[rs].reshape(B, n, feature_dim),
+                 K.REGION_LOC: loc[rs].reshape(B, n, loc_dim),
+                 K.REGION_MASK: region_mask[rs].reshape(B, n), IMAGE_KEYS: image_key[s:e]}
+        if need_soft:
+            batch[SOFT_LABELS] = soft[rs].reshape(B, n, num_classes)
+        for k, v in whole.items():
+            batch[k] = v[s:e]
+        batch[K.POSITIVE] = refs.positive[s:e].astype(bool)
+        batch[K.NUM_EXAMPLES] = np.array(B, dtype=np.int64)
+        batch[K.INPUT_UNITS] = np.array(B * width[i], dtype=np.int64)
+        out.append(batch)
+    return out
+
+
+TEXT_SIDE = (K.INPUT_IDS, K.TEXT_MASK, TEXT_KEYS)
+IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_LABELS,
+              WHOLE_FEAT, HAS_WHOLE)
+
+
+def swap_negatives(batch: Batch, donors: Donors) -> Batch:
+    """A collated batch with its ITM negatives' images (or texts) taken from their donors,
+    trimmed to the widths the swapped batch needs. The rows are swapped in place (a batch's
+    views are its own); the trimmed arrays come back in a new dict."""
+    out = dict(batch)
+    for idx, give, keys in ((*donors.image_swaps(), IMAGE_SIDE),
+                            (*donors.text_swaps(), TEXT_SIDE)):
+        for k in keys:
+            if k in out and len(idx):
+                out[k][idx] = out[k][give]   # the right side is gathered first: chains are safe
+    t = out[K.TEXT_MASK].sum(1)
+    n = out[K.REGION_MASK].sum(1)
+    T, N = int(t.max()), int(n.max())
+    if T < out[K.INPUT_IDS].shape[1]:   # the longest text went to no one
+        for k in (K.INPUT_IDS, K.TEXT_MASK):
+            out[k] = np.ascontiguousarray(out[k][:, :T])
+    if N < out[K.REGION_MASK].shape[1]:
+        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, SOFT_LABELS):
+            if k in out:
+                out[k] = np.ascontiguousarray(out[k][:, :N])
+    out[K.POSITIVE] = batch[K.POSITIVE] & ~donors.negative
+    out[K.INPUT_UNITS] = np.array(len(t) * int((t + n).max()), dtype=np.int64)
+    return out
+
+
+def _concat_rows(parts: list[np.ndarray], tail: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The parts end to end (then ``tail``), and where each part starts."""
+    starts = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    return np.concatenate(parts + ([tail] if tail is not None else [])), starts[:-1]

@@ -1,0 +1,52 @@
+"""The plain local stream: the same transform as the Ray Data map, run in-process with pyarrow.
+
+For evaluation, tests and single-process debugging: no Ray needed. Rows are split across
+``num_shards`` readers by chunks of ``read_rows`` rows (disjoint), in a file and chunk order
+shuffled per epoch with the config seed, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlp.datasets.stream.data_plan import DataPlan
+from vlp.datasets.stream.image_rows import ImageRowTransform
+from vlp.datasets.batching.pretrain_batches import PretrainBatches
+
+
+def local_blocks(plan: DataPlan, shard_index: int = 0, num_shards: int = 1
+                 ) -> Callable[[int], Iterator[pa.Table]]:
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index {shard_index} outside [0, {num_shards})")
+    cfg = plan.config
+    transform = ImageRowTransform(plan)
+    source_of = plan.source_of_file()
+    files = plan.files
+    chunks = [(f, start) for f in files
+              for start in range(0, pq.ParquetFile(f).metadata.num_rows, cfg.read_rows)]
+
+    def epoch_blocks(epoch: int) -> Iterator[pa.Table]:
+        rng = np.random.default_rng([cfg.seed, epoch, 0xF11E])
+        mine = [chunks[i] for i in rng.permutation(len(chunks))][shard_index::num_shards]
+        by_file: dict[str, list[int]] = {}
+        for f, start in mine:
+            by_file.setdefault(f, []).append(start)
+        for f in sorted(by_file, key=lambda f: rng.random()):
+            table = pq.read_table(f, columns=list(plan.read_columns))
+            for start in by_file[f]:
+                out = transform(table.slice(start, cfg.read_rows), source_index=source_of[f])
+                if out.num_rows:
+                    yield out
+
+    return epoch_blocks
+
+
+def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1,
+                  with_ids: bool = False) -> PretrainBatches:
+    """``PretrainBatches`` over this process's share of the shards, without Ray."""
+    return PretrainBatches(plan, local_blocks(plan, rank, world_size), rank=rank,
+                           with_ids=with_ids, world_size=world_size)

@@ -1,7 +1,0 @@
-"""Pretraining tasks, one file each; importing this package registers them all."""
-
-from . import (itm, mlm, mlm_obj, moc, mrc, mrc_kl, mrc_vlbert, mrfr, mvm,  # noqa: F401
-               mlm_text, sirp, wra)  # (registration)
-from .base import TASKS, HeadContext, Task, get_task, register_task
-
-__all__ = ["TASKS", "HeadContext", "Task", "get_task", "register_task"]

@@ -1,1 +1,0 @@
-"""Downstream evaluation: metrics as the official evaluators compute them, and Meta-Sum."""

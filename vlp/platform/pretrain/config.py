@@ -1,0 +1,366 @@
+"""The pretraining experiment config: one YAML file describes a run.
+
+Load with ``load_experiment_config(path, overrides=["optimizer.lr=1e-4"], task_names=...)``.
+Task names are checked against the model's task registry (passed in by the caller; the
+paper tasks by default). The ``data`` section is the pipeline's ``DataConfig`` as a user
+writes it (see ``DataSection``); ``vlp.platform.pretrain.data`` maps it, with the model's
+preprocessing, onto one ``DataConfig`` per stage.
+
+Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
+decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
+except precision (``auto``: bf16 on a bf16-capable GPU, fp32 on CPU) and steps (set them per
+run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from vlp.datasets.stream.data_config import DataConfig, DataConfigError, RegionConfig, SourceConfig
+from vlp.contract.config_loader import ConfigError, bounded, load_config
+
+# Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
+# WRA + MLM on object words (mlm-obj). The model registry supplies the authoritative list.
+PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
+                                "mvm", "wra", "mlm-obj", "sirp", "mlm-text")
+
+# NVIDIA GPU types as Ray names them (ray.util.accelerators): scaling.accelerator_type
+ACCELERATOR_TYPES = ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def name_and_folder_problems(name: str, output_dir: str) -> Iterable[tuple[str, str]]:
+    """A run or sweep name becomes a folder name; its output folder must be given."""
+    if not _NAME.match(name):
+        yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {name!r}"
+    if not output_dir:
+        yield "output_dir", "expected a folder path, got ''"
+
+
+@dataclass
+class RunSection:
+    name: str = "pretrain"          # Ray Train run name (a folder name): resume = same name
+    output_dir: str = "runs"        # runs root; relative paths resolve against the driver's cwd
+    # where checkpoints and artifacts live: a folder or a URI (s3://bucket/vlp); "" =
+    # $VLP_STORAGE, else output_dir. A multi-node cluster needs a URI or a shared mount
+    storage: str = ""
+    seed: int = bounded(0, ge=0)
+    max_failures: int = bounded(1, ge=-1)   # worker failures retried from the last checkpoint
+
+    def validate(self):
+        yield from name_and_folder_problems(self.name, self.output_dir)
+
+
+@dataclass
+class ModelSection:
+    family: str = "uniter-tiny"     # a name in the model-family registry
+    # random | minilm (packaged MiniLM text weights) | bert, uniter (weights at init_path)
+    init: Literal["random", "minilm", "bert", "uniter"] = "random"
+    init_path: str = ""
+    dropout: float = bounded(0.1, ge=0, lt=1)   # hidden and attention dropout (UNITER: 0.1)
+    # SOHO: the CNN is frozen for this many optimizer steps of the first stage (the paper's
+    # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
+    cold_start_steps: int = bounded(0, ge=0)
+    cnn_init: str = ""     # SOHO: a local torchvision ResNet state dict (ImageNet weights)
+    # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
+    # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
+    # carry their segments' types; "" = the family's own types
+    token_types: Literal["", "vcr"] = ""
+
+    def validate(self):
+        if not self.family:
+            yield "family", "expected a model family name, got ''"
+        if self.init in ("bert", "uniter") and not self.init_path:
+            yield "init_path", f"required when model.init is {self.init!r}"
+        if self.init not in ("bert", "uniter") and self.init_path:
+            yield "init_path", f"only used with model.init bert or uniter (init is {self.init!r})"
+
+    def init_spec(self) -> str:
+        """The ``init`` argument of ``vlp.models.create_model``."""
+        return f"{self.init}:{self.init_path}" if self.init_path else self.init
+
+
+@dataclass
+class SourceSection:
+    path: str
+    weight: float = bounded(1.0, ge=0)   # sampling weight among a stage's sources
+
+
+def _pipeline_default(name: str):
+    """Defaults come from the pipeline's ``DataConfig``, where each option is defined."""
+    f = DataConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+# experiment key → DataConfig field, where the names differ
+DATA_CONFIG_NAMES = {"batch_input_units": "batch_units"}
+
+
+@dataclass
+class DataSection:
+    """The pipeline's ``vlp.datasets.DataConfig`` options a pretraining run sets, under the
+    same names (except ``batch_input_units``), with its defaults and its value checks (the
+    types are restated here for the YAML loader). Not here: what the model family decides
+    (visual input, location encoding, whole-image feature, pixel sizes and SOHO's texts per
+    image), the seed (``run.seed``), and ``sources``, named here so that stages can pick
+    them."""
+    sources: dict[str, SourceSection] = field(default_factory=dict)
+    masking: Literal["conditional", "joint"] = _pipeline_default("masking")
+    # per worker per micro-batch: B × the longest packed row (text + regions)
+    batch_input_units: int = _pipeline_default("batch_units")
+    max_text_len: int = _pipeline_default("max_text_len")
+    overlong: Literal["drop", "truncate"] = _pipeline_default("overlong")
+    itm_neg_prob: float = _pipeline_default("itm_neg_prob")
+    mask_prob: float = _pipeline_default("mask_prob")
+    # mlm-obj's targets; [] = the class names of the world the sources sit in
+    object_words: tuple[str, ...] = _pipeline_default("object_words")
+    text_corpus: str | None = _pipeline_default("text_corpus")   # mlm-text's .txt folder
+    regions: RegionConfig = field(default_factory=RegionConfig)
+    split: str | None = _pipeline_default("split")
+    tokenizer_path: str | None = _pipeline_default("tokenizer_path")   # None: the model's
+    bucket_window: int = _pipeline_default("bucket_window")
+    bucketing: bool = _pipeline_default("bucketing")
+    read_rows: int = _pipeline_default("read_rows")
+    prefetch_blocks: int = _pipeline_default("prefetch_blocks")
+    cache: Literal["auto", "always", "never"] = _pipeline_default("cache")
+
+    def validate(self):
+        if not self.sources:
+            yield "sources", "expected at least one source {name: {path, weight}}"
+        elif all(s.weight == 0 for s in self.sources.values()):
+            yield "sources", "all source weights are 0: at least one must be positive"
+        for name, s in self.sources.items():
+            if not s.path:
+                yield f"sources.{name}.path", "expected a path, got ''"
+        try:   # the pipeline's own value checks (again with the model's input in pretrain_data)
+            DataConfig(sources=(SourceConfig("_", "_"),), **self.pipeline_options())
+        except DataConfigError as e:
+            back = {v: k for k, v in DATA_CONFIG_NAMES.items()}
+            for key, msg in e.problems:
+                yield back.get(key, key), msg
+
+    def pipeline_options(self) -> dict:
+        """This section as ``DataConfig`` keyword arguments (without sources)."""
+        return {DATA_CONFIG_NAMES.get(f.name, f.name): getattr(self, f.name)
+                for f in dataclasses.fields(self) if f.name != "sources"}
+
+
+@dataclass
+class StageSection:
+    name: str
+    steps: int = bounded(gt=0)
+    sources: list[str] = field(default_factory=list)     # [] = every data source
+    tasks: dict[str, float] = field(default_factory=dict)  # {} = the top-level task mix
+
+
+@dataclass
+class OptimizerSection:
+    lr: float = bounded(5e-5, gt=0)
+    betas: tuple[float, float] = bounded((0.9, 0.98), ge=0, lt=1)
+    eps: float = bounded(1e-6, gt=0)
+    weight_decay: float = bounded(0.01, ge=0)      # not applied to biases and norm weights
+    warmup_steps: int = bounded(10_000, ge=0)      # per stage
+    schedule: Literal["linear", "constant"] = "linear"   # after warm-up
+    grad_clip: float = bounded(5.0, ge=0)          # global grad-norm clip; 0 = off
+    # auto: torch AdamW, its fused CUDA kernel on GPU (nothing JIT-built)
+    impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
+    # a model with a CNN (SOHO): SGD for the CNN beside AdamW for the rest (SOHO §4.1: SGD lr
+    # 1e-2, weight decay 5e-4; momentum 0.9 is ours), or adamw: the CNN shares the AdamW above
+    cnn: Literal["sgd", "adamw"] = "sgd"
+    cnn_lr: float = bounded(1e-2, gt=0)
+    cnn_weight_decay: float = bounded(5e-4, ge=0)
+    cnn_momentum: float = bounded(0.9, ge=0, lt=1)
+
+
+@dataclass
+class TrainSection:
+    steps: int = bounded(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
+    grad_accum: int = bounded(1, gt=0)    # micro-batches per optimizer step (one task each)
+    # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    zero_stage: Literal[0, 1, 2] = 2
+    activation_checkpointing: bool = False   # recompute encoder layers in the backward
+    compile: bool = False                 # torch.compile the model (needs a compiler; opt-in)
+    prefetch_batches: int = bounded(2, ge=0)   # micro-batches built ahead on a thread; 0 = off
+    peak_tflops: float = bounded(0.0, ge=0)    # device peak for MFU; 0 = from the device name
+    log_every: int = bounded(10, gt=0)    # steps between ray.train.report / MLflow flushes
+    on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
+    max_nonfinite_skips: int = bounded(10, gt=0)       # dropped batches per step, then raise
+    stop_after: int = bounded(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
+    extensions_dir: str = ""              # TORCH_EXTENSIONS_DIR for DeepSpeed's JIT ops
+
+
+@dataclass
+class ScalingSection:
+    num_workers: int = bounded(2, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = bounded(1.0, gt=0)
+    # PACK: as few nodes as possible; SPREAD: one worker per node where it can
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    # the one GPU type every worker runs on ("" = any): Ray's ``accelerator_type:<name>``
+    # resource, which each GPU node reports and cluster.yaml's node types declare, so a
+    # config lands on its GPU type and never on a mix
+    accelerator_type: str = ""
+
+    def validate(self):
+        if self.accelerator_type and self.accelerator_type not in ACCELERATOR_TYPES:
+            yield "accelerator_type", (f"unknown GPU type {self.accelerator_type!r}; known: "
+                                       f"{', '.join(ACCELERATOR_TYPES)} (Ray's names)")
+        if self.accelerator_type and not self.use_gpu:
+            yield "accelerator_type", "only used with use_gpu: true"
+
+
+@dataclass
+class CheckpointSection:
+    interval: int = bounded(1000, gt=0)   # steps; the last step is always checkpointed
+    keep: int = bounded(2, ge=1)
+
+
+@dataclass
+class MlflowSection:
+    enabled: bool = True
+    # "" = $MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db (embedded)
+    tracking_uri: str = ""
+    experiment: str = "vlp-pretrain"
+    check_timeout_s: float = bounded(3.0, gt=0)
+
+
+def _uniter_mix() -> dict[str, float]:
+    return {"itm": 2.0, "mlm": 2.0, "mrfr": 1.0, "mrc-kl": 1.0}
+
+
+@dataclass
+class ExperimentConfig:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    tasks: dict[str, float] = field(default_factory=_uniter_mix)   # mix ratios
+    stages: list[StageSection] = field(default_factory=list)     # [] = one stage "pretrain"
+    train: TrainSection = field(default_factory=TrainSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    mlflow: MlflowSection = field(default_factory=MlflowSection)
+
+    def validate(self):
+        """Cross-section rules (task names are checked in ``check_task_names``)."""
+        yield from _check_mix(self.tasks, "tasks")
+        if self.train.precision == "fp16" and not self.scaling.use_gpu:
+            yield "train.precision", ("fp16 is not supported on CPU (DeepSpeed refuses it): "
+                                      "use bf16 or fp32, or set scaling.use_gpu=true")
+        if not self.stages and self.train.steps == 0:
+            yield "train.steps", "expected an integer > 0 (or a list of stages with steps)"
+        if self.stages:
+            total = sum(s.steps for s in self.stages if isinstance(s.steps, int))
+            if self.train.steps not in (0, total):
+                yield "train.steps", (f"is {self.train.steps} but the stages sum to {total} "
+                                      f"steps: set it to 0 or {total}")
+        seen = set()
+        for i, st in enumerate(self.stages):
+            key = f"stages.{i}"
+            if st.name in seen:
+                yield f"{key}.name", f"duplicate stage name {st.name!r}"
+            seen.add(st.name)
+            for j, src in enumerate(st.sources):
+                if src not in self.data.sources:
+                    yield f"{key}.sources.{j}", (f"unknown data source {src!r} (known: "
+                                                 f"{', '.join(self.data.sources)})")
+            if st.tasks:
+                yield from _check_mix(st.tasks, f"{key}.tasks")
+        first = self.stage_plan()[0]
+        cold = self.model.cold_start_steps
+        if isinstance(first.steps, int) and isinstance(cold, int) and 0 < first.steps <= cold:
+            yield "model.cold_start_steps", (
+                f"is {self.model.cold_start_steps} but the first stage {first.name!r} has "
+                f"{first.steps} steps: the CNN would never train in it; expected fewer")
+        for st in self.stage_plan():
+            if self.optimizer.schedule == "linear" and self.optimizer.warmup_steps >= st.steps:
+                yield "optimizer.warmup_steps", (
+                    f"is {self.optimizer.warmup_steps} but stage {st.name!r} has only "
+                    f"{st.steps} steps: the learning rate would never decay; expected fewer")
+
+    # ---- derived ------------------------------------------------------------------------
+
+    def stage_plan(self) -> list[StageSection]:
+        """The stages with defaults filled in (sources, task mix)."""
+        stages = self.stages or [StageSection(name="pretrain", steps=self.train.steps)]
+        return [StageSection(name=s.name, steps=s.steps,
+                             sources=list(s.sources) or list(self.data.sources),
+                             tasks=dict(s.tasks) or dict(self.tasks)) for s in stages]
+
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stage_plan())
+
+    def all_tasks(self) -> list[str]:
+        """Every task with a non-zero ratio in any stage, in first-seen order (the model's
+        heads)."""
+        out: list[str] = []
+        for st in self.stage_plan():
+            out += [t for t, r in st.tasks.items() if r > 0 and t not in out]
+        return out
+
+
+def _check_mix(mix: dict[str, float], key: str):
+    if not mix:
+        yield key, "expected at least one task with a positive ratio"
+        return
+    for name, ratio in mix.items():
+        if not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+            yield f"{key}.{name}", f"expected a mix ratio ≥ 0, got {ratio!r}"
+    if all(isinstance(r, (int, float)) and r == 0 for r in mix.values()):
+        yield key, "all mix ratios are 0: at least one task must have a positive ratio"
+
+
+def check_task_names(cfg: ExperimentConfig, task_names: Iterable[str]) -> list[tuple[str, str]]:
+    """Problems for task names the model registry does not know."""
+    import difflib
+
+    known = list(task_names)
+    problems = []
+    mixes = [("tasks", cfg.tasks)] + [(f"stages.{i}.tasks", s.tasks)
+                                       for i, s in enumerate(cfg.stages)]
+    for key, mix in mixes:
+        for name in mix:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append((f"{key}.{name}", f"unknown task {name!r}; known tasks: "
+                                                  f"{', '.join(known)}{hint}"))
+    return problems
+
+
+def check_family(cfg: ExperimentConfig, families: Iterable[str]) -> list[tuple[str, str]]:
+    import difflib
+
+    known = list(families)
+    if cfg.model.family in known:
+        return []
+    close = difflib.get_close_matches(cfg.model.family, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return [("model.family", f"unknown model family {cfg.model.family!r}; known: "
+                             f"{', '.join(known)}{hint}")]
+
+
+def load_experiment_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                           data: dict | None = None,
+                           task_names: Iterable[str] | None = None,
+                           families: Iterable[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate. Raises ``ConfigError`` naming every bad key.
+
+    ``task_names`` / ``families``: the registries to check against (``list(vlp.models.TASKS)``,
+    ``vlp.models.list_families()``); the paper tasks and no family check by default, so that
+    loading a config does not import the model zoo."""
+    cfg = load_config(ExperimentConfig, path, overrides, data=data)
+    problems = check_task_names(cfg, PAPER_TASKS if task_names is None else task_names)
+    if families is not None:
+        problems += check_family(cfg, families)
+    if problems:
+        raise ConfigError(problems)
+    return cfg

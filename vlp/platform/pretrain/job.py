@@ -1,0 +1,134 @@
+"""The pretraining job: an experiment config in; a trained checkpoint, its metrics and its
+MLflow run out. What ``jobs/pretrain.py``, ``vlp pretrain`` and sweeps call::
+
+    cfg = load_pretrain_config("jobs/configs/pretrain-tiny.yaml", ["train.steps=40"])
+    result = pretrain(cfg, parent_run_id=None)   # vlp.platform.pretrain.run.PretrainResult
+    result.checkpoint_path, result.metrics["loss"], result.mlflow_run_id
+
+Every check runs before Ray Train starts a worker (config keys and values, model family,
+task names and their fit to the family, source folders and shard footers, the MLflow
+store). Re-running with the same ``run.name`` and ``run.output_dir`` resumes the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vlp.platform.pretrain.config import ExperimentConfig, load_experiment_config
+from vlp.platform.pretrain.run import PretrainResult, preflight, resolve, run_pretraining
+from vlp.platform.pretrain.components import PretrainComponents
+from vlp.platform.pretrain.data import PretrainSetup, prepare
+
+ESTIMATE_BATCHES = 8        # batches read on the driver to estimate examples per step
+
+
+def load_pretrain_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
+                         data: dict | None = None) -> ExperimentConfig:
+    """Load and validate against the model registry (task names, families)."""
+    from vlp.models import TASKS, list_families
+
+    return load_experiment_config(path, overrides, data=data, task_names=list(TASKS),
+                                  families=list_families())
+
+
+def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
+             callbacks: Sequence[Any] = (), progress: bool = True,
+             say: Callable[[str], None] = print,
+             start_ray: Callable[[], None] | None = None) -> PretrainResult:
+    """Run (or resume) the pretraining job ``cfg`` on the Ray cluster this process is
+    attached to. ``parent_run_id`` nests its MLflow run (sweeps); ``callbacks`` are extra
+    ``ray.train.UserCallback``s (Tune's ``TuneReportCallback``); ``progress`` prints a line
+    per report; ``start_ray`` attaches to or starts Ray once every check has passed (a bad
+    config or checkpoint then fails before any Ray process exists)."""
+    cfg = resolved(cfg)
+    setup = prepare(cfg)            # ConfigError naming every bad key, before any compute
+    # tracking store reachable, resumable checkpoint fits: run_pretraining checks again, but
+    # this fails before the summary reads data and builds the model (both cheap checks)
+    preflight(cfg)
+    for line in summary(cfg, setup):
+        say(f"[vlp pretrain] {line}")
+    extra = list(callbacks)
+    if progress:
+        from vlp.platform.training.progress import ProgressPrinter
+
+        extra.insert(0, ProgressPrinter(cfg.total_steps(), [s.name for s in setup.stages]))
+    if start_ray is not None:
+        start_ray()
+    return run_pretraining(cfg, PretrainComponents(setup), parent_run_id=parent_run_id,
+                           callbacks=extra)
+
+
+def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``pretrain.resolve`` (runs folder, tracking URI) plus the data and weight paths
+    resolved against this process's cwd: workers run elsewhere, and the MLflow params then
+    name the files actually read."""
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().resolve()) if path else path
+
+    cfg = resolve(cfg)
+    sources = {n: dataclasses.replace(s, path=absolute(s.path))
+               for n, s in cfg.data.sources.items()}
+    data = dataclasses.replace(cfg.data, sources=sources,
+                               tokenizer_path=absolute(cfg.data.tokenizer_path or "") or None)
+    model = dataclasses.replace(cfg.model, init_path=absolute(cfg.model.init_path),
+                                cnn_init=absolute(cfg.model.cnn_init))
+    return dataclasses.replace(cfg, data=data, model=model)
+
+
+def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
+    """What the job will do, derived up front: parameters, steps, global batch in input
+    units and (estimated from a few batches read here) in examples."""
+    workers, gas = cfg.scaling.num_workers, cfg.train.grad_accum
+    micro = workers * gas
+    budget = cfg.data.batch_input_units * micro
+    per_batch = estimate_examples_per_batch(setup)
+    stages = ", ".join(f"{s.name}: {s.steps:,}" for s in cfg.stage_plan())
+    lines = [
+        f"run {cfg.run.name} → {cfg.run.storage or cfg.run.output_dir}/{cfg.run.name}; MLflow "
+        + (f"{cfg.mlflow.tracking_uri} (experiment {cfg.mlflow.experiment})"
+           if cfg.mlflow.enabled else "off"),
+        f"model {setup.family} (init {cfg.model.init_spec()}): {count_parameters(setup):,} "
+        f"parameters; heads {', '.join(setup.tasks)}; D={setup.feature_dim} "
+        f"C={setup.num_classes} vocab {setup.vocab_size:,}",
+        f"steps: {cfg.total_steps():,} in {len(setup.stages)} stage(s) ({stages}); "
+        f"{workers} worker(s) × {gas} micro-batch(es) = {micro} micro-batches per step; "
+        f"{cfg.train.precision}, ZeRO-{cfg.train.zero_stage}",
+        f"global batch: ≤ {budget:,} input units per step ({cfg.data.batch_input_units:,} per "
+        f"micro-batch) ≈ {per_batch * micro:,.0f} examples per step (≈ {per_batch:,.1f} per "
+        f"micro-batch, estimated from {ESTIMATE_BATCHES} batches; measured at step 1)",
+    ]
+    for s, st in zip(setup.stages, cfg.stage_plan()):
+        mix = ", ".join(f"{t}:{r:g}" for t, r in st.tasks.items() if r > 0)
+        lines.append(f"stage {s.name}: tasks {mix}; {s.plan.summary()}")
+    return lines
+
+
+def count_parameters(setup: PretrainSetup) -> int:
+    """Built on the meta device: no memory, no weights loaded."""
+    import torch
+
+    from vlp.models import create_model
+
+    with torch.device("meta"):
+        model = create_model(setup.family, setup.tasks, region_feat_dim=setup.feature_dim or 2048,
+                             num_classes=setup.num_classes or 1601,
+                             vocab_size=setup.vocab_size).model
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate_examples_per_batch(setup: PretrainSetup) -> float:
+    """Mean examples per micro-batch over a few batches of the first stage, read here with
+    the local reader (a small window: a slight underestimate)."""
+    from vlp.datasets.stream.local_stream import local_batches
+
+    plan = setup.stages[0].plan
+    small = dataclasses.replace(plan, config=dataclasses.replace(plan.config, bucket_window=512))
+    batches = local_batches(small)
+    try:
+        sizes = [int(batches.next(plan.tasks[0])["num_examples"]) for _ in range(ESTIMATE_BATCHES)]
+    finally:
+        batches.close()
+    return sum(sizes) / len(sizes)

@@ -1,0 +1,176 @@
+"""What rank 0 of the pretraining loop writes to MLflow: one run per job, found again after a
+worker restart (by the run id in the checkpoint, else by the job's deterministic key), params
+= the flattened config, per-step metrics in batches, and artifacts (config, DeepSpeed config,
+loss curve, a pointer to the final checkpoint).
+
+Every write goes through a ``TrackingQueue``: the training thread only queues it, so a slow
+or dead tracking server never blocks a step. MLflow's HTTP client gets short timeouts and few
+retries here (``MLFLOW_HTTP_REQUEST_*``, unless the environment sets them). What could not be
+delivered by the end is kept in the run's storage (``tracking-undelivered.jsonl`` in the run
+folder) and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from vlp.platform.training.checkpointing import TrainerState
+from vlp.contract.config_loader import flatten, to_yaml
+from vlp.platform.pretrain.config import ExperimentConfig
+from vlp.platform.tracking.mlflow_run import MlflowRun, loss_curve_figure
+from vlp.platform.tracking.background_queue import TrackingQueue
+
+_MAX_PENDING_ROWS = 100_000
+_NOT_METRICS = ("step", "stage", "tasks")
+UNDELIVERED_FILE = "tracking-undelivered.jsonl"
+# MLflow's defaults (120 s timeout, 7 retries with backoff) hold one call for many minutes
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+QUEUE_LIMIT = 256            # queued writes (one per report) before the oldest is given up
+CLOSE_TIMEOUT_S = 60.0       # how long the end of training waits for the queue to empty
+
+
+class RankZeroTracker:
+    def __init__(self, spec: dict[str, Any], cfg: ExperimentConfig):
+        self.spec = spec
+        self.cfg = cfg
+        self.run: MlflowRun | None = None
+        self.pending: list[tuple[int, dict[str, float]]] = []
+        self.last_checkpoint: str | None = None
+        self.queue: TrackingQueue | None = None
+        self.undelivered: list[dict[str, Any]] = []
+        if self.enabled:
+            for k, v in HTTP_DEFAULTS.items():
+                os.environ.setdefault(k, v)
+            self.queue = TrackingQueue(int(spec.get("queue_limit", QUEUE_LIMIT)))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.spec.get("enabled"))
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id if self.run else None
+
+    def open(self, run_id: str | None, fresh: bool) -> str | None:
+        """Queue the run's opening (params, config artifacts); returns at once with the run
+        id known so far (``run_id``; ``self.run_id`` once the server answered)."""
+        if not self.enabled:
+            return None
+        s = self.spec
+
+        def write():
+            self.run = MlflowRun.open(
+                s["tracking_uri"], s["experiment"], run_name=s["run_name"], run_id=run_id,
+                key=s["key"], parent_run_id=s.get("parent_run_id"),
+                artifact_location=s.get("artifact_location"),
+                tags={"vlp.job": "pretrain", "vlp.model_family": self.cfg.model.family})
+            changed = self.run.log_params(flatten(self.cfg))
+            if changed:
+                print(f"[vlp pretrain] resumed with changed settings (kept the first values as "
+                      f"params, see tag vlp.changed_on_resume): {', '.join(changed)}", flush=True)
+            if fresh:
+                self.run.log_text(to_yaml(self.cfg), "config/experiment.yaml")
+                self.run.log_dict(s["deepspeed_config"], "config/deepspeed.json")
+            self.run.set_tags({"vlp.state": "running"})
+        self.queue.submit(write, {"kind": "open", "run_name": s["run_name"], "key": s["key"],
+                                  "params": flatten(self.cfg)})
+        return run_id
+
+    def log_derived(self, figures: dict[str, Any]) -> None:
+        if self.enabled:
+            params = {f"derived.{k}": str(v) for k, v in figures.items()}
+            self._submit(lambda run: run.log_params(params), {"kind": "params", "params": params})
+
+    def add_step(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {k: float(v) for k, v in record.items()
+               if k not in _NOT_METRICS and isinstance(v, (int, float))}
+        self.pending.append((record["step"], row))
+        del self.pending[:-_MAX_PENDING_ROWS]
+
+    def flush(self, window_metrics: dict[str, Any], step: int,
+              checkpoint: str | None = None) -> None:
+        if not self.enabled:
+            return
+        extra = {k: float(window_metrics[k]) for k in ("examples_per_s", "input_units_per_s",
+                                                        "examples_seen", "skipped_batches",
+                                                        "data_wait_share", "model_tflops_per_s",
+                                                        "mfu")
+                 if k in window_metrics}   # mfu only where the device's peak is known
+        rows = self.pending + [(step, extra)]
+        self.pending = []
+        tags = {"vlp.checkpoint": checkpoint, "vlp.checkpoint_step": step} if checkpoint else {}
+
+        def write(run):
+            run.log_metric_rows(rows)
+            if tags:
+                run.set_tags(tags)
+        self._submit(write, {"kind": "metrics", "rows": rows, "tags": tags})
+        if checkpoint:
+            self.last_checkpoint = checkpoint
+
+    def flush_quietly(self) -> None:
+        if self.enabled and self.pending:
+            rows, self.pending = self.pending, []
+            self._submit(lambda run: run.log_metric_rows(rows), {"kind": "metrics", "rows": rows})
+
+    def close(self, completed: bool, state: TrainerState,
+              timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Queue the closing writes, wait for the queue (``timeout_s``, default
+        ``spec["close_timeout_s"]`` or ``CLOSE_TIMEOUT_S``), keep what was not delivered in
+        the run's storage and say so. Returns the undelivered records."""
+        if not self.enabled:
+            return []
+        self.flush_quietly()
+        pointer = {"checkpoint": self.last_checkpoint, "step": state.step,
+                   "completed": completed, "examples_seen": state.examples_seen,
+                   "note": "Ray Train checkpoint folder holding the DeepSpeed checkpoint"}
+
+        def write(run):
+            keys = ["loss"] + [f"{t}_loss" for t in sorted({t for s in self.cfg.stage_plan()
+                                                              for t in s.tasks})]
+            curves = {k: run.metric_history(k) for k in keys}
+            fig = loss_curve_figure({k: v for k, v in curves.items() if v},
+                                    title=self.cfg.run.name)
+            run.log_figure(fig, "plots/loss_curve.png")
+            run.log_text(json.dumps(pointer, indent=1), "checkpoint/latest.json")
+            run.set_tags({"vlp.state": "completed" if completed else "stopped"})
+            # KILLED = stopped on purpose (train.stop_after); re-running resumes this run
+            run.finish("FINISHED" if completed else "KILLED")
+        self._submit(write, {"kind": "close", "pointer": pointer,
+                             "status": "FINISHED" if completed else "KILLED"})
+        wait = timeout_s if timeout_s is not None else float(
+            self.spec.get("close_timeout_s", CLOSE_TIMEOUT_S))
+        self.undelivered = self.queue.close(wait)
+        if self.undelivered:
+            self._keep_undelivered()
+        return self.undelivered
+
+    def _submit(self, fn, record: dict[str, Any]) -> None:
+        """``fn(run)`` once the run is open (a failed opening fails it too, so it is kept)."""
+        def call():
+            if self.run is None:
+                raise RuntimeError("the MLflow run could not be opened")
+            fn(self.run)
+        self.queue.submit(call, record)
+
+    def _keep_undelivered(self) -> None:
+        from vlp.platform.cluster.run_storage import open_location
+
+        n = len(self.undelivered)
+        why = "; ".join(self.queue.errors[:2]) or "the tracking server did not answer in time"
+        where = "nowhere (no run storage)"
+        try:
+            if self.spec.get("storage"):
+                storage = open_location(self.spec["storage"])
+                lines = "".join(json.dumps(r, default=str) + "\n" for r in self.undelivered)
+                storage.write_text(lines, self.spec["run_name"], UNDELIVERED_FILE)
+                where = storage.uri(self.spec["run_name"], UNDELIVERED_FILE)
+        except Exception as e:  # report it; training is done either way
+            where = f"nowhere ({type(e).__name__}: {e})"
+        print(f"[vlp pretrain] warning: {n} MLflow write(s) could not be delivered ({why}); "
+              f"kept in {where}", flush=True)

@@ -1,0 +1,374 @@
+"""The per-worker pretraining loop that Ray Train runs on every worker.
+
+Per optimizer step: ``grad_accum`` micro-batches, each of one task drawn by the seeded task
+sampler (the same draw on every rank: UNITER's conditional masking serves one task per
+batch). The micro-batches are built ahead on a thread (``prefetch.Prefetcher``) while the
+device computes. One all-reduce per optimizer step, after the last backward and before the
+update, carries the step's statistics: per micro-batch a non-finite-loss flag and the task
+drawn (so ranks that drew differently are caught), examples, input units and the outputs'
+sums; nothing in a micro-batch waits on the device. A non-finite loss raises before the
+update. With ``on_nonfinite: skip`` a small all-reduce before each backward decides instead
+whether to drop that micro-batch on every rank and draw another (a dropped batch must not
+reach the gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step:
+the step counter, the schedule and the stage boundaries do not move. Checkpoints carry the
+trainer state (step, examples seen, sampler, batch source, RNG), so a resumed run continues
+exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import posixpath
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vlp.models.flops import EncoderShape, encoder_shape
+from vlp.platform.training import checkpointing
+from vlp.platform.training.checkpointing import TrainerState
+from vlp.contract.config_loader import from_dict
+from vlp.platform.training.device_peaks import device_name, peak_flops
+from vlp.platform.training.engine import (build_engine, compute_dtype, resolve_precision,
+                                 use_extensions_dir)
+from vlp.platform.pretrain.config import ExperimentConfig
+from vlp.platform.training.failures import SetupError, setup_phase
+from vlp.platform.training.prefetch import Prefetcher
+from vlp.platform.training.protocols import WorkerInfo
+from vlp.platform.tracking.rank_zero import RankZeroTracker
+from vlp.platform.training.step_stats import ReportWindow, check_tasks, reduce_step
+
+HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """Entry point for ``TorchTrainer``. ``loop_config``: ``config`` (the experiment config
+    as a dict, paths already absolute), ``components`` (a ``protocols.Components``),
+    ``tracking`` (``pretrain.tracking_spec``) and ``run_dir`` (the Ray run folder)."""
+    with setup_phase("worker set-up"):      # an error here is not worth a retry
+        cfg = from_dict(ExperimentConfig, loop_config["config"])
+        # before CUDA's allocator starts (ray_session.worker_env sets it for Ray's workers too)
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        worker = _Worker(cfg, loop_config)
+    return worker.run()
+
+
+class _Worker:
+    def __init__(self, cfg: ExperimentConfig, loop_config: dict[str, Any]):
+        import ray.train
+        import ray.train.torch
+
+        self.cfg = cfg
+        self.components = loop_config["components"]
+        self.run_dir = loop_config["run_dir"]
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        device = ray.train.torch.get_device() if cfg.scaling.use_gpu else torch.device("cpu")
+        self.info = WorkerInfo(self.rank, self.world, ctx.get_local_rank(), device, cfg.run.seed)
+        self.dtype = compute_dtype(cfg, device)
+        self.precision = resolve_precision(cfg, device)
+        self.peak = peak_flops(device_name(device), self.precision, cfg.train.peak_tflops)
+        self.shape: EncoderShape | None = None
+        self.overflow_skips = 0
+        self.plan = cfg.stage_plan()
+        self.stage_ends = [sum(s.steps for s in self.plan[:i + 1]) for i in range(len(self.plan))]
+        self.total = self.stage_ends[-1]
+        self.stop_at = min(self.total, cfg.train.stop_after or self.total)
+        # tasks with a positive ratio in some stage: the model's heads, and the ids that the
+        # cross-rank check compares
+        self.task_ids = {t: i for i, t in enumerate(cfg.all_tasks())}
+        self.tracker = RankZeroTracker(loop_config["tracking"], cfg) if self.rank == 0 else None
+        self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
+        self.engine = self.sampler = self.source = self.prefetch = None
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def _build_stage(self, model: torch.nn.Module, k: int) -> None:
+        stage = self.plan[k]
+        self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
+                                   stage_index=k)
+        # the same sampler seed on every rank → the same task draws; a new stream per stage
+        self.sampler = self.components.build_task_sampler(dict(stage.tasks),
+                                                          self.cfg.run.seed * 1009 + k)
+        self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
+        # started at its first next(), after a resume has loaded the sampler and the source
+        self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
+                                   device=self.info.device, dtype=self.dtype)
+
+    def _next_stage(self, state: TrainerState) -> None:
+        """Initialise stage k+1 from stage k's weights: fresh optimizer and schedule."""
+        module = self.engine.module
+        self.engine.destroy()   # removes ZeRO's gradient hooks from the shared parameters
+        self.engine = None
+        self._close_source()
+        state.stage += 1
+        self._build_stage(module, state.stage)
+        state.sampler = self.prefetch.state_dict()["sampler"]
+        self._say(f"stage {state.stage} '{self.plan[state.stage].name}' starts at step "
+                  f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
+
+    def _check_plan(self, meta: dict[str, Any]) -> None:
+        problem = checkpointing.resume_problem(meta, [(s.name, s.steps) for s in self.plan],
+                                               self.world)
+        if problem:
+            raise SetupError(problem)
+
+    def _close_source(self) -> None:
+        """The prefetch thread first (it may be inside ``source.next``), then the source:
+        batch sources may hold reader threads (``PretrainBatches.close``)."""
+        if self.prefetch is not None:
+            self.prefetch.close()
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+
+    def _setup(self) -> TrainerState:
+        import ray.train
+
+        use_extensions_dir(self.cfg.train.extensions_dir)
+        checkpointing.seed_everything(self.cfg.run.seed)   # identical model init on every rank
+        model = self.components.build_model(self.cfg, list(self.task_ids))
+        if self.cfg.train.activation_checkpointing:
+            set_checkpointing = getattr(model, "set_activation_checkpointing", None)
+            if set_checkpointing is None:
+                raise ValueError(f"train.activation_checkpointing: the model "
+                                 f"{type(model).__name__} has no set_activation_checkpointing")
+            set_checkpointing(True)
+        self.shape = encoder_shape(model)
+        if self.cfg.train.compile:
+            # in place: parameter names, and so checkpoints, stay those of the plain model;
+            # dynamic shapes: budget batching changes the batch and row lengths every step
+            model.compile(dynamic=True)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            self._build_stage(model, 0)
+            state = TrainerState(world_size=self.world,
+                                 sampler=self.prefetch.state_dict()["sampler"])
+            # per-rank streams (dropout, ...) from here on
+            checkpointing.seed_everything(self.cfg.run.seed + 1 + self.rank)
+            return state
+        with ckpt.as_directory() as folder:
+            meta = checkpointing.read_meta(folder)
+            self._check_plan(meta)
+            self._build_stage(model, meta["stage"])
+            state, per_rank = checkpointing.load(self.engine, folder, self.rank, self.world)
+        self.sampler.load_state_dict(state.sampler)
+        self.source.load_state_dict(per_rank["batch_source"])
+        checkpointing.set_rng_state(per_rank["rng"])   # last: building consumed randomness
+        self._say(f"resumed from step {state.step} (stage '{self.plan[state.stage].name}', "
+                  f"{state.examples_seen} examples seen)")
+        return state
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        # model + initial weights, engine, checkpoint, batch source: a deterministic error
+        # (config, data, checkpoint) ends the run at once; faults are retried
+        with setup_phase(f"rank {self.rank} set-up"):
+            state = self._setup()
+        t1 = time.perf_counter()
+        start_step = state.step
+        if self.tracker:
+            state.mlflow_run_id = self.tracker.open(state.mlflow_run_id, fresh=state.step == 0)
+            self._announce(fresh=state.step == 0)
+        self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
+                  f"{time.perf_counter() - t1:.1f} s")
+        window = ReportWindow(self.peak, self.world)
+        try:
+            while state.step < self.stop_at:
+                if state.step == self.stage_ends[state.stage]:
+                    self._next_stage(state)
+                record = self._optimizer_step(state)
+                if record is None:      # an fp16 overflow: DeepSpeed skipped the update
+                    continue
+                window.add(record)
+                self.history.append(record)
+                if self.tracker:
+                    self.tracker.add_step(record)
+                    if state.step == start_step + 1 and start_step == 0:
+                        self._announce_measured(record)
+                self._maybe_report(state, window)
+        except BaseException:
+            if self.tracker:
+                self.tracker.flush_quietly()
+            raise
+        finally:
+            self._close_source()
+        completed = state.step >= self.total
+        after = self._after_training() if completed else None
+        if self.tracker:
+            self.tracker.close(completed, state)
+            state.mlflow_run_id = self.tracker.run_id or state.mlflow_run_id
+        return {"history": list(self.history), "start_step": start_step,
+                "final_step": state.step, "total_steps": self.total, "completed": completed,
+                "examples_seen": state.examples_seen, "input_units_seen": state.input_units_seen,
+                "skipped_batches": state.skipped_batches, "mlflow_run_id": state.mlflow_run_id,
+                "checkpoint_path": posixpath.join(self.run_dir, _checkpoint_dir_name(state.step)),
+                "parameters": self.n_params, "after_training": after}
+
+    def _after_training(self) -> Any:
+        """The optional ``Components.after_training`` hook, on every rank (finetuning
+        evaluates there: queries sharded over the workers, gathered on rank 0); rank 0's
+        result reaches the driver in the return value."""
+        hook = getattr(self.components, "after_training", None)
+        return None if hook is None else hook(self.cfg, self.engine.module, self.info)
+
+    def _optimizer_step(self, state: TrainerState) -> dict[str, Any] | None:
+        """``grad_accum`` micro-batches and the update; the step's record, or None when
+        DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
+        gas, cfg = self.cfg.train.grad_accum, self.cfg.train
+        lr = float(self.engine.get_lr()[0])
+        wait0 = self.prefetch.wait_s
+        needed = self._micro_batches_left(state)
+        done, skips, micro = 0, 0, []
+        while done < gas:
+            item = self.prefetch.next(needed - done - 1)
+            task = item.task
+            out = self.engine(item.batch, task=task)
+            if "loss" not in out:
+                raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
+                               "entry (the total) is required")
+            if cfg.on_nonfinite == "skip" and not self._finite_everywhere(task, out, state):
+                state.skipped_batches += 1
+                skips += 1
+                msg = (f"non-finite loss at step {state.step + 1}, micro-batch {done + 1}/{gas}, "
+                       f"task {task!r} (rank {self.rank} local values "
+                       f"{ {k: float(v) for k, v in out.items()} })")
+                if skips > cfg.max_nonfinite_skips:
+                    raise FloatingPointError(f"{msg}; {skips} non-finite batches dropped in this "
+                                             f"step (train.max_nonfinite_skips="
+                                             f"{cfg.max_nonfinite_skips})")
+                self._say(msg + ": batch dropped on every rank")
+                continue
+            self.engine.backward(out["loss"])
+            micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
+                          item.input_units))
+            done += 1
+            if done == gas:   # before the update: a non-finite loss must not reach the weights
+                stats = self._reduce_step(micro, state)
+            self.engine.step()
+        state.examples_seen += stats["examples"]
+        state.input_units_seen += stats["input_units"]
+        if not self.engine.was_step_applied():
+            self.overflow_skips += 1
+            self._say(f"step {state.step + 1}: gradient overflow, update skipped (loss scale "
+                      f"lowered; {self.overflow_skips} skipped so far); the step is redone")
+            return None
+        state.step += 1
+        record = {"step": state.step, "stage": state.stage, "tasks": [m[0] for m in micro],
+                  "lr": lr, "global_batch_examples": stats["examples"],
+                  "global_batch_input_units": stats["input_units"],
+                  "data_wait_s": self.prefetch.wait_s - wait0}
+        if self.shape is not None:
+            record["model_flops"] = self.shape.train_flops(stats["examples"],
+                                                          stats["input_units"])
+        record.update(stats["means"])
+        record["loss"] = stats["loss_sum"] / gas
+        return record
+
+    def _micro_batches_left(self, state: TrainerState) -> int:
+        """Micro-batches this stage still needs if none is dropped (the prefetch bound)."""
+        end = min(self.stage_ends[state.stage], self.stop_at)
+        return max(1, (end - state.step) * self.cfg.train.grad_accum)
+
+    def _finite_everywhere(self, task: str, out: dict[str, torch.Tensor],
+                           state: TrainerState) -> bool:
+        """``on_nonfinite: skip``: one small all-reduce before the backward: whether every
+        rank's ``*loss`` is finite (and that every rank drew the same task)."""
+        losses = torch.stack([v.detach().float().reshape(()) for k, v in out.items()
+                              if k.endswith("loss")])
+        idx = float(self.task_ids[task])
+        head = torch.stack([(~torch.isfinite(losses)).any().double(),
+                            torch.tensor(idx, dtype=torch.float64, device=losses.device),
+                            torch.tensor(idx * idx, dtype=torch.float64, device=losses.device)])
+        dist.all_reduce(head)
+        h = head.tolist()
+        self._check_tasks([task], [h[1]], [h[2]], state)
+        return h[0] == 0
+
+    def _reduce_step(self, micro: list[tuple[str, dict[str, torch.Tensor], int, int]],
+                     state: TrainerState) -> dict[str, Any]:
+        return reduce_step(micro, self.task_ids, self.world, self.rank, state.step)
+
+    def _check_tasks(self, tasks: list[str], id_sum: list[float], id_sq: list[float],
+                     state: TrainerState) -> None:
+        check_tasks(tasks, id_sum, id_sq, self.world, self.rank, state.step)
+
+    # ---- reporting, checkpoints -------------------------------------------------------------
+
+    def _maybe_report(self, state: TrainerState, window: ReportWindow) -> None:
+        import ray.train
+
+        step = state.step
+        at_stage_end = step in self.stage_ends
+        save = step % self.cfg.checkpoint.interval == 0 or step == self.stop_at or at_stage_end
+        if not save and step % self.cfg.train.log_every:
+            return
+        metrics = window.summary(state)
+        window.reset()
+        if not save:
+            if self.tracker:
+                self.tracker.flush(metrics, step)
+            ray.train.report(metrics)
+            return
+        # the states before the first batch the prefetch thread built but the loop did not use
+        resume = self.prefetch.state_dict()
+        state.sampler = resume["sampler"]
+        if self.tracker and self.tracker.run_id:   # known once the tracking queue opened it
+            state.mlflow_run_id = self.tracker.run_id
+        name = _checkpoint_dir_name(step)
+        with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
+            checkpointing.save(self.engine, tmp, state, self.rank, resume["source"],
+                               stages=[(s.name, s.steps) for s in self.plan])
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                             checkpoint_dir_name=name)
+        if self.tracker:
+            self.tracker.flush(metrics, step, checkpoint=posixpath.join(self.run_dir, name))
+
+    def _announce(self, fresh: bool) -> None:
+        c, plan = self.cfg, self.plan
+        micro = c.train.grad_accum * self.world
+        budget = c.data.batch_input_units * micro
+        stages = ", ".join(f"{s.name}: {s.steps}" for s in plan)
+        lines = [
+            f"model {c.model.family}: {self.n_params:,} parameters ({self.n_trainable:,} "
+            f"trainable); tasks {', '.join(self.task_ids)}",
+            f"steps: {self.total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
+            f"micro-batch(es) × {self.world} worker(s) = {micro} per step",
+            f"global batch: ≤ {budget:,} input units per step ({c.data.batch_input_units:,} "
+            f"per micro-batch); examples per step are measured at step 1 (budget batching)",
+        ]
+        name = device_name(self.info.device) or self.info.device.type
+        lines.append(f"precision {self.precision}; prefetch {c.train.prefetch_batches} "
+                     f"micro-batch(es) ahead; MFU " + (
+                         f"against {self.peak / 1e12:.1f} TFLOP/s per device ({name})"
+                         if self.peak else f"unknown: no peak FLOP/s known for {name} "
+                         "(set train.peak_tflops)"))
+        for line in lines:
+            self._say(line)
+        if fresh:
+            self.tracker.log_derived({"parameters": self.n_params,
+                                      "trainable_parameters": self.n_trainable,
+                                      "total_steps": self.total, "micro_batches_per_step": micro,
+                                      "global_batch_input_units_budget": budget})
+
+    def _announce_measured(self, record: dict[str, Any]) -> None:
+        self._say(f"step 1: global batch = {record['global_batch_examples']:,} examples, "
+                  f"{record['global_batch_input_units']:,} input units")
+        self.tracker.log_derived({
+            "global_batch_examples_step1": record["global_batch_examples"],
+            "global_batch_input_units_step1": record["global_batch_input_units"]})
+
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            print(f"[vlp pretrain] {text}", flush=True)
+
+
+def _checkpoint_dir_name(step: int) -> str:
+    return f"checkpoint_{checkpointing.step_tag(step)}"

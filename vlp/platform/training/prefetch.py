@@ -1,0 +1,185 @@
+"""The training loop's input path: micro-batches built ahead of the step on a thread.
+
+The task sequence is deterministic (the sampler is seeded identically on every rank), so the
+next micro-batches can be drawn and built — masking, collation, ITM swaps — while the device
+runs the current step. Each item remembers the sampler and batch-source state from before it
+was drawn: a checkpoint saves the state of the first item not yet consumed, so a resumed run
+draws exactly the batches that the synchronous loop would have drawn.
+
+How far ahead the thread may go is set by the loop on every ``next(still_needed)``: at most
+``depth`` items, and never past the micro-batches the stage still needs. Every rank passes
+the same numbers, so every rank's thread draws the same batches; a batch source whose
+``next`` makes a collective (``PretrainBatches``' epoch sync) makes the same collectives on
+every rank, on a process group of its own (see ``pretrain_components.AnyRank``).
+
+On CUDA, host tensors are pinned on the thread and copied on a side stream; the consumer's
+stream waits for that copy with an event, not with a host sync. Bookkeeping scalars
+(examples, input units) are read on the host, before any copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/contract/batch_spec.py
+BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS)
+
+
+@dataclass
+class Prefetched:
+    task: str
+    batch: dict[str, Any]            # on the loop's device, floating tensors in its dtype
+    examples: int                    # host integers: no device read to count them
+    input_units: int
+    before: dict[str, Any] = field(repr=False, default_factory=dict)   # states before drawing
+    ready: Any = field(repr=False, default=None)   # CUDA event of the copy, else None
+
+
+class Prefetcher:
+    """``next(still_needed)`` → the next ``Prefetched`` micro-batch. ``depth`` = 0 builds it
+    on the caller's thread (the synchronous input path, same batches)."""
+
+    def __init__(self, sampler: Any, source: Any, *, depth: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32):
+        self.sampler, self.source = sampler, source
+        self.depth, self.device, self.dtype = depth, device, dtype
+        self.cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if self.cuda and depth > 0 else None
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Prefetched] = collections.deque()
+        self._building: dict[str, Any] | None = None   # states before the item in the making
+        self._target = 0          # items the thread may have produced in all
+        self._produced = self._consumed = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.wait_s = 0.0         # time the consumer spent waiting for a batch
+
+    # ---- the consumer (the training loop) -------------------------------------------------
+
+    def next(self, still_needed: int = 0) -> Prefetched:
+        """The next micro-batch; ``still_needed``: how many more the loop will take after this
+        one in the current stage if nothing is dropped (bounds the look-ahead)."""
+        t0 = time.perf_counter()
+        if self.depth == 0:
+            item = self._build(self._snapshot())
+        else:
+            item = self._take(still_needed)
+        if item.ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(item.ready)
+            for v in item.batch.values():
+                if isinstance(v, torch.Tensor) and v.is_cuda:
+                    v.record_stream(stream)   # the copy stream's memory now serves this one
+        self._consumed += 1
+        self.wait_s += time.perf_counter() - t0
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"sampler", "source"}`` as they were before the first batch not yet consumed."""
+        with self._cond:
+            if self._queue:
+                return copy.deepcopy(self._queue[0].before)
+            if self._building is not None:
+                return copy.deepcopy(self._building)
+            return self._snapshot()
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Stop the thread after the batch it is building (a batch source's collective must
+        finish on every rank)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- the thread -----------------------------------------------------------------------
+
+    def _take(self, still_needed: int) -> Prefetched:
+        with self._cond:
+            self._target = max(self._target, self._consumed + 1 + min(self.depth, still_needed))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="vlp-prefetch",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            while not self._queue and self._error is None:
+                self._cond.wait()
+            if self._error is not None and not self._queue:
+                raise RuntimeError("the batch prefetch thread failed") from self._error
+            item = self._queue.popleft()
+            self._cond.notify_all()
+            return item
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and self._produced >= self._target:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    before = self._building = self._snapshot()
+                item = self._build(before)
+                with self._cond:
+                    self._queue.append(item)
+                    self._produced += 1
+                    self._building = None
+                    self._cond.notify_all()
+        except BaseException as e:   # handed to the consumer, which raises it
+            with self._cond:
+                self._error = e
+                self._building = None
+                self._cond.notify_all()
+
+    def _snapshot(self) -> dict[str, Any]:
+        return copy.deepcopy({"sampler": self.sampler.state_dict(),
+                              "source": self.source.state_dict()})
+
+    def _build(self, before: dict[str, Any]) -> Prefetched:
+        task = self.sampler.next()
+        host = self.source.next(task)
+        examples = (int(host[NUM_EXAMPLES]) if NUM_EXAMPLES in host
+                    else _leading_dim(host))
+        units = int(host[INPUT_UNITS]) if INPUT_UNITS in host else 0
+        batch, ready = self._to_device(host)
+        return Prefetched(task, batch, examples, units, before, ready)
+
+    def _to_device(self, host: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        if self.device.type == "cpu":
+            return {k: self._cast(k, v) for k, v in host.items()}, None
+        stream = self._stream
+        out: dict[str, Any] = {}
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for k, v in host.items():
+                if isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
+                    if self.cuda and not v.is_pinned():
+                        v = v.pin_memory()
+                    v = self._cast(k, v.to(self.device, non_blocking=True))
+                out[k] = v
+            ready = None
+            if stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(stream)
+        return out, ready
+
+    def _cast(self, key: str, v: Any) -> Any:
+        if (isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != self.dtype
+                and key not in BOOKKEEPING_KEYS):
+            return v.to(self.dtype)
+        return v
+
+
+def _leading_dim(batch: dict[str, Any]) -> int:
+    for v in batch.values():
+        if isinstance(v, torch.Tensor) and v.ndim > 0:
+            return int(v.shape[0])
+    return 0

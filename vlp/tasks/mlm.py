@@ -1,0 +1,62 @@
+"""MLM: predict masked words from the rest of the text and the whole image (UNITER, BERT).
+
+Head (BERT's ``cls.predictions``): dense → GELU → LN → decoder whose weight *is* the word
+embedding matrix (tied) + its own bias. Loss: CE over masked positions of true pairs, mean.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.contract import batch_spec as bs
+
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.contract.batch_access import positive_pairs, require
+from vlp.tasks.base import Batch, HeadContext, Task, accuracy, register_task, zero_loss
+
+
+class PredictionTransform(nn.Module):
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.transform_act_fn = nn.GELU()
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class MaskedLanguageHead(nn.Module):
+    def __init__(self, ctx: HeadContext):
+        super().__init__()
+        words = ctx.backbone.text_embeddings.word_embeddings
+        self.transform = PredictionTransform(ctx.hidden_size, ctx.layer_norm_eps)
+        self.decoder = nn.Linear(ctx.hidden_size, ctx.vocab_size, bias=False)
+        self.decoder.weight = words.weight  # tied: the same Parameter object
+        self.bias = nn.Parameter(torch.zeros(ctx.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden)) + self.bias
+
+
+@register_task
+class MaskedLanguageModeling(Task):
+    name = "mlm"
+    head_name = "mlm"
+
+    def build_head(self, ctx: HeadContext) -> nn.Module:
+        return MaskedLanguageHead(ctx)
+
+    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        labels = require(batch, bs.MLM_LABELS, "mlm")
+        positive = positive_pairs(batch, labels.shape[0], labels.device)
+        select = (labels != -100) & enc.text_mask & positive[:, None]
+        # keys named by the task, so mlm-obj and mlm-text (same head and loss) report their own
+        loss, acc = f"{self.name}_loss", f"{self.name}_acc"
+        if not select.any():
+            return {loss: zero_loss(enc), acc: zero_loss(enc).detach()}
+        logits = head(enc.select_text(select))
+        target = labels[select]
+        return {loss: F.cross_entropy(logits.float(), target), acc: accuracy(logits, target)}

@@ -1,0 +1,67 @@
+"""MRC: classify a masked region as the detector's top class (UNITER).
+
+Head (UNITER's ``region_classifier``, shared with MRC-kl): Linear → GELU → LN → Linear(H, C).
+Label: argmax of the detector's distribution over classes 1..C-1 (background, class 0,
+excluded) — from ``region_class_labels``, or derived from ``region_soft_labels`` when the batch
+carries only those. Loss: CE over masked regions of true pairs, mean.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.contract import batch_spec as bs
+
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.contract.batch_access import BatchError
+from vlp.tasks.base import Batch, HeadContext, Task, accuracy, masked_regions, register_task, zero_loss
+
+
+class RegionClassifier(nn.Module):
+    def __init__(self, ctx: HeadContext):
+        super().__init__()
+        h = ctx.hidden_size
+        self.net = nn.Sequential(nn.Linear(h, h), nn.GELU(),
+                                 nn.LayerNorm(h, eps=ctx.layer_norm_eps),
+                                 nn.Linear(h, ctx.num_classes))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.net(hidden)
+
+
+def hard_region_labels(batch: Batch, who: str) -> torch.Tensor:
+    """long [B, N]: the detector's class per region, background excluded."""
+    labels = batch.get(bs.REGION_CLASS_LABELS)
+    if labels is not None:
+        return labels.long()
+    soft = batch.get(bs.REGION_SOFT_LABELS)
+    if soft is None:
+        raise BatchError(f"{who} needs batch key {bs.REGION_CLASS_LABELS!r} "
+                         f"(or {bs.REGION_SOFT_LABELS!r} to derive it from)")
+    return soft[..., 1:].argmax(-1) + 1
+
+
+def classification_terms(task: str, head: nn.Module, enc: EncoderOutput,
+                         batch: Batch) -> dict[str, torch.Tensor]:
+    labels = hard_region_labels(batch, task)
+    select = masked_regions(enc, batch, task) & (labels != -100)
+    if not select.any():
+        return {f"{task}_loss": zero_loss(enc), f"{task}_acc": zero_loss(enc).detach()}
+    logits = head(enc.select_regions(select))
+    target = labels[select]
+    return {f"{task}_loss": F.cross_entropy(logits.float(), target),
+            f"{task}_acc": accuracy(logits, target)}
+
+
+@register_task
+class MaskedRegionClassification(Task):
+    name = "mrc"
+    head_name = "region_classifier"
+
+    def build_head(self, ctx: HeadContext) -> nn.Module:
+        return RegionClassifier(ctx)
+
+    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        return classification_terms(self.name, head, enc, batch)

@@ -1,0 +1,42 @@
+"""MRC-kl: distil the detector's class distribution into masked regions (UNITER).
+
+Same head as MRC (``region_classifier``). Loss: KL(detector ‖ softmax(prediction)) over all C
+classes (background included).
+
+Normalisation: we sum the KL over the C classes of a region — the true KL divergence of that
+region, as in the paper's Σ_i D_KL — and average over the masked regions of true pairs. The
+reference code averages over regions × classes, i.e. its loss is ours divided by C (1601);
+multiply a mix weight by 1/C to reproduce its scale.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.contract import batch_spec as bs
+
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.contract.batch_access import require
+from vlp.tasks.base import Batch, HeadContext, Task, masked_regions, register_task, zero_loss
+from vlp.tasks.mrc import RegionClassifier
+
+
+@register_task
+class MaskedRegionClassificationKL(Task):
+    name = "mrc-kl"
+    head_name = "region_classifier"  # shared with mrc, as in UNITER
+
+    def build_head(self, ctx: HeadContext) -> nn.Module:
+        return RegionClassifier(ctx)
+
+    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        select = masked_regions(enc, batch, self.name)
+        if not select.any():
+            return {"mrc-kl_loss": zero_loss(enc)}
+        target = require(batch, bs.REGION_SOFT_LABELS, self.name)[select].float()
+        log_prediction = F.log_softmax(head(enc.select_regions(select)).float(), dim=-1)
+        # kl_div(log q, p) = p (log p − log q), 0 where p = 0; sum over classes, mean over regions
+        kl = F.kl_div(log_prediction, target, reduction="sum") / select.sum()
+        return {"mrc-kl_loss": kl}

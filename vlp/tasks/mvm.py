@@ -1,0 +1,69 @@
+"""MVM: masked visual modeling on the visual dictionary (SOHO).
+
+The embedder masks, on each image with ``mvm_apply``, every cell mapped to one dictionary
+index present in the image, and labels those cells with that index. Head: Linear → GELU → LN,
+then cosine similarity to every (detached) dictionary entry, times a learned logit scale
+(init 10, capped at 100: raw cosines in [−1, 1] are too flat a softmax over 2048 classes).
+Loss: CE over masked cells of true pairs, mean.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.contract.encoder_output import MVM_LABELS
+from vlp.contract.batch_access import positive_pairs
+from vlp.tasks.base import Batch, HeadContext, Task, accuracy, register_task, zero_loss
+from vlp.tasks.mlm import PredictionTransform
+
+MAX_LOGIT_SCALE = 100.0
+
+
+class VisualDictionaryHead(nn.Module):
+    def __init__(self, ctx: HeadContext):
+        super().__init__()
+        dictionary = getattr(ctx.backbone.visual, "dictionary", None)
+        if dictionary is None:
+            raise ValueError(f"mvm needs a visual dictionary; {ctx.backbone.family.name} has none")
+        self.dictionary = [dictionary]  # a plain list: a reference, not a second registration
+        self.transform = PredictionTransform(ctx.hidden_size, ctx.layer_norm_eps)
+        # shape [1], not a 0-d scalar: DeepSpeed broadcasts every parameter as bytes
+        # (``p.view(torch.uint8)``), which a 0-d tensor cannot be viewed as
+        self.log_logit_scale = nn.Parameter(torch.tensor([math.log(10.0)]))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "log_logit_scale"
+        if key in state_dict and state_dict[key].dim() == 0:   # checkpoints of the 0-d scale
+            state_dict[key] = state_dict[key].reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        entries = F.normalize(self.dictionary[0].embedding.detach().float(), dim=-1)
+        outputs = F.normalize(self.transform(hidden).float(), dim=-1)
+        scale = self.log_logit_scale.exp().clamp(max=MAX_LOGIT_SCALE)
+        return scale * outputs @ entries.t()
+
+
+@register_task
+class MaskedVisualModeling(Task):
+    name = "mvm"
+    head_name = "mvm"
+    masks_visual_tokens = True
+
+    def build_head(self, ctx: HeadContext) -> nn.Module:
+        return VisualDictionaryHead(ctx)
+
+    def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        labels = enc.extras[MVM_LABELS]
+        positive = positive_pairs(batch, labels.shape[0], labels.device)
+        select = (labels != -100) & enc.region_mask & positive[:, None]
+        if not select.any():
+            return {"mvm_loss": zero_loss(enc), "mvm_acc": zero_loss(enc).detach()}
+        logits = head(enc.select_regions(select))
+        target = labels[select]
+        return {"mvm_loss": F.cross_entropy(logits, target), "mvm_acc": accuracy(logits, target)}
