@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 from vlp.datasets.audit.leakage import audit_world
-from vlp.datasets.storage.shards import (read_image_shard, read_task_table, write_image_shard,
-                                 write_json_atomic, write_task_table)
+from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+from vlp.datasets.storage.task_tables import read_task_table, write_task_table
+from vlp.contract.atomic_write import write_json_atomic
 from vlp.datasets.storage.world import load_manifest
 
 

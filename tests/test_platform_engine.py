@@ -68,7 +68,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.config import load_experiment_config
     from vlp.testing.toy import ToyModel, ToyBatchSource
-    from vlp.platform import checkpointing
+    from vlp.platform.training import checkpointing
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist
     from vlp.models import create_model
     from vlp.testing.example_batches import example_batch
-    from vlp.platform import checkpointing
+    from vlp.platform.training import checkpointing
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.config import load_experiment_config
 
@@ -82,7 +82,7 @@ PRECISION_SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist
     from vlp.models import create_model
     from vlp.testing.example_batches import example_batch
-    from vlp.platform import checkpointing
+    from vlp.platform.training import checkpointing
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.config import load_experiment_config
 

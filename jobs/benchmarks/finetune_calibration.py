@@ -42,8 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibration_pretrain import pretrain  # noqa: E402
+from vlp.testing.calibration import pretrain
 
 PARTS = ("vqa", "ir", "tr", "nlvr2", "refcoco+")
 BAR_POINTS = 10.0

@@ -3,9 +3,10 @@
     python jobs/benchmarks/grounding_curve.py --world W [--tasks mlm=1,itm=1] [--steps 10000]
         [--every 1000] [--seed 0] [--dropout 0]
 
-Pretrains uniter-tiny with the calibration's local loop (``calibration_pretrain``: the
+Pretrains uniter-tiny with the calibration's local loop (``vlp.testing.calibration``: the
 platform's optimiser recipe over the pipeline's local iterator, batches of ``--units`` input
-units) and, every ``--every`` steps, runs ``grounding_probe``'s probe on the model in memory:
+units) and, every ``--every`` steps, runs ``vlp.testing.grounding``'s probe on the model in
+memory:
 masked class and colour words of val captions, predicted with the caption's own image and
 with another image. The two equal means the text predictions ignore the image.
 
@@ -22,10 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
-from calibration_pretrain import local_pretrain  # noqa: E402
-from grounding_probe import probe  # noqa: E402
+from vlp.testing.calibration import local_pretrain
+from vlp.testing.grounding import probe
 
 
 def main() -> int:

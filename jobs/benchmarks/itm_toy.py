@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from vlp.contract import batch_spec as K  # noqa: E402
+from vlp.contract import batch_spec as K
 
 CLS, SEP, FIRST_CLASS_WORD = 101, 102, 3000
 # BERT-base's std 0.02 at width 768 gives a projection std·sqrt(width) ≈ 0.55; a 64-wide

@@ -29,16 +29,14 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.models import create_model  # noqa: E402
-from vlp.testing.example_batches import example_batch  # noqa: E402
-from vlp.models.flops import encoder_shape  # noqa: E402
-from vlp.platform.training.device_peaks import peak_flops  # noqa: E402
+from vlp.models import create_model
+from vlp.testing.example_batches import example_batch
+from vlp.models.flops import encoder_shape
+from vlp.platform.training.device_peaks import peak_flops
 
 MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}  # UNITER in-domain mix
 MIX_CYCLE = ("itm", "mlm", "mrfr", "itm", "mlm", "mrc-kl")

@@ -22,12 +22,11 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.contract import batch_spec as K  # noqa: E402
-from vlp.datasets.stream.data_config import DataConfig, RegionConfig, world_sources  # noqa: E402
-from vlp.datasets.stream.data_plan import plan_data  # noqa: E402
-from vlp.datasets.stream.local_stream import local_batches  # noqa: E402
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, RegionConfig, world_sources
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches
 
 
 def figure(name: str, value: float, unit: str = "") -> None:
@@ -62,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-units", type=int, default=4096)
     p.add_argument("--bucket-window", type=int, default=4096)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from pipeline_throughput import ensure_world   # the shared world cache
+    from vlp.testing.bench_worlds import ensure_world
     world = ensure_world(args.world, args.scale)
     base = dict(sources=world_sources(str(world)), batch_units=args.batch_units,
                 bucket_window=args.bucket_window)

@@ -28,71 +28,27 @@ Prints settings, then one figure per line (``name value unit``), the ratio last.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-import pyarrow.compute as pc  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from vlp.contract import batch_spec as K  # noqa: E402
-from vlp.datasets.stream.data_config import DataConfig, world_sources  # noqa: E402
-from vlp.datasets.stream.data_plan import plan_data  # noqa: E402
-from vlp.datasets.stream.local_stream import local_batches, local_blocks  # noqa: E402
-from vlp.datasets.batching.pretrain_batches import PretrainBatches  # noqa: E402
-from vlp.datasets.batching.task_sampler import TaskSampler  # noqa: E402
+from vlp.contract import batch_spec as K
+from vlp.datasets.stream.data_config import DataConfig, world_sources
+from vlp.testing.bench_worlds import ensure_world, widen_world
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches, local_blocks
+from vlp.datasets.batching.pretrain_batches import PretrainBatches
+from vlp.datasets.batching.task_sampler import TaskSampler
 
 MIX = {"itm": 2, "mlm": 2, "mrfr": 1, "mrc-kl": 1}
 
 
 def figure(name: str, value: float, unit: str = "") -> None:
     print(f"{name} {value:.4g} {unit}".rstrip(), flush=True)
-
-
-def ensure_world(path: Path | None, scale: str) -> Path:
-    if path is not None:
-        return path
-    from vlp.datasets.synth import generate_world
-    path = Path.home() / ".cache" / "vlp" / "bench-worlds" / f"{scale}-seed0"
-    if not (path / "manifest.json").is_file():
-        print(f"# generating the {scale} world into {path}", flush=True)
-        generate_world(path, scale=scale, seed=0, overwrite=True)
-    return path
-
-
-def widen_world(world: Path, dim: int) -> Path:
-    """A copy of the world's pretraining shards with random ``dim``-wide fp16 features."""
-    import numpy as np
-    import pyarrow as pa
-
-    from vlp.datasets.storage.arrow_views import binary_array
-    from vlp.datasets.storage.shards import read_image_shard, write_image_shard
-    from vlp.datasets.storage.world import load_manifest
-    out = world.parent / f"{world.name}-d{dim}"
-    if (out / "manifest.json").is_file():
-        return out
-    print(f"# writing {dim}-d features into {out}", flush=True)
-    m = load_manifest(world)
-    rng = np.random.default_rng(0)
-    for name in m.pretraining_sources():
-        for f in m.image_files(name):
-            table, info = read_image_shard(f, check_values=False)
-            n = table.column("num_boxes").to_numpy().astype(np.int64)
-            feats = rng.standard_normal(int(n.sum()) * dim, dtype=np.float32).astype("<f2")
-            off = np.concatenate([[0], np.cumsum(n)]) * dim * 2
-            table = table.set_column(table.schema.get_field_index("features"), "features",
-                                     binary_array(off, feats.view(np.uint8)))
-            write_image_shard(out / f.relative_to(world), table.replace_schema_metadata(None),
-                              feature_extractor=f"random-d{dim}", feature_dim=dim,
-                              num_classes=info.num_classes)
-    manifest = m.to_json()
-    manifest.update(feature_dim=dim, tasks={}, sources={
-        k: v for k, v in manifest["sources"].items() if k in m.pretraining_sources()})
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return out
 
 
 def raw_scan(plan, repeats: int) -> float:

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import ray.train
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.platform.pretrain.job import load_pretrain_config, pretrain  # noqa: E402
+from vlp.platform.pretrain.job import load_pretrain_config, pretrain
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain-tiny.yaml"
 

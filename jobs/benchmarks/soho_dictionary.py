@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SOURCES = ("coco", "vg")          # SOHO pretrains on the in-domain sets
 TASKS = {"mlm": 1.0, "itm": 1.0, "mvm": 1.0}

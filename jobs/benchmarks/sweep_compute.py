@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vlp.platform.tracking.leaderboard import find_sweep_run  # noqa: E402
+from vlp.platform.tracking.leaderboard import find_sweep_run
 
 
 def trials(uri: str, sweep: str, experiment: str | None) -> list[dict]:

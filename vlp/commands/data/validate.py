@@ -19,7 +19,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from vlp.datasets.storage.shards import list_shards, read_image_shard, read_task_table, shard_info
+    from vlp.datasets.storage.shards import list_shards, read_image_shard, shard_info
+    from vlp.datasets.storage.task_tables import read_task_table
 
     files: list[Path] = []
     for p in map(Path, args.paths):

@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 
 from vlp.datasets.audit.leakage import PRETRAINING, AuditReport
 from vlp.datasets.importers.data_folder import staged_folder
-from vlp.datasets.storage.shards import read_image_shard, write_image_shard, write_json_atomic
+from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+from vlp.contract.atomic_write import write_json_atomic
 from vlp.datasets.storage.world import MANIFEST_NAME
 
 EXCLUSION_FILE = "meta/leak_exclusion.json"

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from vlp.datasets.audit.keys import SourceRows
 from vlp.datasets.audit.splits import benchmark_of, split_role
-from vlp.datasets.storage.shards import read_task_table
+from vlp.datasets.storage.task_tables import read_task_table
 
 TASK_IMAGE_COLUMNS = {"nlvr2": ("image_id_left", "image_id_right")}
 TEXT_COLUMNS = {"vqa": "question", "retrieval": "caption", "nlvr2": "statement",

@@ -14,7 +14,8 @@ from vlp.datasets.downstream.errors import DownstreamDataError
 from vlp.datasets.downstream.images import ImageStore
 from vlp.datasets.downstream.text import TokenizedTexts
 from vlp.datasets.batching.pretrain_batches import to_torch, whole_image_feature
-from vlp.datasets.storage.shards import ShardError, read_task_table
+from vlp.datasets.storage.task_tables import read_task_table
+from vlp.datasets.storage.shard_format import ShardError
 from vlp.datasets.stream.text_tokenizer import TextTokenizer, load_tokenizer
 from vlp.datasets.storage.world import WorldError, load_manifest
 

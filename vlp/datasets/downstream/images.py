@@ -26,7 +26,8 @@ from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.stream.image_rows import ImageRowTransform
 from vlp.datasets.stream.location import LOCATION_FEATURES
 from vlp.datasets.stream.region_select import select_regions
-from vlp.datasets.storage.shards import ShardError, shard_info
+from vlp.datasets.storage.shards import shard_info
+from vlp.datasets.storage.shard_format import ShardError
 from vlp.datasets.stream.text_tokenizer import resolve_tokenizer_path
 from vlp.datasets.storage.world import WorldError, load_manifest
 

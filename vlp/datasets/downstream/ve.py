@@ -8,7 +8,7 @@ import torch
 from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
 from vlp.datasets.downstream.text import text_batch
-from vlp.datasets.storage.shards import VE_LABELS
+from vlp.datasets.storage.task_tables import VE_LABELS
 
 
 class VeData(TableData):

@@ -23,7 +23,8 @@ from vlp.datasets.importers.data_folder import (check_compatible, default_domain
 from vlp.datasets.importers.feature_import import DEFAULT_SHARD_MB, class_names
 from vlp.datasets.importers.errors import InputFormatError
 from vlp.datasets.importers.registry import ImportReport, Option
-from vlp.datasets.storage.shards import SPLITS, list_shards, read_image_shard, write_image_shard
+from vlp.datasets.storage.shards import list_shards, read_image_shard, write_image_shard
+from vlp.datasets.storage.shard_format import SPLITS
 
 FEATURES = Option("--features", "folder of image shards to attach the captions to (default: "
                                 "OUT/images/SOURCE/, written by a feature import); the result "

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from vlp.datasets.storage.shards import write_json_atomic
+from vlp.contract.atomic_write import write_json_atomic
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 

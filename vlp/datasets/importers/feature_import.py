@@ -12,7 +12,8 @@ from vlp.datasets.importers.data_folder import (check_compatible, default_domain
                                                 staged_folder, update_world)
 from vlp.datasets.importers.image_writer import ImageShardWriter, Record
 from vlp.datasets.importers.registry import ImportReport, Option
-from vlp.datasets.storage.shards import SPLITS, ShardInfo, list_shards, read_image_shard, shard_info
+from vlp.datasets.storage.shards import list_shards, read_image_shard, shard_info
+from vlp.datasets.storage.shard_format import SPLITS, ShardInfo
 
 DEFAULT_EXTRACTOR = "butd-r101-vg"  # Anderson et al.'s Caffe Faster R-CNN, ResNet-101, VG
 DEFAULT_SHARD_MB = 128.0

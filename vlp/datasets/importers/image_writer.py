@@ -15,8 +15,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from vlp.datasets.importers.errors import InputFormatError
-from vlp.datasets.storage.shards import (BOX_TOLERANCE, SPLITS, ShardError, ShardInfo, image_table,
-                                 write_image_shard)
+from vlp.datasets.storage.shards import image_table, write_image_shard
+from vlp.datasets.storage.shard_format import BOX_TOLERANCE, SPLITS, ShardError, ShardInfo
 
 FP16_MAX = 65504.0  # features are stored as fp16: larger magnitudes would become Inf
 

@@ -16,7 +16,7 @@ from vlp.datasets.importers.readers import iter_jsonl, need
 from vlp.datasets.importers.registry import Importer, ImportReport, register
 from vlp.datasets.importers.task_import import (ALLOW_MISSING_IMAGES, IMAGES, NAME, TaskRows,
                                                 write_tasks)
-from vlp.datasets.storage.shards import VE_LABELS
+from vlp.datasets.storage.task_tables import VE_LABELS
 
 FILE_SPLITS = {"train": "train", "dev": "val", "test": "test"}
 

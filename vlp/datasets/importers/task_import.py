@@ -10,8 +10,9 @@ from vlp.datasets.importers.data_folder import (import_record, require_world, st
                                                 task_path, update_world)
 from vlp.datasets.importers.errors import InputFormatError
 from vlp.datasets.importers.registry import ImportReport, Option
-from vlp.datasets.storage.shards import (TASK_SCHEMAS, ShardError, list_shards, read_image_shard,
-                                 write_task_table)
+from vlp.datasets.storage.shards import list_shards, read_image_shard
+from vlp.datasets.storage.task_tables import TASK_SCHEMAS, write_task_table
+from vlp.datasets.storage.shard_format import ShardError
 
 IMAGES = Option("--images", "folder of image shards (e.g. OUT/images/coco): every image id of "
                             "the task must be there; an unknown id is an error naming the "

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError
 from vlp.datasets.stream.location import LOCATION_FEATURES
 from vlp.tasks.masking import MASKING_POLICIES
-from vlp.datasets.storage.shards import ShardError, list_shards, shard_info
+from vlp.datasets.storage.shards import list_shards, shard_info
+from vlp.datasets.storage.shard_format import ShardError
 from vlp.datasets.batching.task_sampler import validate_mix
 from vlp.datasets.batching.text_corpus import TextCorpusError, corpus_files
 from vlp.datasets.stream.text_tokenizer import resolve_tokenizer_path

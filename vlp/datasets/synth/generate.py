@@ -12,7 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from vlp.datasets.storage.shards import write_json_atomic, write_task_table
+from vlp.datasets.storage.task_tables import write_task_table
+from vlp.contract.atomic_write import write_json_atomic
 from vlp.datasets.synth.captions import cc_caption, coco_captions, sbu_caption, vg_phrases
 from vlp.datasets.synth.detector import CLASS_NAMES, NUM_CLASSES, DetectorConfig, \
     SimulatedDetector

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlp.datasets.storage.shards import VE_LABELS
+from vlp.datasets.storage.task_tables import VE_LABELS
 from vlp.datasets.synth.captions import coco_captions
 from vlp.datasets.synth.grounding import referring_expressions, vcr_item
 from vlp.datasets.synth.images import stream

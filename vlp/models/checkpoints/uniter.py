@@ -14,7 +14,6 @@ a head the checkpoint lacks stays random (and is reported).
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Mapping
 
@@ -22,6 +21,7 @@ import torch
 
 from vlp.models.model import VLPModel
 from vlp.models.checkpoints.state_dict_io import CheckpointError, LoadReport, assign_strict, read_state_dict, rename_layernorm
+from vlp.contract.atomic_write import atomic_path
 
 UNITER_VOCAB_SIZE = 28996  # bert-base-cased
 
@@ -110,13 +110,6 @@ def save_uniter(model: VLPModel, path: str | os.PathLike,
                 dtype: torch.dtype = torch.float32) -> Path:
     """Write :func:`export_uniter` atomically (temporary name, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(export_uniter(model, dtype), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

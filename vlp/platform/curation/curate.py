@@ -16,7 +16,6 @@ Input: a data folder (``manifest.json``) and a source name. Output, in ``OUT``:
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,8 +27,10 @@ import pyarrow.parquet as pq
 from vlp.platform.curation.config import CurationConfig
 from vlp.platform.curation.pairs import PairTable, load_pairs
 from vlp.platform.curation.registry import FILTERS, CurationContext, check_filter_names
-from vlp.datasets.storage.shards import read_image_shard, write_image_shard, write_json_atomic
+from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+from vlp.contract.atomic_write import write_json_atomic
 from vlp.datasets.storage.world import WorldError, load_manifest
+from vlp.contract.atomic_write import atomic_path
 
 REPORT_DIR = "meta/curation"
 
@@ -200,12 +201,5 @@ def _write_removed(path: Path, pairs: PairTable, removed_by: np.ndarray) -> None
         "caption": pa.array([pairs.original[p] for p in gone], pa.string()),
         "filter": pa.array(removed_by[gone].tolist(), pa.string()),
         "itm_score": pa.array(pairs.itm_score[gone], pa.float32())})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

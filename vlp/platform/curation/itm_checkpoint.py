@@ -51,7 +51,7 @@ class ScoringModel:
 
 def save_model_card(folder: str | os.PathLike, family: str, **extra) -> Path:
     """Write ``vlp_model.json`` so that a weights file in ``folder`` names its family."""
-    from vlp.datasets.storage.shards import write_json_atomic
+    from vlp.contract.atomic_write import write_json_atomic
     path = Path(folder) / MODEL_CARD
     write_json_atomic(path, {"family": family, **extra})
     return path

@@ -13,7 +13,6 @@ sweep re-run just prints its leaderboard again.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from vlp.platform.sweep.trial_configs import resolve_text_init
 from vlp.platform.tracking.choice import check_tracking_shared
 from vlp.platform.sweep.tracking import open_parent_run
 from vlp.platform.sweep.trial import TrialContext, run_trial
+from vlp.contract.atomic_write import write_text_atomic
 
 CONFIG_FILE = "sweep.yaml"
 INSTANCE_FILE = "instance"
@@ -269,11 +269,8 @@ def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> tuple[bool, str]:
                                               f"remove the folder")])
         sweep_dir.mkdir(parents=True, exist_ok=True)
         instance = uuid.uuid4().hex[:8]
-        for path, text in ((saved, yaml.safe_dump(to_dict(cfg), sort_keys=False)),
-                           (instance_file, instance + "\n")):
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        write_text_atomic(saved, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        write_text_atomic(instance_file, instance + "\n")
         return False, instance
     if saved.is_file():
         from vlp.platform.sweep.config import load_sweep_config

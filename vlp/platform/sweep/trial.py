@@ -36,6 +36,7 @@ from typing import Any
 from vlp.benchmarks.metrics import META_SUM_PARTS, meta_sum
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
+from vlp.contract.atomic_write import write_text_atomic
 
 STATE_FILE = "sweep_trial.json"
 REPLICATES_FILE = "replicates.json"  # per-replicate progress, written after each (replicate, stage)
@@ -337,10 +338,7 @@ def _resume_state(checkpoint: Any, trial_dir: str, seeds: list[int]) -> TrialSta
 
 
 def _save_replicates(trial_dir: str, state: TrialState) -> None:
-    path = Path(trial_dir) / REPLICATES_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(state)))
-    os.replace(tmp, path)
+    write_text_atomic(Path(trial_dir) / REPLICATES_FILE, json.dumps(asdict(state)))
 
 
 def _log_attempt(trial_dir: str, state: TrialState) -> None:

@@ -1,8 +1,8 @@
-"""Pretraining for the finetune calibration: the platform's pretraining job when it is
-available, else a plain single-process loop over the pipeline's local iterator (the brief's
-fallback for when the Ray pretraining wiring is not in place). Both write a checkpoint that
-``vlp finetune --checkpoint`` reads: a platform checkpoint folder, or a ``VLPModel``
-state-dict file."""
+"""Pretraining for the calibration benchmarks (``jobs/benchmarks/finetune_calibration.py``,
+``grounding_curve.py``): the platform's pretraining job (``mode="platform"``), or a plain
+single-process loop over the pipeline's local iterator (``mode="local"``, which can run a probe
+every few steps). Both write a checkpoint that ``vlp finetune --checkpoint`` reads: a platform
+checkpoint folder, or a ``VLPModel`` state-dict file."""
 
 from __future__ import annotations
 
