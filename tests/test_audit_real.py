@@ -15,7 +15,8 @@ from vlp.datasets.audit.leakage import FINETUNING, PRETRAINING, audit_world
 from vlp.datasets.audit.exclude import exclude_leaks
 from vlp.datasets.audit.splits import benchmark_of, parse_split_roles, split_role
 from vlp.datasets.importers import run_import
-from vlp.datasets.storage.shards import read_image_shard, write_image_shard, write_task_table
+from vlp.datasets.storage.shards import read_image_shard, write_image_shard
+from vlp.datasets.storage.task_tables import write_task_table
 from vlp.datasets.storage.world import load_manifest
 
 COCO = list(range(1, 13))     # Karpathy: 1-6 train, 7-8 restval, 9-10 val, 11-12 test
@@ -29,7 +30,7 @@ def _features(tmp, out, source, ids, seed):
 
 
 def _table(out, task, name, rows, image_source="coco"):
-    from vlp.datasets.storage.shards import TASK_SCHEMAS
+    from vlp.datasets.storage.task_tables import TASK_SCHEMAS
     write_task_table(out / "tasks" / task / f"{name}.parquet", task,
                      pa.Table.from_pylist(rows, schema=TASK_SCHEMAS[task]),
                      extra_meta={"image_source": image_source} if image_source else None)

@@ -14,7 +14,7 @@ from vlp.contract import batch_spec as K
 from vlp.datasets.downstream import (DownstreamDataError, EpochSampler, MissingImagesError,
                                      data_config_for)
 from vlp.contract import downstream_keys as D
-from vlp.datasets.downstream.images import ImageStore
+from vlp.datasets.downstream.image_store import ImageStore
 from vlp.datasets.downstream.nlvr2 import Nlvr2Data
 from vlp.datasets.downstream.refexp import RefExpData
 from vlp.datasets.downstream.retrieval import RetrievalData

@@ -20,7 +20,7 @@ from torch import nn
 from vlp.contract import batch_spec as K
 from vlp.datasets.downstream import data_config_for
 from vlp.contract import downstream_keys as D
-from vlp.datasets.storage.shards import VE_LABELS
+from vlp.datasets.storage.task_tables import VE_LABELS
 from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
 from vlp.benchmarks.metrics import box_iou, vqa_accuracy

@@ -7,7 +7,7 @@ import pytest
 from test_importers_fixtures import (feature_world, karpathy_doc, refcoco_files, vcr_record,
                                      vqa_docs, write_json, write_jsonl)
 from vlp.datasets.importers import InputFormatError, run_import
-from vlp.datasets.storage.shards import read_task_table
+from vlp.datasets.storage.task_tables import read_task_table
 from vlp.datasets.storage.world import load_manifest
 
 

@@ -52,4 +52,4 @@ def test_big_folders_and_git_never_upload(tree, tmp_path, include_gitignore):
 def test_this_repository_packs_without_them(tmp_path):
     names = packed(ROOT, tmp_path / "pkg.zip", include_gitignore=False)
     assert not [n for n in names if n.split("/")[0] in NEVER]
-    assert "vlp/models/checkpoints/uniter.py" in names and "jobs/pretrain.py" in names
+    assert "vlp/models/checkpoints/uniter_release.py" in names and "jobs/pretrain.py" in names

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vlp.datasets.storage.shards import (ShardError, _with_meta, image_table, read_image_shard,
-                                 read_task_table, write_image_shard, write_task_table)
+from vlp.datasets.storage.shards import _with_meta, image_table, read_image_shard, write_image_shard
+from vlp.datasets.storage.task_tables import read_task_table, write_task_table
+from vlp.datasets.storage.shard_format import ShardError
 
 D, C = 8, 4
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from vlp.datasets.storage.shards import (TASK_SCHEMAS, VE_LABELS, list_shards, read_image_shard,
-                                 read_task_table, shard_info)
+from vlp.datasets.storage.shards import list_shards, read_image_shard, shard_info
+from vlp.datasets.storage.task_tables import TASK_SCHEMAS, VE_LABELS, read_task_table
 from vlp.datasets.synth import SCALES, generate_world
 from vlp.datasets.synth.vocabulary import SPATIAL_WORDS, all_attribute_words
 from vlp.datasets.storage.world import WorldError, load_manifest

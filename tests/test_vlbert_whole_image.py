@@ -54,7 +54,7 @@ def test_region_features_do_not_change_with_the_whole_image_roi():
     """The whole-image RoI draws from streams of its own and is featurized apart: every
     region is the same bytes as a world without it (other families' inputs unchanged)."""
     from vlp.datasets.synth.detector import DetectorConfig, SimulatedDetector
-    from vlp.datasets.synth.images import add_features, make_image
+    from vlp.datasets.synth.synthetic_image import add_features, make_image
     from vlp.datasets.synth.scene import IN_DOMAIN
 
     det = SimulatedDetector(DetectorConfig(64))
@@ -125,7 +125,8 @@ def test_a_full_image_box_among_the_detections_lends_its_feature():
 
 @pytest.mark.parametrize("bad", [2, 0])
 def test_shard_validation_checks_the_whole_image_feature_width(tmp_path, bad):
-    from vlp.datasets.storage.shards import ShardError, write_image_shard
+    from vlp.datasets.storage.shards import write_image_shard
+    from vlp.datasets.storage.shard_format import ShardError
 
     row = dict(image_id="x", source="s", split="train", width=50, height=40,
                boxes=[[5, 5, 20, 20]], confidences=[0.9], features=np.ones((1, D)),

@@ -35,7 +35,7 @@ import numpy as np
 
 from vlp.datasets.audit.keys import SourceRows, read_source, token_counts
 from vlp.datasets.audit.splits import EVAL, TRAIN
-from vlp.datasets.audit.task_tables import TableRefs, pool_context, resolve_table
+from vlp.datasets.audit.table_pools import TableRefs, pool_context, resolve_table
 from vlp.datasets.storage.shards import list_shards
 from vlp.datasets.storage.shard_format import SPLITS
 from vlp.datasets.storage.world import MANIFEST_NAME, SourceInfo, load_manifest

@@ -10,8 +10,8 @@ import torch
 
 from vlp.contract import batch_spec as K
 from vlp.datasets.downstream.config import DownstreamDataConfig
-from vlp.datasets.downstream.errors import DownstreamDataError
-from vlp.datasets.downstream.images import ImageStore
+from vlp.datasets.downstream.data_errors import DownstreamDataError
+from vlp.datasets.downstream.image_store import ImageStore
 from vlp.datasets.downstream.text import TokenizedTexts
 from vlp.datasets.batching.pretrain_batches import to_torch, whole_image_feature
 from vlp.datasets.storage.task_tables import read_task_table

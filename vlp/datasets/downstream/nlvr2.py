@@ -13,7 +13,7 @@ import torch
 
 from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData, concat_visual
-from vlp.datasets.downstream.errors import DownstreamDataError
+from vlp.datasets.downstream.data_errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch
 
 VARIANTS = ("triplet", "pair", "pair-biattn")

@@ -15,7 +15,7 @@ import torch
 
 from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
-from vlp.datasets.downstream.errors import DownstreamDataError
+from vlp.datasets.downstream.data_errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch
 
 SETTINGS = ("detected", "gt")

@@ -14,7 +14,7 @@ import torch
 from vlp.contract import batch_spec as K
 from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
-from vlp.datasets.downstream.errors import DownstreamDataError
+from vlp.datasets.downstream.data_errors import DownstreamDataError
 from vlp.datasets.downstream.text import text_batch
 
 STAGES = ("q2a", "qa2r")

@@ -5,7 +5,7 @@ a public file into image shards or task tables. Each format family lives in its 
 and registers itself by name; importing this package loads them all.
 """
 
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.registry import (IMPORTERS, ImportReport, Importer, Option,
                                              get_importer, register, run_import)
 

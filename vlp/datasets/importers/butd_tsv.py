@@ -28,7 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
-from vlp.datasets.importers.errors import InputFormatError, line
+from vlp.datasets.importers.import_error import InputFormatError, line
 from vlp.datasets.importers.feature_import import (APPEND, CLASS_NAMES, DEFAULT_EXTRACTOR,
                                                    DOMAIN, SHARD_MB, SOURCE, SPLIT,
                                                    extractor_option, write_features)

@@ -21,7 +21,7 @@ from vlp.datasets.importers.data_folder import (check_compatible, default_domain
                                                 import_record, new_world, read_world,
                                                 refuse_existing, staged_folder, update_world)
 from vlp.datasets.importers.feature_import import DEFAULT_SHARD_MB, class_names
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.registry import ImportReport, Option
 from vlp.datasets.storage.shards import list_shards, read_image_shard, write_image_shard
 from vlp.datasets.storage.shard_format import SPLITS

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.storage.shards import image_table, write_image_shard
 from vlp.datasets.storage.shard_format import BOX_TOLERANCE, SPLITS, ShardError, ShardInfo
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.readers import iter_jsonl, need
 from vlp.datasets.importers.registry import Importer, ImportReport, register
 from vlp.datasets.importers.task_import import (ALLOW_MISSING_IMAGES, IMAGES, NAME, TaskRows,

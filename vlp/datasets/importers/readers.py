@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from vlp.datasets.importers.errors import InputFormatError, line
+from vlp.datasets.importers.import_error import InputFormatError, line
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
                list: "a list", dict: "an object"}

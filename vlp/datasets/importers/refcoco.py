@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.readers import load_json, need, need_list
 from vlp.datasets.importers.registry import Importer, ImportReport, Option, register

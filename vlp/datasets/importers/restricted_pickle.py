@@ -16,7 +16,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 
 PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None))
 

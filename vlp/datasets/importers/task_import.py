@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vlp.datasets.importers.data_folder import (import_record, require_world, staged_files,
                                                 task_path, update_world)
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.registry import ImportReport, Option
 from vlp.datasets.storage.shards import list_shards, read_image_shard
 from vlp.datasets.storage.task_tables import TASK_SCHEMAS, write_task_table

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vlp.datasets.importers.errors import InputFormatError
+from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.readers import iter_jsonl, need
 from vlp.datasets.importers.registry import Importer, ImportReport, register

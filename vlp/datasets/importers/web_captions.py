@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from vlp.datasets.importers.caption_merge import (ALLOW_MISSING, FEATURES, Captions,
                                                   merge_captions)
-from vlp.datasets.importers.errors import InputFormatError, line
+from vlp.datasets.importers.import_error import InputFormatError, line
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.readers import iter_tsv, open_text
 from vlp.datasets.importers.registry import Importer, ImportReport, Option, register

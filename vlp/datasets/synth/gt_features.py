@@ -20,7 +20,7 @@ import numpy as np
 
 from vlp.datasets.storage.shards import image_table, write_image_shard
 from vlp.datasets.synth.detector import NUM_CLASSES, SimulatedDetector
-from vlp.datasets.synth.images import SOURCE_CODES, stream
+from vlp.datasets.synth.synthetic_image import SOURCE_CODES, stream
 from vlp.datasets.synth.scene import Scene
 
 GT_SIDECAR = "gt_box_features"          # manifest.sidecars key → folder of image shards

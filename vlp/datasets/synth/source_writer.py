@@ -12,7 +12,7 @@ import numpy as np
 
 from vlp.datasets.storage.shards import image_table, write_image_shard
 from vlp.datasets.synth.detector import NUM_CLASSES, SimulatedDetector
-from vlp.datasets.synth.images import SynthImage, add_features, make_image
+from vlp.datasets.synth.synthetic_image import SynthImage, add_features, make_image
 from vlp.datasets.synth.scales import ScaleConfig
 from vlp.datasets.synth.scene import DomainStyle, Scene
 from vlp.datasets.storage.world import SourceInfo

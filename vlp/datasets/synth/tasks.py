@@ -11,7 +11,7 @@ import numpy as np
 from vlp.datasets.storage.task_tables import VE_LABELS
 from vlp.datasets.synth.captions import coco_captions
 from vlp.datasets.synth.grounding import referring_expressions, vcr_item
-from vlp.datasets.synth.images import stream
+from vlp.datasets.synth.synthetic_image import stream
 from vlp.datasets.synth.scales import ScaleConfig
 from vlp.datasets.synth.scene import Scene
 from vlp.datasets.synth.statements import nlvr2_item, ve_hypothesis

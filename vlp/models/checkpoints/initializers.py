@@ -12,7 +12,7 @@ from vlp.models.model import VLPModel
 from vlp.models.checkpoints.random_init import init_bert_weights
 from vlp.models.checkpoints.state_dict_io import LoadReport
 from vlp.models.checkpoints.text_bert import load_bert_path, load_minilm
-from vlp.models.checkpoints.uniter import load_uniter_path
+from vlp.models.checkpoints.uniter_release import load_uniter_path
 
 
 def _random(model: VLPModel, arg: str | None) -> LoadReport:

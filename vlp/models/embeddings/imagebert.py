@@ -17,7 +17,7 @@ from vlp.contract import batch_spec as bs
 
 from vlp.contract.batch_access import check_last_dim, require
 from vlp.models.config import ImageBertVisualConfig, TransformerConfig
-from vlp.models.embeddings.base import EmbeddedInputs
+from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
 
 

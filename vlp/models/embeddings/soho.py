@@ -31,7 +31,7 @@ from vlp.models.config import SohoVisualConfig, TransformerConfig
 from vlp.models.vision.position_2d import sine_position_2d
 from vlp.models.vision.resnet import ResNet
 from vlp.models.vision.visual_dictionary import VisualDictionary
-from vlp.models.embeddings.base import METRIC_PREFIX, EmbeddedInputs
+from vlp.models.embeddings.embedded_inputs import METRIC_PREFIX, EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
 
 from vlp.contract.encoder_output import MVM_LABELS  # noqa: E402  (re-exported)

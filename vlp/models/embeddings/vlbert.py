@@ -21,7 +21,7 @@ from vlp.contract import batch_spec as bs
 
 from vlp.contract.batch_access import check_last_dim, require
 from vlp.models.config import TransformerConfig, VLBertVisualConfig
-from vlp.models.embeddings.base import EmbeddedInputs
+from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
 
 SEGMENT_IMAGE = 2

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vlp.models.heads.base import DownstreamHead
+from vlp.models.heads.head import DownstreamHead
 from vlp.models.heads.choice import ChoicePairClassifier
 from vlp.models.heads.classifier import ClassClassifier, SoftScoreClassifier
-from vlp.models.heads.model import DownstreamModel
+from vlp.models.heads.downstream_model import DownstreamModel
 from vlp.models.heads.nlvr2 import NLVR2_HEADS, PairBiAttnHead, PairHead, TripletHead
 from vlp.models.heads.refexp import RegionScorer
 from vlp.models.heads.retrieval import MatchScorer

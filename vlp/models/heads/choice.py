@@ -16,7 +16,7 @@ from torch import nn
 
 from vlp.contract import downstream_keys as D
 
-from vlp.models.heads.base import Batch, DownstreamHead, accuracy, encode, group_view
+from vlp.models.heads.head import Batch, DownstreamHead, accuracy, encode, group_view
 
 RIGHT = 1   # class index of "right" (0 = "wrong")
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from vlp.contract import downstream_keys as D
 
-from vlp.models.heads.base import Batch, DownstreamHead, accuracy, encode, mlp
+from vlp.models.heads.head import Batch, DownstreamHead, accuracy, encode, mlp
 
 
 class SoftScoreClassifier(DownstreamHead):

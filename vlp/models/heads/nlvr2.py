@@ -17,7 +17,7 @@ from torch import nn
 
 from vlp.contract import downstream_keys as D
 
-from vlp.models.heads.base import Batch, DownstreamHead, accuracy, encode, mlp
+from vlp.models.heads.head import Batch, DownstreamHead, accuracy, encode, mlp
 
 
 class _Nlvr2Head(DownstreamHead):

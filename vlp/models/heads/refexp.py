@@ -8,7 +8,7 @@ from torch import nn
 
 from vlp.contract import downstream_keys as D
 
-from vlp.models.heads.base import Batch, DownstreamHead, accuracy
+from vlp.models.heads.head import Batch, DownstreamHead, accuracy
 
 NEG = -1e4   # a masked region's score: exp() underflows, no NaN in bf16/fp16 (unlike -inf)
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from vlp.contract import downstream_keys as D
 
-from vlp.models.heads.base import Batch, DownstreamHead, encode, group_view
+from vlp.models.heads.head import Batch, DownstreamHead, encode, group_view
 from vlp.models.heads.retrieval_losses import RETRIEVAL_LOSSES, hardest_rows
 
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from vlp.datasets.downstream import DownstreamDataConfig, DownstreamDataError, MissingImagesError
 from vlp.datasets.downstream import data_config_for
-from vlp.datasets.downstream.images import split_files
+from vlp.datasets.downstream.image_store import split_files
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.datasets.storage.world import WorldError, load_manifest
 from vlp.models import get_family

@@ -21,7 +21,7 @@ from vlp.datasets.batching.collate import ExampleRefs, pixel_arrays, region_arra
 from vlp.datasets.stream.data_config import DataConfig, RegionConfig, SourceConfig
 from vlp.datasets.stream.data_plan import PIXEL_COLUMNS, REGION_COLUMNS, DataPlan
 from vlp.datasets.downstream.config import DownstreamDataConfig
-from vlp.datasets.downstream.errors import DownstreamDataError, MissingImagesError
+from vlp.datasets.downstream.data_errors import DownstreamDataError, MissingImagesError
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.stream.image_rows import ImageRowTransform
 from vlp.datasets.stream.location import LOCATION_FEATURES

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from vlp.models.backbone import VLBackbone
-from vlp.models.heads.base import DownstreamHead
+from vlp.models.heads.head import DownstreamHead
 
 
 class DownstreamModel(nn.Module):
