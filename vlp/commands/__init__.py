@@ -1,1 +1,3 @@
-"""One module per `vlp` subcommand; see vlp/cli.py for the registry."""
+"""One module per `vlp` subcommand (``vlp data ...`` in ``commands/data/``); ``vlp/cli.py``
+registers them by name. Commands parse arguments and call ``vlp.platform``; they hold no
+experiment logic of their own."""

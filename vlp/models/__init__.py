@@ -1,11 +1,13 @@
-"""The model zoo: families by name, task heads and losses, initialisers and converters.
+"""The architecture: families by name, the backbone, embeddings, downstream heads, initialisers
+and converters. The pretraining tasks' heads and losses are in ``vlp.tasks``; a model builds the
+heads of the tasks it is given.
 
     from vlp.models import create_model
     model, preprocess, report = create_model("uniter-tiny", tasks=["mlm", "itm"])
     out = model(batch, task="mlm")          # {"loss", "mlm_loss", "mlm_acc"}
     enc = model.encode(batch)               # sequence / pooled / text & region positions
 
-Never imports Ray, MLflow or ``vlp.platform``.
+Never imports Ray, MLflow, ``vlp.datasets`` or ``vlp.platform``.
 """
 
 from vlp.models.backbone import EncoderOutput, VLBackbone
