@@ -1,4 +1,5 @@
-"""The model zoo: families by name, task heads and losses, initialisers and converters.
+"""The model zoo: families by name, initialisers and converters. The pretraining tasks' heads
+and losses are in ``vlp.tasks`` (``TASKS`` and ``get_task`` are re-exported from there).
 
     from vlp.models import create_model
     model, preprocess, report = create_model("uniter-tiny", tasks=["mlm", "itm"])
