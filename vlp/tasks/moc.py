@@ -2,9 +2,8 @@
 
 The pipeline masks 15% of the regions and zeroes 90% of those (BERT's "unchanged" share: 10%
 keep their feature); every masked region — zeroed or kept — is classified as the detector's
-label. Head: Linear → GELU →
-LN → Linear(H, C) (ImageBERT's own, not shared with UNITER's MRC). Loss: CE over masked
-regions of true pairs, mean.
+label. Head: Linear → GELU → LN → Linear(H, C) (ImageBERT's own, not shared with UNITER's
+MRC). Loss: CE over masked regions of true pairs, mean.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """MRC-kl: distil the detector's class distribution into masked regions (UNITER).
 
 Masking: MRC's, with the detector's distribution as the target. Same head as MRC
-(``region_classifier``). Loss: KL(detector ‖ softmax(prediction)) over all C
-classes (background included).
+(``region_classifier``). Loss: KL(detector ‖ softmax(prediction)) over all C classes
+(background included).
 
 Normalisation: we sum the KL over the C classes of a region — the true KL divergence of that
 region, as in the paper's Σ_i D_KL — and average over the masked regions of true pairs. The
