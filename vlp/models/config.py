@@ -2,9 +2,10 @@
 
 A family is data (:data:`vlp.models.families.FAMILIES`): a name, a :class:`TransformerConfig`,
 one visual-input config (which embedder kind builds the visual tokens and with what sizes);
-the pretraining tasks that apply to it are the task registry's (``vlp.tasks.family_tasks``). Sizes that depend on the data set rather than on
-the architecture (region feature width D, detector class count C, vocabulary size) are
-arguments of :func:`vlp.models.create_model`, not part of the family.
+the pretraining tasks that apply to it are the task registry's (``vlp.tasks.family_tasks``).
+Sizes that depend on the data set rather than on the architecture (region feature width D,
+detector class count C, vocabulary size) are arguments of :func:`vlp.models.create_model`,
+not part of the family.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 all four families.
 
 Masking: BERT's (``masking_text.mask_text``). Head (BERT's ``cls.predictions``): dense →
-GELU → LN → decoder whose weight *is* the word embedding matrix (tied) + its own bias. Loss: CE over masked positions of true pairs, mean.
+GELU → LN → decoder whose weight *is* the word embedding matrix (tied) + its own bias.
+Loss: CE over masked positions of true pairs, mean.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Load with ``load_experiment_config(path, overrides=["optimizer.lr=1e-4"], task_names=...)``.
 Task names are checked against the task registry (``vlp.tasks``, imported on the first load
-so that importing this module does not import torch). The ``data`` section is the pipeline's ``DataConfig`` as a user
-writes it (see ``DataSection``); ``vlp.platform.pretrain.data`` maps it, with the model's
-preprocessing, onto one ``DataConfig`` per stage.
+so that importing this module does not import torch). The ``data`` section is the pipeline's
+``DataConfig`` as a user writes it (see ``DataSection``); ``vlp.platform.pretrain.data`` maps
+it, with the model's preprocessing, onto one ``DataConfig`` per stage.
 
 Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
 decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
