@@ -150,3 +150,28 @@ def test_unregister_restores_the_registry_and_bad_specs_are_refused():
     with pytest.raises(TypeError, match="does not set label"):
         register(NoLabel)
     assert "rcount-nomask" not in task_names() and "nolabel" not in task_names()
+
+
+def test_builtin_tasks_keep_the_lists_they_replaced():
+    """What the task files declare gives back the lists that used to be kept apart (family
+    task tuples, TASK_ORDER/TASK_LABELS, REGION_TASKS)."""
+    from vlp.models import FAMILIES
+
+    kinds = {"uniter": {"mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra", "mlm-obj"},
+             "imagebert": {"mlm", "itm", "moc", "mrfr", "mlm-obj"},
+             "vlbert": {"mlm", "itm", "mrc-vlbert", "mlm-obj", "sirp", "mlm-text"},
+             "soho": {"mlm", "itm", "mvm", "mlm-obj"}}
+    assert {name: set(f.tasks) for name, f in FAMILIES.items()} == {
+        name: kinds[name.split("-")[0]] for name in FAMILIES}
+    assert task_names() == ["mlm", "itm", "mrc", "mrc-kl", "mrfr", "moc", "mrc-vlbert", "mvm",
+                            "wra", "mlm-obj", "sirp", "mlm-text"]
+    assert [task_label(t) for t in task_names()] == [
+        "MLM", "ITM", "MRC", "MRC-kl", "MRFR", "MOC", "MRC-VLBERT", "MVM", "WRA", "MLM-obj",
+        "SIRP", "MLM-text"]
+    assert {t for t in task_names() if get_task(t).modality == "regions"} == {
+        "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert"}
+    assert {t for t in task_names() if get_task(t).itm_negatives} == {"itm", "wra", "sirp"}
+    heads = {t: get_task(t).head_name for t in task_names()}
+    assert heads["mrc"] == heads["mrc-kl"] == "region_classifier" and heads["wra"] == "itm"
+    assert heads["mlm-obj"] == heads["mlm-text"] == "mlm"
+    assert [t for t in task_names() if get_task(t).masks_visual_tokens] == ["mvm"]
