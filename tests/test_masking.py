@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vlp.contract import batch_spec as K
-from vlp.tasks.masking import MASKING_POLICIES, MaskContext, apply_masking
-from vlp.tasks.masking.regions import SOFT_LABELS
+from vlp.tasks import TASKS, MaskContext, apply_masking
+from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.batching.pretrain_batches import whole_image_feature
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
@@ -181,7 +181,7 @@ def test_mvm_flags_images_with_positive_texts(ctx):
 
 def test_registry_names():
     assert {"mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert", "mvm"} <= set(
-        MASKING_POLICIES)
+        TASKS)
 
 
 def test_mlm_obj_masks_one_object_word_else_falls_back_to_bert(ctx):

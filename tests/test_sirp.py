@@ -21,12 +21,10 @@ torch.set_num_threads(1)
 
 
 def test_sirp_is_registered_for_the_vlbert_families_only():
-    from vlp.tasks.masking import get_policy
-    from vlp.platform.pretrain.config import PAPER_TASKS
-    from vlp.platform.sweep.point import TASK_LABELS, TASK_ORDER
+    from vlp.tasks import get_task, task_label, task_names
 
-    assert get_policy("sirp").negatives_swap == "text"
-    assert "sirp" in PAPER_TASKS and "sirp" in TASK_ORDER and TASK_LABELS["sirp"] == "SIRP"
+    assert get_task("sirp").negatives_swap == "text"
+    assert "sirp" in task_names() and task_label("sirp") == "SIRP"
     have = {name for name, fam in FAMILIES.items() if "sirp" in fam.tasks}
     assert have == {name for name in FAMILIES if name.startswith("vlbert")}
     with pytest.raises(ValueError, match="does not apply"):

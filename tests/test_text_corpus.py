@@ -14,7 +14,7 @@ from vlp.contract import batch_spec as K
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError, SourceConfig
 from vlp.datasets.stream.data_plan import plan_data
 from vlp.datasets.stream.local_stream import local_batches
-from vlp.tasks.masking import MaskContext
+from vlp.tasks import MaskContext
 from vlp.datasets.batching.text_corpus import TextCorpusBatches
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model

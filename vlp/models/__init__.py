@@ -1,6 +1,6 @@
 """The architecture: families by name, the backbone, embeddings, downstream heads, initialisers
 and converters. The pretraining tasks' heads and losses are in ``vlp.tasks``; a model builds the
-heads of the tasks it is given.
+heads of the tasks it is given (``TASKS`` and ``get_task`` are re-exported from there).
 
     from vlp.models import create_model
     model, preprocess, report = create_model("uniter-tiny", tasks=["mlm", "itm"])

@@ -1,10 +1,11 @@
 """Typed configs of a model family: the Transformer, the visual input, and the family itself.
 
 A family is data (:data:`vlp.models.families.FAMILIES`): a name, a :class:`TransformerConfig`,
-one visual-input config (which embedder kind builds the visual tokens and with what sizes)
-and the pretraining tasks that apply to it. Sizes that depend on the data set rather than on
-the architecture (region feature width D, detector class count C, vocabulary size) are
-arguments of :func:`vlp.models.create_model`, not part of the family.
+one visual-input config (which embedder kind builds the visual tokens and with what sizes);
+the pretraining tasks that apply to it are the task registry's (``vlp.tasks.family_tasks``).
+Sizes that depend on the data set rather than on the architecture (region feature width D,
+detector class count C, vocabulary size) are arguments of :func:`vlp.models.create_model`,
+not part of the family.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from transformers import BertConfig
+
+from vlp.tasks.registry import family_tasks
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
 
@@ -161,7 +164,12 @@ class FamilyConfig:
     name: str
     transformer: TransformerConfig
     visual: VisualConfig
-    tasks: tuple[str, ...]  # pretraining tasks that apply to this family
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The pretraining tasks that apply to this family: each task names the embedder
+        kinds it applies to and the visual inputs it works with (``vlp.tasks``)."""
+        return family_tasks(self.visual.kind, self.visual.input_kind)
 
     def replace(self, overrides: Mapping[str, Any]) -> "FamilyConfig":
         """Copy with dotted-key overrides, e.g. ``{"transformer.hidden_dropout": 0.0}``.

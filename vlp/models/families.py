@@ -10,12 +10,7 @@ debug sizes for tests (hidden 64, 2 layers).
 from __future__ import annotations
 
 from vlp.models.config import RESNET18, RESNET101, RESNET_TINY, FamilyConfig, ImageBertVisualConfig, SohoVisualConfig, TransformerConfig, UniterVisualConfig, VLBertVisualConfig
-
-# mlm-obj (MLM on the words that name objects) is ours, not the papers': every family has MLM
-UNITER_TASKS = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "wra", "mlm-obj")
-IMAGEBERT_TASKS = ("mlm", "itm", "moc", "mrfr", "mlm-obj")
-VLBERT_TASKS = ("mlm", "itm", "mrc-vlbert", "mlm-obj", "sirp", "mlm-text")
-SOHO_TASKS = ("mlm", "itm", "mvm", "mlm-obj")
+from vlp.tasks.registry import visual_problem
 
 BASE = TransformerConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)
 LARGE = TransformerConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096)
@@ -35,23 +30,22 @@ _SOHO_TINY = SohoVisualConfig(resnet=RESNET_TINY, dictionary_size=64,
                               image_min_side=192, image_max_side=256)
 
 FAMILIES: dict[str, FamilyConfig] = {f.name: f for f in (
-    FamilyConfig("uniter-base", BASE, UniterVisualConfig(), UNITER_TASKS),
-    FamilyConfig("uniter-large", LARGE, UniterVisualConfig(), UNITER_TASKS),
-    FamilyConfig("uniter-minilm", MINILM, UniterVisualConfig(), UNITER_TASKS),
-    FamilyConfig("uniter-tiny", TINY, UniterVisualConfig(), UNITER_TASKS),
+    FamilyConfig("uniter-base", BASE, UniterVisualConfig()),
+    FamilyConfig("uniter-large", LARGE, UniterVisualConfig()),
+    FamilyConfig("uniter-minilm", MINILM, UniterVisualConfig()),
+    FamilyConfig("uniter-tiny", TINY, UniterVisualConfig()),
     # VL-BERT segments: A (sentence 1) = 0, B (sentence 2) = 1, C (image and [END]) = 2
-    FamilyConfig("vlbert-base", _with_types(BASE, 3), VLBertVisualConfig(), VLBERT_TASKS),
-    FamilyConfig("vlbert-minilm", _with_types(MINILM, 3), VLBertVisualConfig(), VLBERT_TASKS),
-    FamilyConfig("vlbert-tiny", _with_types(TINY, 3), VLBertVisualConfig(geometry_dim=64),
-                 VLBERT_TASKS),
-    FamilyConfig("imagebert-base", BASE, ImageBertVisualConfig(), IMAGEBERT_TASKS),
-    FamilyConfig("imagebert-minilm", MINILM, ImageBertVisualConfig(), IMAGEBERT_TASKS),
-    FamilyConfig("imagebert-tiny", TINY, ImageBertVisualConfig(), IMAGEBERT_TASKS),
+    FamilyConfig("vlbert-base", _with_types(BASE, 3), VLBertVisualConfig()),
+    FamilyConfig("vlbert-minilm", _with_types(MINILM, 3), VLBertVisualConfig()),
+    FamilyConfig("vlbert-tiny", _with_types(TINY, 3), VLBertVisualConfig(geometry_dim=64)),
+    FamilyConfig("imagebert-base", BASE, ImageBertVisualConfig()),
+    FamilyConfig("imagebert-minilm", MINILM, ImageBertVisualConfig()),
+    FamilyConfig("imagebert-tiny", TINY, ImageBertVisualConfig()),
     FamilyConfig("soho-r18-l3", TransformerConfig(**{**BASE.__dict__, "num_layers": 3}),
-                 SohoVisualConfig(resnet=RESNET18), SOHO_TASKS),
-    FamilyConfig("soho-r101-l12", BASE, SohoVisualConfig(resnet=RESNET101), SOHO_TASKS),
-    FamilyConfig("soho-r18-minilm", MINILM, SohoVisualConfig(resnet=RESNET18), SOHO_TASKS),
-    FamilyConfig("soho-tiny", TINY, _SOHO_TINY, SOHO_TASKS),
+                 SohoVisualConfig(resnet=RESNET18)),
+    FamilyConfig("soho-r101-l12", BASE, SohoVisualConfig(resnet=RESNET101)),
+    FamilyConfig("soho-r18-minilm", MINILM, SohoVisualConfig(resnet=RESNET18)),
+    FamilyConfig("soho-tiny", TINY, _SOHO_TINY),
 )}
 
 
@@ -60,3 +54,16 @@ def get_family(name: str) -> FamilyConfig:
         return FAMILIES[name]
     except KeyError:
         raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def family_task_problem(task: str, family: str) -> str | None:
+    """Why registered ``task`` does not apply to ``family``, naming the families it applies
+    to and, where the family reads another visual input, that; None when it applies."""
+    fam = get_family(family)
+    if task in fam.tasks:
+        return None
+    kinds = sorted({f.visual.kind for f in FAMILIES.values() if task in f.tasks})
+    why = f"a task of {', '.join(kinds)}" if kinds else "no family has it"
+    visual = visual_problem(task, fam.visual.input_kind, family)
+    return (f"task {task!r} does not apply to {family} ({why}); its tasks: "
+            f"{', '.join(fam.tasks)}" + (f"; {visual}" if visual else ""))

@@ -54,7 +54,7 @@ class VLPModel(nn.Module):
 
     def forward(self, batch: Mapping[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:
         spec = self.task(task)
-        # joint masking flags images on the other tasks' batches too (masking/partner.py):
+        # joint masking flags images on the other tasks' batches too (tasks/masking_modes.py):
         # the embedder masks wherever the pipeline asked, whatever the task
         enc = self.backbone(batch, pool=spec.needs_pooled,
                             visual_masking=spec.masks_visual_tokens or bs.MVM_APPLY in batch)

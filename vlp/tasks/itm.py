@@ -1,4 +1,5 @@
-"""ITM: does the text match the image? Linear(H, 2) on the pooled [CLS]; CE over all pairs."""
+"""ITM: does the text match the image? Linear(H, 2) on the pooled [CLS]; CE over all pairs.
+No masking; the batch draws swapped negatives (``vlp.datasets.batching.itm_negatives``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.base import Batch, HeadContext, Task, accuracy, register_task
 from vlp.contract.batch_access import require
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.losses import accuracy
+from vlp.tasks.registry import register
+from vlp.tasks.spec import Batch, HeadContext, Task
 
 
 def itm_logits(head: nn.Module, enc: EncoderOutput) -> torch.Tensor:
@@ -25,10 +27,13 @@ def itm_terms(head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, to
             "itm_acc": accuracy(logits, labels)}
 
 
-@register_task
+@register
 class ImageTextMatching(Task):
-    name = "itm"
+    name, label, order = "itm", "ITM", 1
     head_name = "itm"
+    modality = None
+    visual = frozenset({"regions", "pixels"})
+    itm_negatives = True
     needs_pooled = True
 
     def build_head(self, ctx: HeadContext) -> nn.Module:

@@ -1,20 +1,25 @@
-"""MLM: predict masked words from the rest of the text and the whole image (UNITER, BERT).
+"""MLM: predict masked words from the rest of the text and the whole image (UNITER, BERT);
+all four families.
 
-Head (BERT's ``cls.predictions``): dense → GELU → LN → decoder whose weight *is* the word
-embedding matrix (tied) + its own bias. Loss: CE over masked positions of true pairs, mean.
+Masking: BERT's (``masking_text.mask_text``). Head (BERT's ``cls.predictions``): dense →
+GELU → LN → decoder whose weight *is* the word embedding matrix (tied) + its own bias.
+Loss: CE over masked positions of true pairs, mean.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
 from vlp.contract.batch_access import positive_pairs, require
-from vlp.tasks.base import Batch, HeadContext, Task, accuracy, register_task, zero_loss
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.losses import accuracy, zero_loss
+from vlp.tasks.masking_text import mask_text
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 
 class PredictionTransform(nn.Module):
@@ -41,10 +46,15 @@ class MaskedLanguageHead(nn.Module):
         return self.decoder(self.transform(hidden)) + self.bias
 
 
-@register_task
+@register
 class MaskedLanguageModeling(Task):
-    name = "mlm"
+    name, label, order = "mlm", "MLM", 0
     head_name = "mlm"
+    modality = "text"
+    visual = frozenset({"regions", "pixels"})
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        mask_text(batch, rng, ctx)
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return MaskedLanguageHead(ctx)

@@ -1,25 +1,38 @@
 """MOC: masked object classification (ImageBERT).
 
-The pipeline masks 15% of the regions and zeroes 90% of those (10% stay as they are); every
-masked region — zeroed or kept — is classified as the detector's label. Head: Linear → GELU →
-LN → Linear(H, C) (ImageBERT's own, not shared with UNITER's MRC). Loss: CE over masked
-regions of true pairs, mean.
+The pipeline masks 15% of the regions and zeroes 90% of those (BERT's "unchanged" share: 10%
+keep their feature); every masked region — zeroed or kept — is classified as the detector's
+label. Head: Linear → GELU → LN → Linear(H, C) (ImageBERT's own, not shared with UNITER's
+MRC). Loss: CE over masked regions of true pairs, mean.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.base import Batch, HeadContext, Task, register_task
+from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
 from vlp.tasks.mrc import RegionClassifier, classification_terms
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
+
+ZERO_SHARE = 0.9
 
 
-@register_task
+@register
 class MaskedObjectClassification(Task):
-    name = "moc"
+    name, label, order = "moc", "MOC", 5
     head_name = "moc"
+    modality = "regions"
+    visual = frozenset({"regions"})
+    families = frozenset({"imagebert"})
+    needs_soft_labels = True
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        masked = choose_regions(batch, rng, ctx)
+        mask_with_hard_labels(batch, masked, masked & (rng.random(masked.shape) < ZERO_SHARE))
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RegionClassifier(ctx)

@@ -1,5 +1,9 @@
 """MRC: classify a masked region as the detector's top class (UNITER).
 
+Masking (UNITER's masked region modeling, shared by MRFR and MRC-kl): 15% of the regions of
+each positive pair (at least one per image) get zero input features; ``region_masked`` marks
+where the loss is computed (here the same rows as ``region_zeroed``).
+
 Head (UNITER's ``region_classifier``, shared with MRC-kl): Linear → GELU → LN → Linear(H, C).
 Label: argmax of the detector's distribution over classes 1..C-1 (background, class 0,
 excluded) — from ``region_class_labels``, or derived from ``region_soft_labels`` when the batch
@@ -8,15 +12,18 @@ carries only those. Loss: CE over masked regions of true pairs, mean.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
 from vlp.contract.batch_access import BatchError
-from vlp.tasks.base import Batch, HeadContext, Task, accuracy, masked_regions, register_task, zero_loss
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.losses import accuracy, masked_regions, zero_loss
+from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 
 class RegionClassifier(nn.Module):
@@ -55,10 +62,18 @@ def classification_terms(task: str, head: nn.Module, enc: EncoderOutput,
             f"{task}_acc": accuracy(logits, target)}
 
 
-@register_task
+@register
 class MaskedRegionClassification(Task):
-    name = "mrc"
+    name, label, order = "mrc", "MRC", 2
     head_name = "region_classifier"
+    modality = "regions"
+    visual = frozenset({"regions"})
+    families = frozenset({"uniter"})
+    needs_soft_labels = True
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        masked = choose_regions(batch, rng, ctx)
+        mask_with_hard_labels(batch, masked, masked)
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RegionClassifier(ctx)

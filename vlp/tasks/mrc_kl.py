@@ -1,7 +1,8 @@
 """MRC-kl: distil the detector's class distribution into masked regions (UNITER).
 
-Same head as MRC (``region_classifier``). Loss: KL(detector ‖ softmax(prediction)) over all C
-classes (background included).
+Masking: MRC's, with the detector's distribution as the target. Same head as MRC
+(``region_classifier``). Loss: KL(detector ‖ softmax(prediction)) over all C classes
+(background included).
 
 Normalisation: we sum the KL over the C classes of a region — the true KL divergence of that
 region, as in the paper's Σ_i D_KL — and average over the masked regions of true pairs. The
@@ -11,22 +12,35 @@ multiply a mix weight by 1/C to reproduce its scale.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
 from vlp.contract.batch_access import require
-from vlp.tasks.base import Batch, HeadContext, Task, masked_regions, register_task, zero_loss
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.losses import masked_regions, zero_loss
+from vlp.tasks.masking_visual import SOFT_LABELS, choose_regions, zero_regions
 from vlp.tasks.mrc import RegionClassifier
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 
-@register_task
+@register
 class MaskedRegionClassificationKL(Task):
-    name = "mrc-kl"
+    name, label, order = "mrc-kl", "MRC-kl", 3
     head_name = "region_classifier"  # shared with mrc, as in UNITER
+    modality = "regions"
+    visual = frozenset({"regions"})
+    families = frozenset({"uniter"})
+    needs_soft_labels = True
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        masked = choose_regions(batch, rng, ctx)
+        zero_regions(batch, masked)
+        batch[bs.REGION_MASKED] = masked
+        batch[bs.REGION_SOFT_LABELS] = batch[SOFT_LABELS]
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RegionClassifier(ctx)

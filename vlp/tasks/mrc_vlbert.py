@@ -1,8 +1,10 @@
 """Masked RoI classification with linguistic clues (VL-BERT).
 
 The masked RoI's visual feature embedding is replaced by a learned embedding (the embedder
-does it for ``region_zeroed`` rows) and the whole-image feature that every text token carries
-is recomputed by the pipeline without it, so the class must come from the text. Head:
+does it for ``region_zeroed`` rows; the input row is zeroed so nothing of it leaks) and the
+whole-image feature that every text token carries is recomputed by the pipeline without it
+(after masking, for every batch that carries ``image_feat``), so the class must come from the
+text. Head:
 Linear → GELU → Linear(H, C). Target: the detector's class. When the batch carries the
 detector's distribution (``region_soft_labels``) the loss is the soft cross-entropy
 −Σ_c p_c log q_c as in the reference; otherwise CE against ``region_class_labels``. Mean over
@@ -11,15 +13,18 @@ masked RoIs of true pairs.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.base import Batch, HeadContext, Task, accuracy, masked_regions, register_task, zero_loss
+from vlp.tasks.losses import accuracy, masked_regions, zero_loss
+from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
 from vlp.tasks.mrc import classification_terms
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 
 class RoIClassifier(nn.Module):
@@ -32,10 +37,19 @@ class RoIClassifier(nn.Module):
         return self.net(hidden)
 
 
-@register_task
+@register
 class MaskedRoIClassification(Task):
-    name = "mrc-vlbert"
+    name, label, order = "mrc-vlbert", "MRC-VLBERT", 6
     head_name = "mrc_vlbert"
+    modality = "regions"
+    visual = frozenset({"regions"})
+    families = frozenset({"vlbert"})
+    needs_soft_labels = True
+    image_feat = True
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        masked = choose_regions(batch, rng, ctx)
+        mask_with_hard_labels(batch, masked, masked)
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RoIClassifier(ctx)

@@ -1,21 +1,25 @@
 """MRFR: regress a masked region's raw input feature (UNITER; also ImageBERT).
 
-Head (UNITER's ``feat_regress``): Linear(H, H) → GELU → LN → a projection to D whose weight is
+Masking: UNITER's region masking (see ``mrc.py``), the raw features kept as targets. Head (UNITER's
+``feat_regress``): Linear(H, H) → GELU → LN → a projection to D whose weight is
 the image embedder's feature Linear weight, transposed (tied), + its own bias. Target: the
 raw feature before masking (not normalised). Loss: MSE, mean over masked regions × D.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
 from vlp.contract.batch_access import require
-from vlp.tasks.base import Batch, HeadContext, Task, masked_regions, register_task, zero_loss
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.losses import masked_regions, zero_loss
+from vlp.tasks.masking_visual import choose_regions, zero_regions
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 
 class RegionFeatureRegression(nn.Module):
@@ -26,7 +30,8 @@ class RegionFeatureRegression(nn.Module):
             raise ValueError(f"mrfr needs a region family (a feature Linear to tie to); "
                              f"{ctx.backbone.family.name} has none")
         h = ctx.hidden_size
-        self.net = nn.Sequential(nn.Linear(h, h), nn.GELU(), nn.LayerNorm(h, eps=ctx.layer_norm_eps))
+        self.net = nn.Sequential(nn.Linear(h, h), nn.GELU(),
+                                 nn.LayerNorm(h, eps=ctx.layer_norm_eps))
         self.weight = projection.weight  # [H, D], tied: the same Parameter object
         self.bias = nn.Parameter(torch.zeros(ctx.feat_dim))
 
@@ -34,10 +39,19 @@ class RegionFeatureRegression(nn.Module):
         return F.linear(self.net(hidden), self.weight.t(), self.bias)
 
 
-@register_task
+@register
 class MaskedRegionFeatureRegression(Task):
-    name = "mrfr"
+    name, label, order = "mrfr", "MRFR", 4
     head_name = "mrfr"
+    modality = "regions"
+    visual = frozenset({"regions"})
+    families = frozenset({"uniter", "imagebert"})
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        masked = choose_regions(batch, rng, ctx)
+        batch[bs.REGION_FEAT_TARGETS] = batch[bs.REGION_FEATS].copy()   # raw, not normalised
+        zero_regions(batch, masked)
+        batch[bs.REGION_MASKED] = masked
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RegionFeatureRegression(ctx)

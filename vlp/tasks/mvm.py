@@ -1,7 +1,10 @@
 """MVM: masked visual modeling on the visual dictionary (SOHO).
 
-The embedder masks, on each image with ``mvm_apply``, every cell mapped to one dictionary
-index present in the image, and labels those cells with that index. Head: Linear → GELU → LN,
+Masking by visual-dictionary index happens inside the model (``masks_visual_tokens``: the
+index exists only after the dictionary lookup); the pipeline only flags the images to mask
+(``masking_visual.flag_mvm_images``). The embedder masks, on each image with ``mvm_apply``,
+every cell mapped to one dictionary index present in the image, and labels those cells with
+that index. Head: Linear → GELU → LN,
 then cosine similarity to every (detached) dictionary entry, times a learned logit scale
 (init 10, capped at 100: raw cosines in [−1, 1] are too flat a softmax over 2048 classes).
 Loss: CE over masked cells of true pairs, mean.
@@ -11,15 +14,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlp.contract.encoder_output import EncoderOutput
-from vlp.contract.encoder_output import MVM_LABELS
 from vlp.contract.batch_access import positive_pairs
-from vlp.tasks.base import Batch, HeadContext, Task, accuracy, register_task, zero_loss
+from vlp.contract.encoder_output import MVM_LABELS, EncoderOutput
+from vlp.tasks.losses import accuracy, zero_loss
+from vlp.tasks.masking_visual import flag_mvm_images
 from vlp.tasks.mlm import PredictionTransform
+from vlp.tasks.registry import register
+from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 MAX_LOGIT_SCALE = 100.0
 
@@ -49,11 +55,17 @@ class VisualDictionaryHead(nn.Module):
         return scale * outputs @ entries.t()
 
 
-@register_task
+@register
 class MaskedVisualModeling(Task):
-    name = "mvm"
+    name, label, order = "mvm", "MVM", 7
     head_name = "mvm"
+    modality = "pixels"
+    visual = frozenset({"pixels"})
+    families = frozenset({"soho"})
     masks_visual_tokens = True
+
+    def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
+        flag_mvm_images(batch, rng, ctx)
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return VisualDictionaryHead(ctx)

@@ -1,8 +1,9 @@
 """SIRP: VL-BERT's sentence-image relationship prediction (§3.3, Task #1). A randomly
 initialised classifier on the [CLS] output (the pooled [CLS], as VL-BERT's pretraining head
 reads it) gives one logit for [Related]; sigmoid cross-entropy against the pair's label.
-Negatives are captions drawn from other images (``vlp.tasks.masking.sirp``). UNITER's ITM
-is a two-way softmax instead, and swaps images as well as texts."""
+No masking; half of the pairs get a caption "randomly chosen from the whole dataset": negatives
+swap the *text* only, never the image. UNITER's ITM is a two-way softmax instead, and swaps
+images as well as texts."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
 from vlp.contract.batch_access import require
-from vlp.tasks.base import Batch, HeadContext, Task, register_task
+from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.registry import register
+from vlp.tasks.spec import Batch, HeadContext, Task
 
 
-@register_task
+@register
 class SentenceImageRelationship(Task):
-    name = "sirp"
+    name, label, order = "sirp", "SIRP", 10
     head_name = "sirp"
+    modality = None
+    visual = frozenset({"regions"})
+    families = frozenset({"vlbert"})
+    itm_negatives = True
+    negatives_swap = "text"
+    image_feat = True
     needs_pooled = True
 
     def build_head(self, ctx: HeadContext) -> nn.Module:

@@ -1,11 +1,12 @@
 """WRA: word-region alignment by optimal transport, added to ITM (UNITER reference code).
 
-On an ITM batch: the ITM loss (shared ``itm`` head) plus 0.1 × the OT loss, where a pair's OT
-distance is Σ T_ij C_ij between its text outputs and region outputs, with cosine cost C and the transport plan T found by IPOT (proximal point with one
-Sinkhorn step per iteration; β 0.5, 50 iterations; no gradient through T). The OT loss pulls
-matched pairs together and pushes mismatched ones apart:
-(Σ_pos dist − Σ_neg dist) / B. Reports ``itm_loss`` and the weighted ``wra_loss``; the total is
-their sum.
+It trains on ITM batches (no masking, swapped negatives, regions to align words with): the
+ITM loss (shared ``itm`` head) plus 0.1 × the OT loss, where a pair's OT distance is
+Σ T_ij C_ij between its text outputs and region outputs, with cosine cost C and the transport
+plan T found by IPOT (proximal point with one Sinkhorn step per iteration; β 0.5, 50
+iterations; no gradient through T). The OT loss pulls matched pairs together and pushes
+mismatched ones apart: (Σ_pos dist − Σ_neg dist) / B. Reports ``itm_loss`` and the weighted
+``wra_loss``; the total is their sum.
 
 The text side of the plan is every real text token, ``[CLS]`` and ``[SEP]`` included, as in
 the reference (its OT inputs scatter the whole text span, text lengths counting both): WRA is
@@ -20,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-
-from vlp.contract.encoder_output import EncoderOutput
 from vlp.contract.batch_access import require
-from vlp.tasks.base import Batch, HeadContext, Task, register_task
+from vlp.contract.encoder_output import EncoderOutput
 from vlp.tasks.itm import itm_terms
+from vlp.tasks.registry import register
+from vlp.tasks.spec import Batch, HeadContext, Task
 
 WRA_WEIGHT = 0.1
 IPOT_BETA = 0.5
@@ -57,10 +58,14 @@ def ipot_plan(cost: torch.Tensor, x_valid: torch.Tensor, y_valid: torch.Tensor,
     return plan * joint
 
 
-@register_task
+@register
 class WordRegionAlignment(Task):
-    name = "wra"
+    name, label, order = "wra", "WRA", 8
     head_name = "itm"  # WRA is added to ITM: it trains the same head
+    modality = None
+    visual = frozenset({"regions"})
+    families = frozenset({"uniter"})
+    itm_negatives = True
     needs_pooled = True
 
     def build_head(self, ctx: HeadContext) -> nn.Module:

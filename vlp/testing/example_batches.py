@@ -14,9 +14,9 @@ import torch
 from vlp.contract import batch_spec as bs
 
 from vlp.models.factory import PreprocessSpec
+from vlp.tasks import get_task
 
 CLS, SEP, MASK, FIRST_WORD = 101, 102, 103, 1000  # BERT WordPiece ids (cased and uncased)
-REGION_TASKS = ("mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert")
 
 
 def _boxes(n: tuple[int, int], g: torch.Generator) -> torch.Tensor:
@@ -48,6 +48,7 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
                   seed: int = 0, full_length: bool = False) -> dict[str, torch.Tensor]:
     """One batch for ``task``; ``full_length`` makes every text and image full (benchmarks)."""
     g = torch.Generator().manual_seed(seed)
+    spec_of_task = get_task(task)   # its masked modality and inputs, from the task registry
     b, t = batch_size, text_len
     lengths = (torch.full((b,), t) if full_length
                else torch.randint(max(3, t // 2), t + 1, (b,), generator=g))
@@ -59,13 +60,13 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
     batch: dict[str, torch.Tensor] = {}
 
     positive = torch.ones(b, dtype=torch.bool)
-    if task in ("itm", "wra", "sirp"):
+    if spec_of_task.itm_negatives:
         labels = (torch.arange(b) % 2 == 0).long()[torch.randperm(b, generator=g)]
         batch[bs.ITM_LABELS] = labels
         positive = labels.bool()
     batch[bs.POSITIVE] = positive
 
-    if task in ("mlm", "mlm-obj", "mlm-text"):   # example batches: any word stands for an object word
+    if spec_of_task.modality == "text":   # example batches: any word stands for an object word
         words = text_mask.clone()
         words[:, 0] = False
         words[torch.arange(b), lengths - 1] = False
@@ -86,7 +87,7 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
         feats = raw.clone()
         batch[bs.REGION_LOC] = _location(_boxes((b, n), g), spec.location_kind) * region_mask[..., None]
         batch[bs.REGION_MASK] = region_mask.long()
-        if task in REGION_TASKS:
+        if spec_of_task.modality == "regions":
             masked = _pick(region_mask & positive[:, None], 0.15, g)
             zeroed = masked & (torch.rand(b, n, generator=g) < 0.9) if task == "moc" else masked
             feats[zeroed] = 0.0
@@ -113,10 +114,10 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
             batch[bs.PIXELS][-1, :, :, w * 3 // 4:] = 0
         batch[bs.PIXEL_MASK] = pixel_mask
         batch[bs.IMAGE_INDEX] = torch.arange(b) % images
-        if task == "mvm":
+        if spec_of_task.modality == "pixels":
             batch[bs.MVM_APPLY] = torch.ones(images, dtype=torch.bool)
         units = t
-    if task == "mlm-text":   # a text corpus batch: no image (vlp.datasets.batching.text_corpus)
+    if spec_of_task.text_only:   # a text corpus batch: no image (vlp.datasets.batching.text_corpus)
         for k in (bs.REGION_FEATS, bs.REGION_LOC, bs.REGION_MASK):
             batch[k] = batch[k][:, :0]
         if bs.IMAGE_FEAT in batch:

@@ -18,7 +18,7 @@ from vlp.contract import batch_spec as K
 from vlp.datasets.storage.arrow_views import ranges
 from vlp.datasets.stream.data_config import PixelConfig
 from vlp.datasets.batching.image_block import ImageBlock
-from vlp.tasks.masking.regions import SOFT_LABELS
+from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.stream.pixels import pad_images, visual_tokens
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
 

@@ -52,8 +52,8 @@ from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.batching.example_window import ExampleWindow
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
-from vlp.tasks.masking import MaskContext, apply_masking, get_policy
-from vlp.tasks.masking.regions import SOFT_LABELS
+from vlp.tasks import MaskContext, apply_masking, get_task, visual_problem
+from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.batching.segment_types import segment_type_ids
 from vlp.datasets.batching.text_corpus import TextCorpusBatches
 from vlp.datasets.stream.text_tokenizer import TextTokenizer, load_tokenizer
@@ -97,7 +97,7 @@ class PretrainBatches:
         self._epoch_examples = 0
         self._warned_sources: set = set()
         self.text: TextCorpusBatches | None = None   # mlm-text's own stream (VL-BERT)
-        if any(get_policy(t).text_only for t in plan.tasks):
+        if any(get_task(t).text_only for t in plan.tasks):
             self.text = TextCorpusBatches(
                 self.cfg.text_corpus, self.tok, self.ctx, max_text_len=self.cfg.max_text_len,
                 batch_units=self.cfg.batch_units, feature_dim=plan.feature_dim,
@@ -107,10 +107,10 @@ class PretrainBatches:
 
     def next(self, task: str) -> dict[str, torch.Tensor]:
         """The next batch, masked for ``task``."""
-        policy = get_policy(task)
-        if self.cfg.visual not in policy.visual:
-            raise ValueError(f"task {task!r} needs visual input {sorted(policy.visual)}, the "
-                             f"pipeline produces {self.cfg.visual!r}")
+        policy = get_task(task)
+        problem = visual_problem(task, self.cfg.visual, "the pipeline")
+        if problem:
+            raise ValueError(problem)
         if policy.text_only:
             if self.text is None:
                 raise ValueError(f"task {task!r} reads the text corpus; this loader was "
@@ -380,7 +380,7 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
     refs' unmasked arrays from ``collate_window`` (region input; written to), else the refs
     are collated here. Both give the same batch for the same generator."""
     cfg = plan.config
-    policy = get_policy(task)
+    policy = get_task(task)
     need_soft = policy.needs_soft_labels and cfg.visual == "regions"
     donors = None
     if policy.itm_negatives and cfg.visual == "regions":

@@ -41,10 +41,10 @@ def mix_problems(mix: Mapping[str, Any], known: Iterable[str], key: str = "tasks
 def validate_mix(mix: Mapping[str, Any], known: Iterable[str] | None = None,
                  key: str = "tasks") -> dict[str, float]:
     """The mix as ``{task: float}``; raises ``DataConfigError`` naming every bad key.
-    ``known`` defaults to the masking-policy registry."""
+    ``known`` defaults to the task registry."""
     if known is None:
-        from vlp.tasks.masking import MASKING_POLICIES
-        known = MASKING_POLICIES
+        from vlp.tasks import task_names
+        known = task_names()
     problems = mix_problems(mix, known, key)
     if problems:
         raise DataConfigError(problems)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from vlp.contract import batch_spec as K
-from vlp.tasks.masking.registry import MaskContext
-from vlp.tasks.masking.text import mask_text
+from vlp.tasks.masking_text import mask_text
+from vlp.tasks.spec import MaskContext
 
 WINDOW = 4096   # lines shuffled together (bounded memory on a large corpus)
 

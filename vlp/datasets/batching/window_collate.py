@@ -25,7 +25,7 @@ from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHO
                                   caption_spans, image_spans, whole_image_arrays)
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.itm_negatives import Donors
-from vlp.tasks.masking.regions import SOFT_LABELS
+from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
 
 Batch = dict[str, np.ndarray]

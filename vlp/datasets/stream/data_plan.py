@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError
 from vlp.datasets.stream.location import LOCATION_FEATURES
-from vlp.tasks.masking import MASKING_POLICIES
+from vlp.tasks import TASKS, task_names, visual_problem
 from vlp.datasets.storage.shards import list_shards, shard_info
 from vlp.datasets.storage.shard_format import ShardError
 from vlp.datasets.batching.task_sampler import validate_mix
@@ -87,15 +87,14 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
     width and class count must match the model's. Raises ``DataConfigError`` (naming the key)
     before any row is read."""
     mix = tasks if isinstance(tasks, Mapping) else {t: 1.0 for t in tasks}
-    mix = validate_mix(mix, MASKING_POLICIES)
+    mix = validate_mix(mix, task_names())
     active = [t for t, r in mix.items() if r > 0]
     problems: list[tuple[str, str]] = []
     for t in active:
-        if config.visual not in MASKING_POLICIES[t].visual:
-            problems.append((f"tasks.{t}", f"task {t!r} needs visual input "
-                                           f"{sorted(MASKING_POLICIES[t].visual)}, but the "
-                                           f"data config has visual={config.visual!r}"))
-    needs_soft = config.visual == "regions" and any(MASKING_POLICIES[t].needs_soft_labels
+        problem = visual_problem(t, config.visual, "the data config (visual)")
+        if problem:
+            problems.append((f"tasks.{t}", problem))
+    needs_soft = config.visual == "regions" and any(TASKS[t].needs_soft_labels
                                                     for t in active)
     try:
         tokenizer_path = str(resolve_tokenizer_path(config.tokenizer_path))
@@ -127,7 +126,7 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
                          ", ".join(f"{n}: {c}" for n, (_, c) in dims.items())))
     if model is not None and config.visual == "regions":
         problems += _model_problems(model, found, classes, needs_soft)
-    text_tasks = [t for t in active if MASKING_POLICIES[t].text_only]
+    text_tasks = [t for t in active if TASKS[t].text_only]
     if text_tasks and not config.text_corpus:
         problems.append(("text_corpus", f"task {text_tasks[0]} reads text-only batches: give "
                          "a folder of .txt files (a passage a line), data.text_corpus"))
@@ -137,7 +136,7 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
         except TextCorpusError as e:
             problems.append(("text_corpus", str(e)))
     object_words: tuple[str, ...] = ()
-    if any(MASKING_POLICIES[t].object_words for t in active):
+    if any(TASKS[t].object_words for t in active):
         object_words = config.object_words or world_class_names(config)
         if not object_words:
             problems.append(("object_words", "task mlm-obj masks the words that name objects: "
@@ -220,7 +219,7 @@ def _check_footers(name: str, files: list[Path], config: DataConfig, needs_soft:
             if not info.feature_dim:
                 return [(key, f"{f}: metadata lacks vlp.feature_dim")]
             if needs_soft and not info.num_classes:
-                soft_tasks = [t for t in tasks if MASKING_POLICIES[t].needs_soft_labels]
+                soft_tasks = [t for t in tasks if TASKS[t].needs_soft_labels]
                 return [(f"tasks.{soft_tasks[0]}",
                          f"task(s) {soft_tasks} need detector soft labels, but {f} (source "
                          f"{name!r}) has none (no vlp.num_classes)")]

@@ -1,10 +1,10 @@
 """The pretraining experiment config: one YAML file describes a run.
 
 Load with ``load_experiment_config(path, overrides=["optimizer.lr=1e-4"], task_names=...)``.
-Task names are checked against the model's task registry (passed in by the caller; the
-paper tasks by default). The ``data`` section is the pipeline's ``DataConfig`` as a user
-writes it (see ``DataSection``); ``vlp.platform.pretrain.data`` maps it, with the model's
-preprocessing, onto one ``DataConfig`` per stage.
+Task names are checked against the task registry (``vlp.tasks``, imported on the first load
+so that importing this module does not import torch). The ``data`` section is the pipeline's
+``DataConfig`` as a user writes it (see ``DataSection``); ``vlp.platform.pretrain.data`` maps
+it, with the model's preprocessing, onto one ``DataConfig`` per stage.
 
 Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
 decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
@@ -24,11 +24,6 @@ from typing import Literal
 
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError, RegionConfig, SourceConfig
 from vlp.contract.config_loader import ConfigError, bounded, load_config
-
-# Pretraining tasks of the four papers (UNITER, VL-BERT, ImageBERT, SOHO) + UNITER's optional
-# WRA + MLM on object words (mlm-obj). The model registry supplies the authoritative list.
-PAPER_TASKS: tuple[str, ...] = ("mlm", "itm", "mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert",
-                                "mvm", "wra", "mlm-obj", "sirp", "mlm-text")
 
 # NVIDIA GPU types as Ray names them (ray.util.accelerators): scaling.accelerator_type
 ACCELERATOR_TYPES = ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
@@ -354,11 +349,15 @@ def load_experiment_config(path: str | Path | None = None, overrides: Iterable[s
                            families: Iterable[str] | None = None) -> ExperimentConfig:
     """Load, override and validate. Raises ``ConfigError`` naming every bad key.
 
-    ``task_names`` / ``families``: the registries to check against (``list(vlp.models.TASKS)``,
-    ``vlp.models.list_families()``); the paper tasks and no family check by default, so that
-    loading a config does not import the model zoo."""
+    ``task_names`` / ``families``: the registries to check against (``vlp.tasks.task_names()``,
+    ``vlp.models.list_families()``); the task registry and no family check by default, so
+    that loading a config does not import the model zoo."""
     cfg = load_config(ExperimentConfig, path, overrides, data=data)
-    problems = check_task_names(cfg, PAPER_TASKS if task_names is None else task_names)
+    if task_names is None:
+        from vlp.tasks import task_names as registered_tasks
+
+        task_names = registered_tasks()
+    problems = check_task_names(cfg, task_names)
     if families is not None:
         problems += check_family(cfg, families)
     if problems:

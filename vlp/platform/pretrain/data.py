@@ -20,13 +20,15 @@ from pathlib import Path
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError, SourceConfig
 from vlp.datasets.stream.data_plan import DataPlan, plan_data
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
-from vlp.models import TASKS, get_family, list_families
+from vlp.models import get_family, list_families
+from vlp.models.families import family_task_problem
 from vlp.models.heads import layout_types
 from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.contract.config_loader import ConfigError
 from vlp.platform.pretrain.config import (DATA_CONFIG_NAMES, ExperimentConfig, StageSection,
                                             check_family, check_task_names)
 from vlp.platform.training.init_weights_check import check_init_weights
+from vlp.tasks import task_names
 
 DEFAULT_NUM_CLASSES = 1601      # only sizes MRC heads, which need soft labels (and so a C)
 
@@ -127,8 +129,8 @@ def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:
 
 def check_model_and_tasks(cfg: ExperimentConfig) -> None:
     """The family exists, every task name is registered, and every task with a positive
-    ratio applies to the family (the model registry's ``FamilyConfig.tasks``)."""
-    problems = check_family(cfg, list_families()) + check_task_names(cfg, TASKS)
+    ratio applies to the family (``FamilyConfig.tasks``, from the task registry)."""
+    problems = check_family(cfg, list_families()) + check_task_names(cfg, task_names())
     if problems:
         raise ConfigError(problems)
     family = get_family(cfg.model.family)
@@ -136,14 +138,9 @@ def check_model_and_tasks(cfg: ExperimentConfig) -> None:
                                        for i, s in enumerate(cfg.stages)]
     for key, mix in mixes:
         for name, ratio in mix.items():
-            if ratio > 0 and name not in family.tasks:
-                kinds = sorted({f.split("-")[0] for f in list_families()
-                                if name in get_family(f).tasks})
-                why = f"a task of {', '.join(kinds)}"
-                if family.visual.input_kind == "pixels" and "soho" not in kinds:
-                    why += f"; it needs detector regions and {family.name} reads pixels"
-                problems.append((f"{key}.{name}", f"task {name!r} does not apply to "
-                                 f"{family.name} ({why}); its tasks: {', '.join(family.tasks)}"))
+            problem = family_task_problem(name, family.name) if ratio > 0 else None
+            if problem:
+                problems.append((f"{key}.{name}", problem))
     if problems:
         raise ConfigError(problems)
 

@@ -28,9 +28,10 @@ ESTIMATE_BATCHES = 8        # batches read on the driver to estimate examples pe
 def load_pretrain_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,
                          data: dict | None = None) -> ExperimentConfig:
     """Load and validate against the model registry (task names, families)."""
-    from vlp.models import TASKS, list_families
+    from vlp.models import list_families
+    from vlp.tasks import task_names
 
-    return load_experiment_config(path, overrides, data=data, task_names=list(TASKS),
+    return load_experiment_config(path, overrides, data=data, task_names=task_names(),
                                   families=list_families())
 
 

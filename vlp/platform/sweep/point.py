@@ -16,20 +16,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-# Table 3's reading order (L10 reads "MLM + ITM + MRC-kl + MRFR"), then the other families'
-TASK_ORDER = ("mlm", "itm", "mrc", "mrc-kl", "mrfr", "moc", "mrc-vlbert", "mvm", "wra",
-              "mlm-obj", "sirp", "mlm-text")
-TASK_LABELS = {"mlm": "MLM", "itm": "ITM", "mrc": "MRC", "mrc-kl": "MRC-kl", "mrfr": "MRFR",
-               "moc": "MOC", "mrc-vlbert": "MRC-VLBERT", "mvm": "MVM", "wra": "WRA",
-               "mlm-obj": "MLM-obj", "sirp": "SIRP", "mlm-text": "MLM-text"}
+# a task's label and place in a mix label (Table 3's reading order: L10 reads "MLM + ITM +
+# MRC-kl + MRFR", then the other families') are its task file's (``vlp.tasks``)
+from vlp.tasks.registry import task_label, task_order
+
 MASKINGS = ("conditional", "joint")
 DATA_CHOICES = ("in", "out", "both")      # pretraining corpora by the world's source domains
 DATA_LABELS = {"in": "In-domain", "out": "Out-of-domain", "both": "In-domain + Out-of-domain"}
 INITS = ("random", "text")    # text: the text-only BERT weights of model.text_init (Table 3 L2)
-
-
-def task_rank(name: str) -> int:
-    return TASK_ORDER.index(name) if name in TASK_ORDER else len(TASK_ORDER)
 
 
 @dataclass(frozen=True)
@@ -43,7 +37,7 @@ class TrialPoint:
     def of(cls, mix: Mapping[str, float], **kw: Any) -> "TrialPoint":
         """A point from a ``{task: ratio}`` mix (zero ratios dropped, Table 3's task order)."""
         items = sorted(((t, float(r)) for t, r in mix.items() if r > 0),
-                       key=lambda tr: (task_rank(tr[0]), tr[0]))
+                       key=lambda tr: (task_order(tr[0]), tr[0]))
         return cls(tuple(items), **kw)
 
     @property
@@ -60,7 +54,7 @@ class TrialPoint:
         """``MLM+ITM+MRC-kl`` (joint masking adds ``(w/o cond. mask)`` as in Table 3)."""
         if not self.pretrains:
             return "MLM (text only)" if self.init == "text" else "None"
-        label = "+".join(TASK_LABELS.get(t, t.upper()) for t, _ in self.tasks)
+        label = "+".join(task_label(t) for t, _ in self.tasks)
         return label + (" (w/o cond. mask)" if self.masking == "joint" else "")
 
     def ratio_label(self) -> str:

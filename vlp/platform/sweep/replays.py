@@ -68,7 +68,7 @@ def check_replay(name: str, family: str, key: str = "sweep.replay",
                  text_init: str = "auto") -> list[tuple[str, str]]:
     """Every line's tasks and init must apply to ``family``; one problem per cause, naming
     the lines it affects."""
-    from vlp.models import TASKS
+    from vlp.tasks import task_names
 
     if name not in REPLAYS:
         import difflib
@@ -78,7 +78,7 @@ def check_replay(name: str, family: str, key: str = "sweep.replay",
         return [(key, f"unknown replay {name!r}{hint}; known replays: {', '.join(REPLAYS)}")]
     causes: dict[str, list[str]] = {}
     for line in replay_lines(name):
-        found = [task_problem(t, family, list(TASKS)) for t, _ in line.point.tasks]
+        found = [task_problem(t, family, task_names()) for t, _ in line.point.tasks]
         found.append(init_problem(line.point.init, family, text_init))
         for p in filter(None, found):
             causes.setdefault(p, []).append(line.name)

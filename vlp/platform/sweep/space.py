@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vlp.contract.config_loader import bounded
-from vlp.platform.sweep.point import TASK_ORDER, TrialPoint, task_rank
+from vlp.platform.sweep.point import TrialPoint
+from vlp.tasks.registry import task_names, task_order
 
 
 def _default_tasks() -> list[str]:
@@ -55,7 +56,7 @@ class SearchSpace:
     # ---- membership ------------------------------------------------------------------------
 
     def ordered_tasks(self) -> list[str]:
-        return sorted(self.tasks, key=lambda t: (task_rank(t), t))
+        return sorted(self.tasks, key=lambda t: (task_order(t), t))
 
     def problems_with(self, point: TrialPoint, what: str) -> list[str]:
         """Why ``point`` is not in this space ([] when it is)."""
@@ -148,11 +149,9 @@ def check_space(space: SearchSpace, family: str, key: str = "space",
                 text_init: str = "auto") -> list[tuple[str, str]]:
     """Problems of ``space`` for model ``family``: unknown tasks, tasks that do not apply to
     the family, a text init the family cannot load."""
-    from vlp.models import TASKS
-
     problems = []
     for i, t in enumerate(space.tasks):
-        problem = task_problem(t, family, list(TASKS))
+        problem = task_problem(t, family, task_names())
         if problem:
             problems.append((f"{key}.tasks.{i}", problem))
     if "text" in space.init:
@@ -163,20 +162,13 @@ def check_space(space: SearchSpace, family: str, key: str = "space",
 
 
 def task_problem(task: str, family: str, known: list[str]) -> str | None:
-    from vlp.models import FAMILIES, get_family
+    from vlp.models.families import family_task_problem
 
     if task not in known:
         close = difflib.get_close_matches(task, known, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"unknown task {task!r}{hint}; known tasks: {', '.join(known)}"
-    fam = get_family(family)
-    if task in fam.tasks:
-        return None
-    kinds = sorted({n.split("-")[0] for n, f in FAMILIES.items() if task in f.tasks})
-    why = f"a task of {', '.join(kinds)}" if kinds else "no family has it"
-    if fam.visual.input_kind == "pixels" and task in ("mrfr", "mrc", "mrc-kl", "moc", "mrc-vlbert"):
-        why += f"; it needs detector regions and {family} reads pixels"
-    return f"task {task!r} does not apply to {family} ({why}); its tasks: {', '.join(fam.tasks)}"
+    return family_task_problem(task, family)
 
 
 def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
@@ -211,5 +203,4 @@ def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
             f"{family}'s size>")
 
 
-__all__ = ["SearchSpace", "SpaceSampler", "check_space", "task_problem", "init_problem",
-           "TASK_ORDER"]
+__all__ = ["SearchSpace", "SpaceSampler", "check_space", "task_problem", "init_problem"]

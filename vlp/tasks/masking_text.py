@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from vlp.contract import batch_spec as K
-from vlp.tasks.masking.registry import Batch, MaskContext
-from vlp.tasks.masking.select import choose_positions
+from vlp.tasks.masking_select import choose_positions
+from vlp.tasks.spec import ArrayBatch as Batch, MaskContext
 
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1   # of the masked tokens; the last 10% stay unchanged
 
