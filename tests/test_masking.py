@@ -8,7 +8,7 @@ import pytest
 from vlp.contract import batch_spec as K
 from vlp.tasks import TASKS, MaskContext, apply_masking
 from vlp.tasks.masking_visual import SOFT_LABELS
-from vlp.datasets.batching.pretrain_batches import whole_image_feature
+from vlp.datasets.batching.task_batch import whole_image_feature
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
 PAD, CLS, SEP, MASK = 0, 101, 102, 103

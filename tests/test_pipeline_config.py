@@ -140,7 +140,7 @@ def test_mlm_obj_object_words_from_config_or_world(world, tiny_world, no_reading
     names = plan_data(inside, {"mlm-obj": 1}).object_words
     assert "ball" in names and "__background__" not in names and len(names) == 16
 
-    from vlp.datasets.batching.pretrain_batches import object_word_ids
+    from vlp.datasets.batching.task_batch import object_word_ids
     from vlp.datasets.stream.text_tokenizer import load_tokenizer
     tok = load_tokenizer()
     ids = object_word_ids(tok, ("Ball", "box", "traffic light"))   # two-piece names are left out

@@ -68,14 +68,17 @@ def _train_loop(config):
     """A stand-in for the platform's loop: draw the task, take the batch, record what it saw."""
     import ray.train
 
-    from vlp.datasets.stream.pipeline import shard_batches
+    from vlp.datasets.batching.pretrain_batches import PretrainBatches
     from vlp.datasets.batching.task_sampler import TaskSampler
+    from vlp.datasets.stream.pipeline import shard_blocks
+    from vlp.platform.pretrain.components import AnyRank
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     plan = config["plan"]
-    batches = shard_batches(ray.train.get_dataset_shard("train"), plan, rank=rank,
-                            world_size=world, with_ids=True)
+    # as the platform's loop builds it: the ranks agree on each epoch's end
+    batches = PretrainBatches(plan, shard_blocks(ray.train.get_dataset_shard("train"), plan),
+                              rank=rank, world_size=world, with_ids=True, epoch_sync=AnyRank())
     sampler = TaskSampler(config["mix"], seed=11)
     epoch0, steps = set(), 0
     while batches.epoch < 1 or steps < 5:   # through epoch 0 and into epoch 1 (barrier)

@@ -13,7 +13,7 @@ from vlp.datasets.stream.data_config import DataConfig, SourceConfig
 from vlp.datasets.stream.data_plan import plan_data
 from vlp.datasets.batching.itm_negatives import choose_donors
 from vlp.datasets.stream.local_stream import local_batches
-from vlp.datasets.batching.pretrain_batches import EXAMPLE_IMAGE_KEY, EXAMPLE_TEXT_KEY
+from vlp.datasets.batching.task_batch import EXAMPLE_IMAGE_KEY, EXAMPLE_TEXT_KEY
 from vlp.models import FAMILIES, create_model
 from vlp.testing.example_batches import example_batch
 

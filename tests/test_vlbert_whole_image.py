@@ -17,7 +17,7 @@ from vlp.datasets.stream.data_config import DataConfig, SourceConfig
 from vlp.datasets.stream.data_plan import plan_data
 from vlp.datasets.batching.image_block import image_key
 from vlp.datasets.stream.local_stream import local_batches
-from vlp.datasets.batching.pretrain_batches import EXAMPLE_IMAGE_KEY
+from vlp.datasets.batching.task_batch import EXAMPLE_IMAGE_KEY
 from vlp.datasets.storage.shards import image_table
 from vlp.models import create_model
 

@@ -155,7 +155,7 @@ def swap_images(batch: dict, rng: np.random.Generator, neg_prob: float = 0.5) ->
     """ITM negatives without a length cue: the regions of half the (positive) pairs are
     replaced by those of a random example showing another image."""
     from vlp.contract import batch_spec as K
-    from vlp.datasets.batching.pretrain_batches import EXAMPLE_IMAGE_KEY
+    from vlp.datasets.batching.task_batch import EXAMPLE_IMAGE_KEY
 
     image = batch[EXAMPLE_IMAGE_KEY].numpy()
     B = len(image)

@@ -1,8 +1,7 @@
 """A background thread that pulls Arrow blocks epoch after epoch into a bounded queue.
 
 Reading ahead overlaps data transfer with the train step; the bounded queue keeps host memory
-flat. The thread also reports when it is blocked at the start of an epoch: Ray Data's
-streaming split makes every rank wait there for the others (see ``PretrainBatches``).
+flat.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ class BlockReader(threading.Thread):
         self._to_block = to_block
         self.queue: queue.Queue = queue.Queue(maxsize=capacity)
         self.epoch = start_epoch
-        self.at_epoch_start = False    # blocked in the first fetch of an epoch
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -35,16 +33,13 @@ class BlockReader(threading.Thread):
     def run(self) -> None:
         try:
             while not self._stop_event.is_set():
-                self.at_epoch_start = True
                 rows = 0
                 for table in self._blocks(self.epoch):
-                    self.at_epoch_start = False
                     if table.num_rows == 0:
                         continue
                     rows += table.num_rows
                     if not self._put((BLOCK, self._to_block(table), self.epoch)):
                         return
-                self.at_epoch_start = False
                 if not self._put((EPOCH_END, self.epoch, rows)):
                     return
                 self.epoch += 1

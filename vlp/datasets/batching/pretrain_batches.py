@@ -7,21 +7,19 @@ for a batch masked for it::
     task = sampler.next()
     batch = batches.next(task)                   # dict[str, torch.Tensor], see batch_spec
 
-``blocks`` comes from a Ray Data shard (``vlp.datasets.stream.pipeline.shard_batches``) or from the
-plain local reader (``vlp.datasets.stream.local_stream.local_batches``). Batches are formed before the
+``blocks`` comes from a Ray Data shard (``vlp.datasets.stream.pipeline.shard_blocks``) or from
+the plain local reader (``vlp.datasets.stream.local_stream.local_batches``). Batches are formed before the
 task is known (bucketing by input units does not depend on it); the task decides the ITM
 negatives, the masking and which targets are decoded.
 
 Epoch boundaries under Ray Train: a streaming split makes every rank wait at the start of an
 epoch until all ranks get there, while budget batching gives ranks different batch counts per
 epoch; a rank that finished its epoch would wait for one still stepping, which waits for it
-in the gradient all-reduce: a deadlock. With ``recycle_at_epoch_end`` a rank blocked at the
-epoch barrier re-serves random batches of its last window until the barrier opens (counted in
-``stats["recycled_batches"]``). With ``epoch_sync`` instead (a cross-rank agreement, e.g. an
-all-reduce), every rank ends the epoch at the same step: the first rank to run out says so
-before its batch, and the others drop the batches they have left of that epoch
-(``stats["epoch_tail_dropped"]``, a few per epoch) — what makes a multi-worker stream
-deterministic.
+in the gradient all-reduce: a deadlock. So with several ranks the loader takes an
+``epoch_sync`` (a cross-rank agreement, e.g. an all-reduce of a flag): every rank ends the
+epoch at the same step: the first rank to run out says so before its batch, and the others
+drop the batches they have left of that epoch (``stats["epoch_tail_dropped"]``, a few per
+epoch), which also makes a multi-worker stream deterministic.
 
 Exact resume: the window's randomness is seeded per epoch and each batch's (ITM negatives,
 masking) by its place in the epoch, so a batch depends on the stream and the seed, not on
@@ -36,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 from collections import Counter, deque
 from typing import Any, Callable, Iterable, Mapping
 
@@ -46,39 +43,29 @@ import torch
 
 from vlp.contract import batch_spec as K
 from vlp.datasets.batching.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
-from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT, ExampleRefs,
-                                  collate_examples, example_lengths)
-from vlp.datasets.stream.data_plan import DataPlan
+from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.batching.example_window import ExampleWindow
 from vlp.datasets.batching.image_block import ImageBlock
-from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
-from vlp.tasks import MaskContext, apply_masking, get_task, visual_problem
-from vlp.tasks.masking_visual import SOFT_LABELS
-from vlp.datasets.batching.segment_types import segment_type_ids
+from vlp.datasets.batching.task_batch import mask_context, task_batch
 from vlp.datasets.batching.text_corpus import TextCorpusBatches
-from vlp.datasets.stream.text_tokenizer import TextTokenizer, load_tokenizer
-from vlp.datasets.batching.window_collate import collate_window, swap_negatives
+from vlp.datasets.batching.window_collate import collate_window
+from vlp.datasets.stream.data_plan import DataPlan
+from vlp.datasets.stream.text_tokenizer import load_tokenizer
+from vlp.tasks import get_task, visual_problem
 
 log = logging.getLogger(__name__)
 
-EXAMPLE_IMAGE_KEY = "example_image_key"   # optional extras (with_ids): long [B]
-EXAMPLE_TEXT_KEY = "example_text_key"
-RECYCLE_GRACE_S = 0.2        # blocked at an epoch start this long before recycling
-RESERVOIR_BATCHES = 64       # batches of the last window kept for recycling
 
 
 class PretrainBatches:
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
-                 rank: int = 0, recycle_at_epoch_end: bool = False, with_ids: bool = False,
-                 epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
+                 rank: int = 0, with_ids: bool = False, epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
         self.plan = plan
         self.cfg = plan.config
         self.rank = rank
         self._blocks_fn = blocks
-        self._recycle = recycle_at_epoch_end
         self._sync = epoch_sync     # (this rank's epoch exhausted) → whether any rank's is
         self._with_ids = with_ids   # add example_image_key / example_text_key (evaluation, tests)
-        self.rng = np.random.default_rng([self.cfg.seed, rank, 0x5EED])   # recycling picks
         self.tok = load_tokenizer(plan.tokenizer_path or None)
         self.ctx = mask_context(plan, self.tok)
         self.window = ExampleWindow(plan, self._window_rng(0))
@@ -93,7 +80,6 @@ class PretrainBatches:
         # (batch, its unmasked arrays (region input) or None, its epoch)
         self._ready: deque[tuple[ExampleRefs, dict | None, int]] = deque()
         self._reading_epoch = 0
-        self._reservoir: list[tuple[ExampleRefs, dict[int, ImageBlock]]] = []
         self._epoch_examples = 0
         self._warned_sources: set = set()
         self.text: TextCorpusBatches | None = None   # mlm-text's own stream (VL-BERT)
@@ -191,8 +177,6 @@ class PretrainBatches:
         negatives and masking (keyed by the batch's place in its epoch) and its collated
         arrays if the window collated it."""
         refs, blocks, epoch, collated = self._next_refs()
-        if epoch is None:                      # recycled at an epoch barrier
-            return refs, blocks, self.rng, None
         if epoch != self.epoch:
             self.epoch, self.served_in_epoch = epoch, 0
         rng = np.random.default_rng([self.cfg.seed, self.rank, 0xBA7C, epoch,
@@ -238,24 +222,13 @@ class PretrainBatches:
         self.served_in_epoch = 0
         return dropped
 
-    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock], int | None,
-                                  dict | None]:
-        """The next batch's refs, the blocks they index, its epoch (None: recycled) and
-        its collated arrays (None: collated when taken)."""
+    def _next_refs(self) -> tuple[ExampleRefs, dict[int, ImageBlock], int, dict | None]:
+        """The next batch's refs, the blocks they index, its epoch and its collated arrays
+        (None: collated when taken)."""
         if self._reader is None:
             self._start()
-        waited_since = None
         while not self._ready:
-            if self._pull(timeout=0.05):
-                waited_since = None
-                continue
-            now = time.monotonic()
-            waited_since = waited_since or now
-            if (self._recycle and self._reservoir and self._reader.at_epoch_start
-                    and now - waited_since > RECYCLE_GRACE_S):
-                refs, blocks = self._reservoir[self.rng.integers(len(self._reservoir))]
-                self.stats["recycled_batches"] += 1
-                return refs, blocks, None, None
+            self._pull()
         refs, collated, epoch = self._ready.popleft()
         return refs, self._live, epoch, collated
 
@@ -318,13 +291,10 @@ class PretrainBatches:
                       or any(b == r.image_block[0] for r, *_ in self._ready)}
         self._live[merged_id] = merged
         self._ready.extend((b, None, self._reading_epoch) for b in batches)
-        if batches:
-            self._reservoir = [(r, {merged_id: merged}) for r in batches[:RESERVOIR_BATCHES]]
 
     def _cut_regions(self, final: bool) -> None:
         """Region input: the window's batches are collated here, straight from the blocks
-        they were read from; after that only the carried items (and the recycling reservoir)
-        need blocks, so the others are released. The queue then holds one window's collated
+        they were read from; after that only the carried items need blocks, so the others are released. The queue then holds one window's collated
         batches (~``bucket_window`` pairs × padded regions × D × 2 bytes: ~25 MB at D=256,
         ~200 MB at D=2048 on the demo world) instead of its images once."""
         batches = self.window.cut_refs(self._live, final)
@@ -334,11 +304,6 @@ class PretrainBatches:
                                   num_classes=plan.num_classes,
                                   need_soft=plan.needs_soft_labels)
         self._ready.extend((b, c, self._reading_epoch) for b, c in zip(batches, collated))
-        if batches:
-            kept = batches[:RESERVOIR_BATCHES]
-            used = np.unique(np.concatenate([r.image_block for r in kept]))
-            blocks = {int(b): self._live[int(b)] for b in used}
-            self._reservoir = [(r, blocks) for r in kept]
         carried = self.window.referenced_blocks()
         self._live = {b: blk for b, blk in self._live.items() if b in carried}
 
@@ -354,102 +319,4 @@ class PretrainBatches:
         self.window.rng = self._window_rng(epoch + 1)   # nothing is carried across epochs
 
 
-# ---- one task batch (shared with the fixed-size Ray collate) ---------------------------------
-
-def mask_context(plan: DataPlan, tok: TextTokenizer) -> MaskContext:
-    return MaskContext(plan.config.mask_prob, tok.mask_id, tok.cls_id, tok.sep_id,
-                       tok.random_ids, object_word_ids(tok, plan.object_words))
-
-
-def object_word_ids(tok: TextTokenizer, words: tuple[str, ...]) -> np.ndarray:
-    """Ids of the object words that are one word piece (a name split into pieces has no
-    single token to mask and predict)."""
-    if not words:
-        return np.zeros(0, np.int64)
-    flat, lengths = tok.encode(list(words))   # the tokenizer normalises case itself
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    return np.unique(flat[starts[lengths == 1]].astype(np.int64))
-
-
-def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
-               blocks: Mapping[int, ImageBlock], refs: ExampleRefs, task: str,
-               rng: np.random.Generator, stats: Counter | None = None, *,
-               with_ids: bool = False, collated: dict | None = None
-               ) -> dict[str, torch.Tensor]:
-    """The batch of ``refs`` for ``task``: ITM negatives, masking, tensors. ``collated``: the
-    refs' unmasked arrays from ``collate_window`` (region input; written to), else the refs
-    are collated here. Both give the same batch for the same generator."""
-    cfg = plan.config
-    policy = get_task(task)
-    need_soft = policy.needs_soft_labels and cfg.visual == "regions"
-    donors = None
-    if policy.itm_negatives and cfg.visual == "regions":
-        if collated is not None:
-            keys = collated[TEXT_KEYS]
-            text_len, regions = collated[K.TEXT_MASK].sum(1), collated[K.REGION_MASK].sum(1)
-        else:
-            keys, text_len, regions = example_lengths(blocks, refs)
-        donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng,
-                               text_only=policy.negatives_swap == "text")
-        if stats is not None:
-            stats["itm_negatives"] += int(donors.negative.sum())
-            stats["itm_no_donor"] += donors.no_donor
-            stats["itm_length_mismatch"] += donors.length_mismatch
-    if collated is not None:
-        batch = swap_negatives(collated, donors) if donors is not None else dict(collated)
-        if not need_soft:
-            batch.pop(SOFT_LABELS, None)
-    else:
-        if donors is not None:
-            refs = apply_donors(refs, donors)
-        batch = collate_examples(blocks, refs, tok, visual=cfg.visual,
-                                 feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
-                                 num_classes=plan.num_classes, need_soft=need_soft,
-                                 pixel_cfg=cfg.pixels)
-    if policy.itm_negatives:
-        batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
-    if cfg.text_segment_types:   # from the ids before MLM replaces any
-        batch[K.TEXT_TYPE_IDS] = segment_type_ids(batch[K.INPUT_IDS], batch[K.TEXT_MASK],
-                                                  tok.sep_id, cfg.text_segment_types)
-    apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)
-    if (cfg.image_feat or policy.image_feat) and cfg.visual == "regions":
-        batch[K.IMAGE_FEAT] = whole_image_feature(batch)
-    if with_ids:   # image_key(image_id) of each example's visual side and of its caption
-        batch[EXAMPLE_IMAGE_KEY] = batch[IMAGE_KEYS]
-        batch[EXAMPLE_TEXT_KEY] = batch[TEXT_KEYS]
-    return to_torch(batch)
-
-
-def whole_image_feature(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """VL-BERT's whole-image feature: the stored feature of the RoI covering the image, where
-    the shard has one; otherwise the mean of the regions that are not masked at the input.
-
-    An example whose RoIs are masked at the input (MRC with linguistic clues, joint masking)
-    also takes the mean: the paper zeroes the masked RoIs' pixels before computing the
-    whole-image feature so that nothing leaks, which a feature computed once from the intact
-    image cannot do (it would show the masked object to every text token)."""
-    use = batch[K.REGION_MASK] == 1
-    zeroed = batch.get(K.REGION_ZEROED)
-    if zeroed is not None:
-        use &= ~zeroed
-    w = use.astype(np.float32)[..., None]
-    mean = (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
-    if HAS_WHOLE not in batch:
-        return mean
-    stored = batch[HAS_WHOLE].copy()
-    if zeroed is not None:
-        stored &= ~zeroed.any(1)
-    return np.where(stored[:, None], batch[WHOLE_FEAT].astype(np.float32), mean)
-
-
-def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in batch.items():
-        if k.startswith("_"):
-            continue   # internal (soft labels when not a target, identity keys)
-        out[k] = torch.from_numpy(np.ascontiguousarray(v)) if v.ndim else torch.tensor(v.item())
-    return out
-
-
-__all__ = ["PretrainBatches", "task_batch", "whole_image_feature", "to_torch",
-           "EXAMPLE_IMAGE_KEY", "EXAMPLE_TEXT_KEY"]
+__all__ = ["PretrainBatches"]

@@ -13,7 +13,7 @@ from vlp.datasets.downstream.config import DownstreamDataConfig
 from vlp.datasets.downstream.data_errors import DownstreamDataError
 from vlp.datasets.downstream.image_store import ImageStore
 from vlp.datasets.downstream.text import TokenizedTexts
-from vlp.datasets.batching.pretrain_batches import to_torch, whole_image_feature
+from vlp.datasets.batching.task_batch import to_torch, whole_image_feature
 from vlp.datasets.storage.task_tables import read_task_table
 from vlp.datasets.storage.shard_format import ShardError
 from vlp.datasets.stream.text_tokenizer import TextTokenizer, load_tokenizer

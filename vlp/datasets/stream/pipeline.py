@@ -8,8 +8,10 @@ Driver::
 
 Worker (inside the train loop)::
 
-    batches = shard_batches(ray.train.get_dataset_shard("train"), plan,
-                            rank=ctx.get_world_rank(), world_size=ctx.get_world_size())
+    blocks = shard_blocks(ray.train.get_dataset_shard("train"), plan)
+    batches = PretrainBatches(plan, blocks, rank=ctx.get_world_rank(),
+                              world_size=ctx.get_world_size(),
+                              epoch_sync=AnyRank())   # vlp.platform.pretrain.components
     batch = batches.next(sampler.next())
 
 The dataset yields image rows (Arrow blocks); the worker expands them into pairs, buckets
@@ -36,7 +38,7 @@ from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.stream.image_rows import PATH_COLUMN, ImageRowTransform
-from vlp.datasets.batching.pretrain_batches import PretrainBatches, mask_context, task_batch
+from vlp.datasets.batching.task_batch import mask_context, task_batch
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -105,15 +107,6 @@ def shard_blocks(shard, plan: DataPlan):
         return shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
 
     return epoch_blocks
-
-
-def shard_batches(shard, plan: DataPlan, *, rank: int = 0, world_size: int = 1,
-                  with_ids: bool = False) -> PretrainBatches:
-    """Per-task batches from a Ray Train dataset shard. With several workers a rank waiting
-    at an epoch barrier re-serves recent batches (see ``PretrainBatches``)."""
-    return PretrainBatches(plan, shard_blocks(shard, plan), rank=rank,
-                           recycle_at_epoch_end=world_size > 1, with_ids=with_ids,
-                           world_size=world_size)
 
 
 class TaskCollateFn(ArrowBatchCollateFn):

@@ -23,7 +23,7 @@ from vlp.datasets.stream.data_config import DataConfig, PixelConfig, SourceConfi
 from vlp.datasets.stream.data_plan import PIXEL_COLUMNS, REGION_COLUMNS, DataPlan
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.stream.image_rows import ImageRowTransform
-from vlp.datasets.batching.pretrain_batches import to_torch, whole_image_feature
+from vlp.datasets.batching.task_batch import to_torch, whole_image_feature
 from vlp.datasets.storage.shards import read_image_shard
 from vlp.datasets.stream.text_tokenizer import load_tokenizer, resolve_tokenizer_path
 
