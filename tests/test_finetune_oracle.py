@@ -23,7 +23,8 @@ from vlp.contract import downstream_keys as D
 from vlp.datasets.storage.shards import VE_LABELS
 from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
-from vlp.benchmarks.metrics import box_iou, vqa_accuracy
+from vlp.benchmarks.refcoco_plus import box_iou
+from vlp.benchmarks.vqa import vqa_accuracy
 from vlp.benchmarks import BenchmarkContext, get_benchmark
 from vlp.benchmarks.eval_runner import EvalRunner
 

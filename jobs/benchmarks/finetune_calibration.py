@@ -45,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibration_pretrain import pretrain  # noqa: E402
 
-PARTS = ("vqa", "ir", "tr", "nlvr2", "refcoco+")
+from vlp.benchmarks.meta_sum import PART_NAMES as PARTS  # noqa: E402
 BAR_POINTS = 10.0
 DEMO_FINETUNE = ["settings.refcoco+.steps=300", "settings.refcoco+.lr=1.0e-3",
                  "settings.nlvr2.steps=300", "settings.nlvr2.lr=1.0e-3",

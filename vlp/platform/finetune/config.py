@@ -17,8 +17,9 @@ from typing import Any, Iterable, Literal
 from vlp.contract.config_loader import ConfigError, bounded, load_config
 from vlp.platform.pretrain.config import ScalingSection, _NAME
 from vlp.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
+from vlp.benchmarks import meta_sum
 
-META_SUM_BENCHMARKS = ["vqa", "retrieval", "nlvr2", "refcoco+"]   # UNITER Table 3
+META_SUM_BENCHMARKS = list(meta_sum.BENCHMARKS)   # UNITER Table 3
 # The benchmarks' default lrs are UNITER-base's, tuned at hidden width 768. With Adam the step
 # a hidden matrix can take shrinks as the model widens (muP, Yang et al. 2021), and at BERT-base
 # lrs a 64-wide model underfits its finetunes: a default lr is scaled by 768 / width (-tiny x12,

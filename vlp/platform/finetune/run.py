@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from vlp.contract.config_loader import flatten, from_dict
-from vlp.benchmarks.metrics import META_SUM_PARTS, meta_sum
+from vlp.benchmarks.meta_sum import complete, meta_sum
 from vlp.platform.pretrain.config import ExperimentConfig
 from vlp.platform.finetune import tracking
 from vlp.benchmarks import BenchmarkContext, get_benchmark, task_id
@@ -108,7 +108,7 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
     for name in cfg.benchmarks:
         reports[name] = finetune_one(cfg, name, prepared, parent)
     scores = meta_parts(reports)
-    total = meta_sum(scores) if all(p in scores for p in META_SUM_PARTS) else None
+    total = meta_sum(scores) if complete(scores) else None
     if parent is not None:
         tracking.log_summary(parent, scores, total)
     return DownstreamReport(scores, total, reports, parent.run_id if parent else None,

@@ -1,0 +1,34 @@
+"""The one list of Meta-Sum parts and the views derived from it."""
+
+import subprocess
+import sys
+
+from vlp.benchmarks import BENCHMARKS, get_benchmark, meta_sum
+from vlp.platform.finetune.config import META_SUM_BENCHMARKS
+from vlp.platform.tracking.leaderboard import PARTS as LEADERBOARD_PARTS
+
+
+def test_each_part_names_a_registered_benchmark_that_reports_it():
+    for part in meta_sum.PARTS:
+        assert part.benchmark in BENCHMARKS
+        assert get_benchmark(part.benchmark).meta_parts[part.name] == part.metric
+    declared = {p for b in BENCHMARKS.values() for p in b.meta_parts}
+    assert declared == set(meta_sum.PART_NAMES)
+
+
+def test_views_follow_the_list():
+    assert META_SUM_BENCHMARKS == ["vqa", "retrieval", "nlvr2", "refcoco+"]
+    assert [k for k, _ in LEADERBOARD_PARTS] == ["vqa", "ir", "tr", "nlvr2", "refcoco_plus"]
+    assert len({p.colour for p in meta_sum.PARTS}) == len(meta_sum.PARTS)
+    assert meta_sum.complete({p: 1.0 for p in meta_sum.PART_NAMES})
+    assert not meta_sum.complete({"vqa": 1.0})
+
+
+def test_meta_sum_list_and_leaderboard_import_without_torch():
+    code = ("import sys, vlp.benchmarks.meta_sum, vlp.platform.tracking.leaderboard_plot; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_registry_lists_benchmarks_alphabetically():
+    assert list(BENCHMARKS) == sorted(BENCHMARKS)
