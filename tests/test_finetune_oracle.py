@@ -61,6 +61,8 @@ def evaluate(setting, name: str, answer, right: bool, **options):
     ctx = BenchmarkContext(data_cfg, bench.options(options), family, "val", 0)
     data = bench.eval_data(ctx)
     result = bench.evaluate(ctx, data, EvalRunner(Oracle(answer(data), right), batch_size=7))
+    # the metric meta_sum.PARTS names for each of its parts is one the benchmark reports
+    assert set(bench.meta_parts.values()) <= set(result.metrics)
     return result.metrics, data
 
 

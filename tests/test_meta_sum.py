@@ -8,12 +8,11 @@ from vlp.platform.finetune.config import META_SUM_BENCHMARKS
 from vlp.platform.tracking.leaderboard import PARTS as LEADERBOARD_PARTS
 
 
-def test_each_part_names_a_registered_benchmark_that_reports_it():
+def test_each_part_names_a_registered_benchmark():
+    # that the benchmark reports the part's metric key: test_finetune_oracle.evaluate
     for part in meta_sum.PARTS:
         assert part.benchmark in BENCHMARKS
         assert get_benchmark(part.benchmark).meta_parts[part.name] == part.metric
-    declared = {p for b in BENCHMARKS.values() for p in b.meta_parts}
-    assert declared == set(meta_sum.PART_NAMES)
 
 
 def test_views_follow_the_list():
