@@ -100,3 +100,13 @@ def test_finetuning_builds_its_own_loop_config_and_checks_each_run_once(tiny_wor
     assert loop.checkpoint_interval == 5 and loop.train.log_every == 5
     assert components.benchmark == "retrieval" and not tracking["enabled"]
     assert report.scores == {"ir": 1.0, "tr": 2.0}
+
+
+def test_a_cpu_finetune_in_fp16_is_refused_on_load(tiny_world):
+    from vlp.contract.config_loader import ConfigError
+    from vlp.platform.finetune import load_finetune_config
+
+    with pytest.raises(ConfigError, match="train.precision: fp16 is not supported on CPU"):
+        load_finetune_config(data={"world": str(tiny_world), "benchmarks": ["retrieval"],
+                                   "model": {"init": "random"},
+                                   "train": {"precision": "fp16"}})

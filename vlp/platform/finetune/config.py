@@ -131,6 +131,9 @@ class FinetuneConfig:
                 yield f"benchmarks.{i}", str(e)
         if len(set(self.benchmarks)) != len(self.benchmarks):
             yield "benchmarks", f"a benchmark is listed twice: {self.benchmarks}"
+        if self.train.precision == "fp16" and not self.scaling.use_gpu:
+            yield "train.precision", ("fp16 is not supported on CPU (DeepSpeed refuses it): "
+                                      "use bf16 or fp32, or set scaling.use_gpu=true")
         for name, s in self.settings.items():
             if name not in BENCHMARKS:
                 yield f"settings.{name}", f"unknown benchmark; known: {', '.join(BENCHMARKS)}"
