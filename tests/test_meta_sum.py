@@ -5,6 +5,7 @@ import sys
 
 from vlp.benchmarks import BENCHMARKS, get_benchmark, meta_sum
 from vlp.platform.finetune.config import META_SUM_BENCHMARKS
+from vlp.platform.sweep.config import DEFAULT_BENCHMARKS
 from vlp.platform.tracking.leaderboard import PARTS as LEADERBOARD_PARTS
 
 
@@ -17,6 +18,7 @@ def test_each_part_names_a_registered_benchmark():
 
 def test_views_follow_the_list():
     assert META_SUM_BENCHMARKS == ["vqa", "retrieval", "nlvr2", "refcoco+"]
+    assert DEFAULT_BENCHMARKS == ["retrieval", "vqa", "nlvr2", "refcoco+"]    # sweep stages
     assert [k for k, _ in LEADERBOARD_PARTS] == ["vqa", "ir", "tr", "nlvr2", "refcoco_plus"]
     assert len({p.colour for p in meta_sum.PARTS}) == len(meta_sum.PARTS)
     assert meta_sum.complete({p: 1.0 for p in meta_sum.PART_NAMES})
