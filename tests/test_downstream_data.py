@@ -25,7 +25,7 @@ from vlp.datasets.downstream.vqa import AnswerVocab, VqaData
 from vlp.datasets.storage.shards import read_image_shard, write_image_shard
 from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
-from vlp.benchmarks.metrics import normalize_vqa_answer, vqa_target_score
+from vlp.benchmarks.vqa import normalize_vqa_answer, vqa_target_score
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def data_config_for_world(cfg, world):
 
 
 def test_refexp_labels_detected_by_iou_and_gt_by_index(cfg):
-    from vlp.benchmarks.metrics import box_iou
+    from vlp.benchmarks.refcoco_plus import box_iou
 
     det = RefExpData(cfg, "train", "detected")     # train holds both kinds of expression
     assert 0 < det.unlabelled < len(det) and len(det.labelled) == len(det) - det.unlabelled

@@ -62,7 +62,7 @@ def vqa_batch(cfg, tiny_world):
 
     from vlp.datasets.downstream.vqa import AnswerVocab
     from vlp.datasets.storage.world import load_manifest
-    from vlp.benchmarks.metrics import normalize_vqa_answer, vqa_target_score
+    from vlp.benchmarks.vqa import normalize_vqa_answer, vqa_target_score
 
     answers = pq.read_table(load_manifest(tiny_world).task_file("vqa", "train")).column("answers")
     vocab = AnswerVocab.build(answers.to_pylist(), normalize_vqa_answer, vqa_target_score)

@@ -23,7 +23,8 @@ from vlp.contract import downstream_keys as D
 from vlp.datasets.storage.task_tables import VE_LABELS
 from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
-from vlp.benchmarks.metrics import box_iou, vqa_accuracy
+from vlp.benchmarks.refcoco_plus import box_iou
+from vlp.benchmarks.vqa import vqa_accuracy
 from vlp.benchmarks import BenchmarkContext, get_benchmark
 from vlp.benchmarks.eval_runner import EvalRunner
 
@@ -60,6 +61,8 @@ def evaluate(setting, name: str, answer, right: bool, **options):
     ctx = BenchmarkContext(data_cfg, bench.options(options), family, "val", 0)
     data = bench.eval_data(ctx)
     result = bench.evaluate(ctx, data, EvalRunner(Oracle(answer(data), right), batch_size=7))
+    # the metric meta_sum.PARTS names for each of its parts is one the benchmark reports
+    assert set(bench.meta_parts.values()) <= set(result.metrics)
     return result.metrics, data
 
 

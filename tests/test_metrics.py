@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 
-from vlp.benchmarks.metrics import (accuracy, box_iou, meta_sum, normalize_vqa_answer,
-                                             refexp_accuracy, retrieval_recall, vcr_scores,
-                                             vqa_accuracy, vqa_score, vqa_target_score)
+from vlp.benchmarks.accuracy import accuracy
+from vlp.benchmarks.meta_sum import meta_sum
+from vlp.benchmarks.refcoco_plus import box_iou, refexp_accuracy
+from vlp.benchmarks.retrieval import retrieval_recall
+from vlp.benchmarks.vcr import vcr_scores
+from vlp.benchmarks.vqa import normalize_vqa_answer, vqa_accuracy, vqa_score, vqa_target_score
 
 
 def test_vqa_normalisation():

@@ -13,13 +13,14 @@ import pytest
 
 from vlp.platform.training.engine import WarmupLinearDecay, deepspeed_config, param_groups
 from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.run import loop_config
 
 BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},
         "optimizer": {"warmup_steps": 10}}
 
 
 def cfg_with(*overrides):
-    return load_experiment_config(data=BASE, overrides=overrides)
+    return loop_config(load_experiment_config(data=BASE, overrides=overrides))
 
 
 def test_cpu_config_uses_torch_adamw_and_the_recipe():
@@ -67,6 +68,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.run import loop_config
     from vlp.testing.toy import ToyModel, ToyBatchSource
     from vlp.platform.training import checkpointing
 
@@ -95,11 +97,11 @@ ENGINE_SCRIPT = textwrap.dedent("""
             losses.append(loss.item())
         return losses
     for combo in json.loads(sys.argv[2]):
-        cfg = load_experiment_config(data={
+        cfg = loop_config(load_experiment_config(data={
             "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
             "train": {"steps": 6, "precision": combo[0], "zero_stage": combo[1],
                       "grad_accum": combo[2]},
-            "optimizer": {"warmup_steps": 2, "lr": 1e-2, "impl": combo[3]}})
+            "optimizer": {"warmup_steps": 2, "lr": 1e-2, "impl": combo[3]}}))
         torch.manual_seed(0)
         engine = build_engine(ToyModel(["mlm"]), cfg, stage_steps=6, world_size=1)
         src, dtype = ToyBatchSource(16, 0, 0, 0), {"fp32": torch.float32,
@@ -158,10 +160,10 @@ ENGINE_SCRIPT = textwrap.dedent("""
     for policy, source in (("raise", ToyBatchSource(16, 0, 0, 0, nan_at_call=2)),
                            ("skip", ToyBatchSource(16, 0, 0, 0, nan_at_call=2)),
                            ("skip", AlwaysNaN(16, 0, 0, 0))):
-        cfg = load_experiment_config(data={
+        cfg = loop_config(load_experiment_config(data={
             "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
             "train": {"steps": 6, "on_nonfinite": policy, "max_nonfinite_skips": 3},
-            "optimizer": {"warmup_steps": 2}})
+            "optimizer": {"warmup_steps": 2}}))
         w = object.__new__(_Worker)
         w.cfg, w.rank, w.world, w.dtype, w.task_ids = cfg, 0, 1, torch.float32, {"mlm": 0}
         w.info = WorkerInfo(0, 1, 0, torch.device("cpu"), 0)

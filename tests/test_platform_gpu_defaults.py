@@ -9,13 +9,14 @@ import torch
 from vlp.platform.training.device_peaks import peak_flops
 from vlp.platform.training.engine import deepspeed_config, resolve_precision, zero_bucket_elements
 from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.run import loop_config
 
 BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},
         "optimizer": {"warmup_steps": 10}}
 
 
 def cfg_with(*overrides):
-    return load_experiment_config(data=BASE, overrides=overrides)
+    return loop_config(load_experiment_config(data=BASE, overrides=overrides))
 
 
 def test_precision_auto_is_fp32_on_cpu_and_bf16_for_gpu_runs():

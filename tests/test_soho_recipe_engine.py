@@ -22,16 +22,17 @@ SCRIPT = textwrap.dedent("""
     from vlp.platform.training import checkpointing
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.run import loop_config
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}
     for zero in (2,):   # ZeRO-2: flat fp32 groups whose frozen part gets zero gradients
-        cfg = load_experiment_config(data={
+        cfg = loop_config(load_experiment_config(data={
             "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mvm": 1, "mlm": 1},
             "model": {"family": "soho-tiny", "cold_start_steps": 2},
-            "train": {"steps": 4, "zero_stage": zero}, "optimizer": {"warmup_steps": 1}})
+            "train": {"steps": 4, "zero_stage": zero}, "optimizer": {"warmup_steps": 1}}))
         torch.manual_seed(0)
         model, spec, _ = create_model("soho-tiny", ["mvm", "mlm"])
         engine = build_engine(model, cfg, stage_steps=4, world_size=1)
@@ -85,6 +86,7 @@ PRECISION_SCRIPT = textwrap.dedent("""
     from vlp.platform.training import checkpointing
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.run import loop_config
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
@@ -93,11 +95,11 @@ PRECISION_SCRIPT = textwrap.dedent("""
     for precision in sys.argv[2].split(","):
         # fp16 on CPU: the config refuses it without scaling.use_gpu (a guard for real runs);
         # DeepSpeed's CPU accelerator runs it, so the test sets the flag to get past it
-        cfg = load_experiment_config(data={
+        cfg = loop_config(load_experiment_config(data={
             "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mvm": 1, "mlm": 1},
             "model": {"family": "soho-tiny", "cold_start_steps": 0},   # the CNN trains at once
             "train": {"steps": 2, "zero_stage": 2, "precision": precision},
-            "optimizer": {"warmup_steps": 1}, "scaling": {"use_gpu": precision == "fp16"}})
+            "optimizer": {"warmup_steps": 1}, "scaling": {"use_gpu": precision == "fp16"}}))
         torch.manual_seed(0)
         model, spec, _ = create_model("soho-tiny", ["mvm", "mlm"])
         engine = build_engine(model, cfg, stage_steps=2, world_size=1)

@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from vlp.platform.training.checkpointing import TrainerState
+from vlp.contract.config_loader import flatten, to_yaml
 from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.run import loop_config
 from vlp.platform.cluster.ray_session import free_local_port
 from vlp.platform.tracking.rank_zero import UNDELIVERED_FILE, RankZeroTracker
 from vlp.platform.tracking.background_queue import TrackingQueue
@@ -56,8 +58,9 @@ def tracker(uri: str, storage) -> RankZeroTracker:
                                        "optimizer": {"warmup_steps": 1},
                                        "data": {"sources": {"a": {"path": "a"}}}})
     spec = {"enabled": True, "tracking_uri": uri, "experiment": "e", "run_name": "job",
-            "key": "k", "storage": str(storage), "deepspeed_config": {}, "queue_limit": 8}
-    return RankZeroTracker(spec, cfg)
+            "key": "k", "storage": str(storage), "deepspeed_config": {}, "queue_limit": 8,
+            "params": flatten(cfg), "config_text": to_yaml(cfg), "tags": {"vlp.job": "pretrain"}}
+    return RankZeroTracker(spec, loop_config(cfg))
 
 
 def step_loop(t: RankZeroTracker, steps: int = 40, every: int = 5) -> list[int]:

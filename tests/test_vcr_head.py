@@ -74,7 +74,7 @@ def test_rows_are_independent(vcr_model_and_batch):
 
 def test_vcr_benchmark_builds_the_pair_classifier():
     from vlp.models.heads.choice import ChoicePairClassifier
-    from vlp.benchmarks.base import BenchmarkContext, get_benchmark
+    from vlp.benchmarks import BenchmarkContext, get_benchmark
 
     base, _, _ = create_model("uniter-tiny", ["itm"])
     bench = get_benchmark("vcr")

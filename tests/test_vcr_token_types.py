@@ -106,7 +106,7 @@ def test_stage2_config_types_data_and_grows_the_table(tmp_path, vcr_source):
 
 
 def test_vcr_finetune_loads_a_stage2_checkpoint(tmp_path):
-    from vlp.benchmarks.base import get_benchmark
+    from vlp.benchmarks import get_benchmark
 
     model, _, _ = create_model("uniter-tiny", ["mlm"])
     extend_for(model.backbone, "vcr")

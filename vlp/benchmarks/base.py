@@ -9,7 +9,7 @@ Each benchmark file defines one :class:`Benchmark` subclass and registers it. Th
 - ``train_data`` / ``eval_data``: adapters from ``vlp.datasets.downstream``;
 - ``build_head``: the head from ``vlp.models.heads`` (extending token types if needed);
 - ``evaluate``: predictions spread over the workers, the metric on rank 0;
-- ``meta_parts``: which metric enters Meta-Sum under which name.
+- ``meta_parts``: which metric enters Meta-Sum under which name (from ``meta_sum.PARTS``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from vlp.models import VLBackbone
 from vlp.models.heads import DownstreamHead
 from vlp.contract.config_loader import ConfigError, from_dict
 from vlp.benchmarks.eval_runner import EvalRunner
+from vlp.benchmarks.meta_sum import parts_of
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,15 @@ class Benchmark:
     description: ClassVar[str]
     defaults: ClassVar[TrainDefaults]
     Options: ClassVar[type] = NoOptions
-    meta_parts: ClassVar[dict[str, str]] = {}      # Meta-Sum part → metric key
     primary: ClassVar[str]                          # the headline metric key
     # the token-type layout the head extends the table for (vlp.models.heads); a
     # checkpoint pretrained with it (UNITER's VCR second stage) loads into the extended table
     token_types: ClassVar[str | None] = None
+
+    @property
+    def meta_parts(self) -> dict[str, str]:
+        """Meta-Sum part → the metric key that scores it (empty outside Meta-Sum)."""
+        return {p.name: p.metric for p in parts_of(self.name)}
 
     @property
     def task(self) -> str:
@@ -109,32 +114,6 @@ class Benchmark:
 
 def task_id(name: str) -> str:
     return name.replace("+", "plus")
-
-
-class UnknownBenchmark(ValueError):
-    """A benchmark name that is not registered."""
-
-
-BENCHMARKS: dict[str, Benchmark] = {}
-
-
-def register(cls: type[Benchmark]) -> type[Benchmark]:
-    if cls.name in BENCHMARKS:
-        raise ValueError(f"benchmark {cls.name!r} registered twice")
-    BENCHMARKS[cls.name] = cls()
-    return cls
-
-
-def get_benchmark(name: str) -> Benchmark:
-    import difflib
-
-    try:
-        return BENCHMARKS[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(BENCHMARKS), n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UnknownBenchmark(f"unknown benchmark {name!r}{hint}; known: "
-                       f"{', '.join(BENCHMARKS)}") from None
 
 
 def hidden_size(ctx: BenchmarkContext) -> int:

@@ -11,9 +11,9 @@ from typing import Literal
 
 from vlp.datasets.downstream.nlvr2 import Nlvr2Data
 from vlp.models.heads import build_head, extend_for, layout_types
-from vlp.benchmarks.metrics import accuracy
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
-                                                   hidden_size, layer_norm_eps, register)
+from vlp.benchmarks.accuracy import accuracy
+from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps)
+from vlp.benchmarks.registry import register
 
 
 @dataclass
@@ -28,7 +28,6 @@ class Nlvr2(Benchmark):
     description = "NLVR2: is the statement true of the image pair (accuracy)"
     defaults = TrainDefaults(steps=600, batch_size=32, lr=1e-4)
     Options = Nlvr2Options
-    meta_parts = {"nlvr2": "nlvr2_acc"}
     primary = "nlvr2_acc"
 
     def _data(self, ctx, split):

@@ -10,9 +10,8 @@ import numpy as np
 
 from vlp.datasets.downstream.refexp import RefExpData
 from vlp.models.heads import build_head
-from vlp.benchmarks.metrics import refexp_accuracy
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
-                                                   hidden_size, register)
+from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
+from vlp.benchmarks.registry import register
 
 
 class _RefCoco(Benchmark):
@@ -55,7 +54,6 @@ class RefCocoDetected(_RefCoco):
     name = "refcoco+"
     description = "RefCOCO+ comprehension on detected boxes (accuracy, IoU > 0.5)"
     boxes = "detected"
-    meta_parts = {"refcoco+": "refcocoplus_acc"}
     primary = "refcocoplus_acc"
 
 
@@ -65,3 +63,24 @@ class RefCocoGt(_RefCoco):
     description = "RefCOCO+ comprehension on ground-truth boxes (accuracy)"
     boxes = "gt"
     primary = "refcocoplus-gt_acc"
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU between boxes a [..., 4] and b [..., 4] (x1, y1, x2, y2), broadcast."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    ix1, iy1 = np.maximum(a[..., 0], b[..., 0]), np.maximum(a[..., 1], b[..., 1])
+    ix2, iy2 = np.minimum(a[..., 2], b[..., 2]), np.minimum(a[..., 3], b[..., 3])
+    inter = np.clip(ix2 - ix1, 0, None) * np.clip(iy2 - iy1, 0, None)
+    def area(x):
+        return np.clip(x[..., 2] - x[..., 0], 0, None) * np.clip(x[..., 3] - x[..., 1], 0, None)
+    union = area(a) + area(b) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def refexp_accuracy(predicted_boxes: np.ndarray, target_boxes: np.ndarray,
+                    threshold: float = 0.5) -> float:
+    """RE comprehension: a prediction is correct when its box has IoU > threshold with the
+    target. Percent."""
+    iou = box_iou(np.asarray(predicted_boxes).reshape(-1, 4),
+                  np.asarray(target_boxes).reshape(-1, 4))
+    return 100.0 * float((iou > threshold).mean())

@@ -11,6 +11,7 @@ zero-shot, straight from the ITM head.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,9 +20,8 @@ import numpy as np
 from vlp.datasets.downstream.retrieval import RetrievalData
 from vlp.models.heads import build_head
 from vlp.contract.config_loader import bounded
-from vlp.benchmarks.metrics import retrieval_recall
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
-                                                   hidden_size, register)
+from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
+from vlp.benchmarks.registry import register
 
 TOP = 10
 
@@ -48,7 +48,6 @@ class Retrieval(Benchmark):
     description = "Flickr30K-style image retrieval (IR) and text retrieval (TR), R@1/5/10"
     defaults = TrainDefaults(steps=600, batch_size=16, lr=5e-5)
     Options = RetrievalOptions
-    meta_parts = {"ir": "ir_mean", "tr": "tr_mean"}
     primary = "r_mean"
 
     def train_data(self, ctx):
@@ -99,3 +98,39 @@ def recall_result(data: RetrievalData, scores: np.ndarray) -> EvalResult:
     preds += [{"query": "image", "image_id": i, "top_captions": [caption_ids[j] for j in row]}
               for i, row in zip(image_ids, top_txt)]
     return EvalResult(metrics, preds)
+
+
+def retrieval_recall(scores: np.ndarray, text_to_image: Sequence[int],
+                     ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """R@K for both directions from a score matrix ``scores[text, image]``.
+
+    ``text_to_image[t]`` is the index of caption t's image. Image retrieval (IR): each text
+    queries all images; a hit when its own image ranks within K. Text retrieval (TR): each
+    image queries all texts; a hit when any of its own captions ranks within K. Each query's
+    rank is computed from its own row/column (the reference code's IR counts from the wrong
+    column; we do not reproduce that).
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    t2i = np.asarray(text_to_image)
+    n_txt, n_img = scores.shape
+    if t2i.shape != (n_txt,):
+        raise ValueError(f"retrieval_recall: text_to_image has {t2i.shape[0]} entries, "
+                         f"scores has {n_txt} texts")
+    # IR: rank of the true image = number of images scoring strictly higher
+    true = scores[np.arange(n_txt), t2i]
+    ir_rank = (scores > true[:, None]).sum(1)
+    # TR: for each image, best rank among its captions
+    tr_rank = np.full(n_img, np.iinfo(np.int64).max)
+    order = np.argsort(-scores, axis=0, kind="stable")  # per image column: texts by score
+    rank_of_text = np.empty_like(order)
+    rank_of_text[order, np.arange(n_img)[None, :]] = np.arange(n_txt)[:, None]
+    for t, i in enumerate(t2i):
+        tr_rank[i] = min(tr_rank[i], rank_of_text[t, i])
+    has_caption = tr_rank < np.iinfo(np.int64).max
+    out = {}
+    for k in ks:
+        out[f"ir_r{k}"] = 100.0 * float((ir_rank < k).mean())
+        out[f"tr_r{k}"] = 100.0 * float((tr_rank[has_caption] < k).mean())
+    out["ir_mean"] = float(np.mean([out[f"ir_r{k}"] for k in ks]))
+    out["tr_mean"] = float(np.mean([out[f"tr_r{k}"] for k in ks]))
+    return out

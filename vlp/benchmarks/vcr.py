@@ -5,14 +5,16 @@ both stages right (the rationale scored given the right answer, VCR's protocol).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from vlp.datasets.downstream.vcr import VcrData
 from vlp.models.heads import build_head, extend_for, layout_types
-from vlp.benchmarks.metrics import vcr_scores
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
-                                                   hidden_size, register)
+from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
+from vlp.benchmarks.registry import register
 
 STAGES = {"both": ("q2a", "qa2r"), "q2a": ("q2a",), "qa2r": ("qa2r",)}
 
@@ -57,3 +59,13 @@ class Vcr(Benchmark):
         metrics = vcr_scores(a, data.answer_labels, r, data.rationale_labels)
         return EvalResult(metrics, [{"id": i, "answer": int(x), "rationale": int(y)}
                                     for i, x, y in zip(data.column("id"), a, r)])
+
+
+def vcr_scores(answer_pred: Sequence[int], answer_label: Sequence[int],
+               rationale_pred: Sequence[int], rationale_label: Sequence[int]) -> dict[str, float]:
+    """VCR: Q→A, QA→R (the rationale given the right answer) and the holistic Q→AR (both
+    right)."""
+    qa = np.asarray(answer_pred) == np.asarray(answer_label)
+    qar_r = np.asarray(rationale_pred) == np.asarray(rationale_label)
+    return {"q2a": 100.0 * float(qa.mean()), "qa2r": 100.0 * float(qar_r.mean()),
+            "q2ar": 100.0 * float((qa & qar_r).mean())}

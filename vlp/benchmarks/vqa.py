@@ -4,6 +4,8 @@ scored with the official evaluator's accuracy (leave-one-out over the 10 annotat
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -14,10 +16,9 @@ from vlp.datasets.downstream.vqa import AnswerVocab, VqaData
 from vlp.datasets.storage.world import load_manifest
 from vlp.models.heads import build_head
 from vlp.contract.config_loader import bounded
-from vlp.benchmarks.metrics import normalize_vqa_answer, vqa_score, vqa_target_score
-from vlp.benchmarks.base import (Benchmark, BenchmarkContext, EvalResult,
-                                                   TrainDefaults, hidden_size, layer_norm_eps,
-                                                   register)
+from vlp.benchmarks.base import (Benchmark, BenchmarkContext, EvalResult, TrainDefaults,
+                                 hidden_size, layer_norm_eps)
+from vlp.benchmarks.registry import register
 
 
 @dataclass
@@ -40,7 +41,6 @@ class Vqa(Benchmark):
     description = "VQA v2: answer a question about an image (VQA score)"
     defaults = TrainDefaults(steps=600, batch_size=32, lr=2e-4)
     Options = VqaOptions
-    meta_parts = {"vqa": "vqa_score"}
     primary = "vqa_score"
 
     def vocab(self, ctx: BenchmarkContext) -> AnswerVocab:
@@ -66,3 +66,48 @@ class Vqa(Benchmark):
         score = vqa_score(answers, data.answers)
         return EvalResult({"vqa_score": score, "answer_coverage": 100 * data.coverage},
                           [{"question_id": q, "answer": a} for q, a in zip(qids, answers)])
+
+
+# ---- the official VQA evaluator's metric (scores in percent, the unit of UNITER's Table 3)
+
+_NUMBER_WORDS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4",
+                 "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+_ARTICLES = {"a", "an", "the"}
+_PUNCT = re.compile(r"[;/\[\]\"{}()=+\\_\-><@`,?!*#%^&$~|:']")
+_PERIOD = re.compile(r"(?<!\d)\.(?!\d)")  # a period that is not a decimal point
+
+
+def normalize_vqa_answer(answer: str) -> str:
+    """The official VQA evaluator's answer normalisation: lower case, punctuation removed
+    (decimal points kept), number words to digits, articles dropped."""
+    a = answer.lower().replace("\n", " ").replace("\t", " ").strip()
+    a = _PERIOD.sub("", _PUNCT.sub("", a))
+    words = [_NUMBER_WORDS.get(w, w) for w in a.split() if w not in _ARTICLES]
+    return " ".join(words)
+
+
+def vqa_accuracy(prediction: str, answers: Sequence[str]) -> float:
+    """Official VQA accuracy of one prediction against the 10 annotator answers: for each
+    annotator, min(1, #other annotators agreeing / 3), averaged over the 10 leave-one-out
+    subsets (so 3 agreeing annotators give 0.9·1 + 0.1·(2/3)... = 1.0 only from 4 up)."""
+    pred = normalize_vqa_answer(prediction)
+    gts = [normalize_vqa_answer(a) for a in answers]
+    if not gts:
+        raise ValueError("vqa_accuracy: no annotator answers")
+    matches = [g == pred for g in gts]
+    total = sum(matches)
+    accs = [min(1.0, (total - m) / 3.0) for m in matches]
+    return float(np.mean(accs))
+
+
+def vqa_target_score(count: int) -> float:
+    """Soft training target for an answer given by ``count`` of the 10 annotators (the
+    bottom-up-attention / UNITER preprocessing: 0, .3, .6, .9, 1)."""
+    return (0.0, 0.3, 0.6, 0.9)[count] if count < 4 else 1.0
+
+
+def vqa_score(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -> float:
+    """Mean official VQA accuracy over questions, in percent."""
+    if len(predictions) != len(answers):
+        raise ValueError(f"vqa_score: {len(predictions)} predictions for {len(answers)} questions")
+    return 100.0 * float(np.mean([vqa_accuracy(p, a) for p, a in zip(predictions, answers)]))

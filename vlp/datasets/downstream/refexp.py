@@ -72,7 +72,7 @@ class RefExpData(TableData):
 
 def _iou(boxes: np.ndarray, target: np.ndarray) -> np.ndarray:
     """IoU of each of ``boxes`` [n, 4] with one ``target`` [4] (labels only; the metric is
-    ``vlp.benchmarks.metrics.box_iou``)."""
+    ``vlp.benchmarks.refcoco_plus.box_iou``)."""
     lt = np.maximum(boxes[:, :2], target[:2])
     rb = np.minimum(boxes[:, 2:], target[2:])
     inter = np.clip(rb - lt, 0, None).prod(1)

@@ -17,8 +17,9 @@ from typing import Any, Iterable, Literal
 from vlp.contract.config_loader import ConfigError, bounded, load_config
 from vlp.platform.pretrain.config import ScalingSection, _NAME
 from vlp.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
+from vlp.benchmarks import meta_sum
 
-META_SUM_BENCHMARKS = ["vqa", "retrieval", "nlvr2", "refcoco+"]   # UNITER Table 3
+META_SUM_BENCHMARKS = list(meta_sum.BENCHMARKS)   # UNITER Table 3
 # The benchmarks' default lrs are UNITER-base's, tuned at hidden width 768. With Adam the step
 # a hidden matrix can take shrinks as the model widens (muP, Yang et al. 2021), and at BERT-base
 # lrs a 64-wide model underfits its finetunes: a default lr is scaled by 768 / width (-tiny x12,
@@ -130,6 +131,9 @@ class FinetuneConfig:
                 yield f"benchmarks.{i}", str(e)
         if len(set(self.benchmarks)) != len(self.benchmarks):
             yield "benchmarks", f"a benchmark is listed twice: {self.benchmarks}"
+        if self.train.precision == "fp16" and not self.scaling.use_gpu:
+            yield "train.precision", ("fp16 is not supported on CPU (DeepSpeed refuses it): "
+                                      "use bf16 or fp32, or set scaling.use_gpu=true")
         for name, s in self.settings.items():
             if name not in BENCHMARKS:
                 yield f"settings.{name}", f"unknown benchmark; known: {', '.join(BENCHMARKS)}"

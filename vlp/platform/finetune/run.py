@@ -5,8 +5,10 @@
                                    world="runs/demo/world", family="uniter-tiny")
     report.meta_sum, report.scores["vqa"], report.benchmarks["nlvr2"].metrics
 
-Each benchmark is one run of the platform's Ray Train + DeepSpeed loop (``FinetuneComponents``)
-and one MLflow child run; evaluation happens on the same workers right after training.
+Each benchmark is one run of the platform's general Ray Train + DeepSpeed loop, configured by
+a ``LoopConfig`` built here (``loop_config``) and ``FinetuneComponents``, and one MLflow child
+run; evaluation happens on the same workers right after training. The job resolves its
+storage and checks every run (set-up, resumable checkpoint) once, before Ray starts.
 ``checkpoint=None`` finetunes a fresh initialisation ("no pretraining", UNITER Table 3 line 1).
 """
 
@@ -19,19 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from vlp.contract.config_loader import flatten, from_dict
-from vlp.benchmarks.metrics import META_SUM_PARTS, meta_sum
-from vlp.platform.pretrain.config import ExperimentConfig
-from vlp.platform.finetune import tracking
 from vlp.benchmarks import BenchmarkContext, get_benchmark, task_id
+from vlp.benchmarks.meta_sum import complete, meta_sum
+from vlp.contract.config_loader import flatten, to_yaml
+from vlp.platform.cluster import run_storage
+from vlp.platform.cluster.ray_session import ensure_ray
+from vlp.platform.finetune import tracking
 from vlp.platform.finetune.components import FinetuneComponents
 from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
-from vlp.platform.cluster.ray_session import ensure_ray
-from vlp.platform.pretrain.run import run_pretraining
-from vlp.platform.training.progress import ProgressPrinter
-from vlp.platform.tracking.mlflow_run import check_reachable
 from vlp.platform.tracking.choice import TRACKING_ENV, check_tracking_shared
+from vlp.platform.tracking.mlflow_run import check_reachable
+from vlp.platform.training import launch
+from vlp.platform.training.config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
+                                          LoopTrain, project)
+from vlp.platform.training.engine import extensions_dir
+from vlp.platform.training.progress import ProgressPrinter
 
 
 @dataclass
@@ -88,10 +93,14 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
 def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
     cfg = with_tracking_env(cfg.resolved_paths())
     prepared = prepare(cfg)                        # bad inputs fail here, before Ray starts
+    storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
+    storage.create_root()
     for name in cfg.benchmarks:   # every run's set-up is checked before the first starts
-        steps, batch_size, _, options = cfg.settings_for(name)
+        steps, batch_size, lr, options = cfg.settings_for(name)
         get_benchmark(name).check(components_for(cfg, name, prepared, batch_size, options).ctx)
-        experiment_config(cfg, name, steps, 1e-4, None)
+        problem = launch.resume_problem(loop_config(cfg, name, steps, lr, storage.root))
+        if problem:
+            raise ValueError(problem)
     parent = None
     if cfg.mlflow.enabled:
         if cfg.mlflow.tracking_uri:
@@ -102,13 +111,14 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
+    run_storage.check_shared(storage)      # needs the cluster's node count
     if parent is not None:
         check_tracking_shared(parent.tracking_uri)
     reports = {}
     for name in cfg.benchmarks:
-        reports[name] = finetune_one(cfg, name, prepared, parent)
+        reports[name] = finetune_one(cfg, name, prepared, parent, storage.root)
     scores = meta_parts(reports)
-    total = meta_sum(scores) if all(p in scores for p in META_SUM_PARTS) else None
+    total = meta_sum(scores) if complete(scores) else None
     if parent is not None:
         tracking.log_summary(parent, scores, total)
     return DownstreamReport(scores, total, reports, parent.run_id if parent else None,
@@ -123,12 +133,13 @@ def with_tracking_env(cfg: FinetuneConfig) -> FinetuneConfig:
 
 
 def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
-                 parent: tracking.Parent | None) -> BenchmarkReport:
+                 parent: tracking.Parent | None, storage: str) -> BenchmarkReport:
+    """One benchmark's loop, its config resolved and checked by ``run_finetune``."""
     steps, batch_size, lr, options = cfg.settings_for(name)
     components = components_for(cfg, name, prepared, batch_size, options)
-    exp = experiment_config(cfg, name, steps, lr, parent)
+    loop = loop_config(cfg, name, steps, lr, storage)
     start = time.perf_counter()
-    result = run_pretraining(exp, components, parent_run_id=parent.run_id if parent else None,
+    result = launch.run_loop(loop, components, tracking_spec(cfg, loop, parent),
                              callbacks=[ProgressPrinter(steps, [f"finetune {name}"])])
     after = result.return_value.get("after_training") or {}
     if not after:
@@ -157,28 +168,34 @@ def components_for(cfg: FinetuneConfig, name: str, prepared: Prepared, batch_siz
         zero_shot=zero_shot)
 
 
-def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
-                      parent: tracking.Parent | None) -> ExperimentConfig:
-    """The training loop's config for one finetune."""
+def loop_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
+                storage: str) -> LoopConfig:
+    """The general loop's config for one finetune: one stage of the benchmark's task, a
+    checkpoint at the end only; the warm-up a fraction of the steps."""
     t = cfg.train
-    return from_dict(ExperimentConfig, {
-        "run": {"name": run_name(cfg, name), "output_dir": cfg.run.output_dir,
-                "storage": cfg.run.storage, "seed": cfg.run.seed,
-                "max_failures": cfg.run.max_failures},
-        "model": {"family": cfg.model.family},
-        "data": {"sources": {"world": {"path": cfg.world}}},
-        "tasks": {get_benchmark(name).task: 1.0},
-        "train": {"steps": steps, "precision": t.precision, "zero_stage": t.zero_stage,
-                  "log_every": min(t.log_every, steps), "extensions_dir": t.extensions_dir},
-        "optimizer": {"lr": lr, "betas": list(t.betas), "weight_decay": t.weight_decay,
-                      "grad_clip": t.grad_clip,
-                      "warmup_steps": min(int(t.warmup_fraction * steps), steps - 1)},
-        "scaling": dataclasses.asdict(cfg.scaling),
-        "checkpoint": {"interval": steps, "keep": 1},
-        "mlflow": {"enabled": parent is not None,
-                   "tracking_uri": parent.tracking_uri if parent else "",
-                   "experiment": parent.experiment if parent else cfg.mlflow.experiment},
-    })
+    return LoopConfig(
+        name=run_name(cfg, name), storage=storage, seed=cfg.run.seed,
+        max_failures=cfg.run.max_failures,
+        stages=(LoopStage("finetune", steps, {get_benchmark(name).task: 1.0}),),
+        checkpoint_interval=steps, checkpoint_keep=1, family=cfg.model.family,
+        train=LoopTrain(precision=t.precision, zero_stage=t.zero_stage,
+                        log_every=min(t.log_every, steps),
+                        extensions_dir=extensions_dir(t.extensions_dir)),
+        optimizer=LoopOptimizer(lr=lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
+                                grad_clip=t.grad_clip,
+                                warmup_steps=min(int(t.warmup_fraction * steps), steps - 1)),
+        scaling=project(LoopScaling, cfg.scaling))
+
+
+def tracking_spec(cfg: FinetuneConfig, loop: LoopConfig,
+                  parent: tracking.Parent | None) -> dict[str, Any]:
+    """A child run of ``parent`` (none without one); its params are the loop's config (the
+    benchmark's own settings follow as ``finetune.*`` once it is done)."""
+    return launch.tracking_spec(
+        loop, enabled=parent is not None, tracking_uri=parent.tracking_uri if parent else "",
+        experiment=parent.experiment if parent else cfg.mlflow.experiment,
+        output_dir=cfg.run.output_dir, params=flatten(loop), config_text=to_yaml(loop),
+        job="finetune", parent_run_id=parent.run_id if parent else None)
 
 
 def run_name(cfg: FinetuneConfig, benchmark: str) -> str:

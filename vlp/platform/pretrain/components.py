@@ -33,9 +33,9 @@ from vlp.datasets.batching.pretrain_batches import PretrainBatches
 from vlp.datasets.batching.task_sampler import TaskSampler
 from vlp.models import create_model
 from vlp.models.heads import extend_for
-from vlp.platform.pretrain.config import ExperimentConfig, StageSection
-from vlp.platform.training.init_weights_check import model_kwargs
 from vlp.platform.pretrain.data import PretrainSetup
+from vlp.platform.pretrain.init_weights_check import model_kwargs
+from vlp.platform.training.config import LoopConfig, LoopStage
 from vlp.platform.training.protocols import WorkerInfo
 
 
@@ -71,14 +71,14 @@ class PretrainComponents:
 
     # ---- driver ---------------------------------------------------------------------------
 
-    def datasets(self, cfg: ExperimentConfig) -> dict[str, Any]:
+    def datasets(self, cfg: LoopConfig) -> dict[str, Any]:
         from vlp.datasets.stream.pipeline import build_dataset
 
         self._check_stages(cfg)
         return {s.dataset: build_dataset(s.plan, reshuffle_files=False)
                 for s in self.setup.stages}
 
-    def dataset_config(self, cfg: ExperimentConfig) -> Any:
+    def dataset_config(self, cfg: LoopConfig) -> Any:
         """Ray Train's ingest options: ``preserve_order`` makes the streaming split hand
         each rank the same blocks in every execution (see the module docstring)."""
         import ray.train
@@ -86,8 +86,8 @@ class PretrainComponents:
 
         return ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
 
-    def _check_stages(self, cfg: ExperimentConfig) -> None:
-        names = [s.name for s in cfg.stage_plan()]
+    def _check_stages(self, cfg: LoopConfig) -> None:
+        names = [s.name for s in cfg.stages]
         if names != [s.name for s in self.setup.stages]:
             raise ValueError(f"these components were prepared for stages "
                              f"{[s.name for s in self.setup.stages]}, the config has {names}: "
@@ -95,21 +95,21 @@ class PretrainComponents:
 
     # ---- workers --------------------------------------------------------------------------
 
-    def build_model(self, cfg: ExperimentConfig, tasks: list[str]) -> torch.nn.Module:
+    def build_model(self, cfg: LoopConfig, tasks: list[str]) -> torch.nn.Module:
         s = self.setup
         if set(tasks) != set(s.tasks):
             raise ValueError(f"the loop asks for heads {tasks}, the setup has {list(s.tasks)}")
         # the same arguments the driver's init_weights_check used
-        model = create_model(**model_kwargs(cfg, s)).model
-        if cfg.model.cnn_init:   # SOHO's ImageNet start (checked on the driver in prepare)
+        model = create_model(**model_kwargs(s.model, s)).model
+        if s.model.cnn_init:   # SOHO's ImageNet start (checked on the driver in prepare)
             from vlp.models.vision.cnn_weights import load_cnn_weights
 
-            load_cnn_weights(model.backbone.visual.resnet, cfg.model.cnn_init)
-        if cfg.model.token_types:   # after init: the new rows copy the pretrained text row
-            extend_for(model.backbone, cfg.model.token_types)
+            load_cnn_weights(model.backbone.visual.resnet, s.model.cnn_init)
+        if s.model.token_types:   # after init: the new rows copy the pretrained text row
+            extend_for(model.backbone, s.model.token_types)
         return model
 
-    def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,
+    def build_batch_source(self, cfg: LoopConfig, stage: LoopStage, stage_index: int,
                            worker: WorkerInfo) -> PretrainBatches:
         import ray.train
 

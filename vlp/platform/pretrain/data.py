@@ -25,9 +25,9 @@ from vlp.models.families import family_task_problem
 from vlp.models.heads import layout_types
 from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.pretrain.config import (DATA_CONFIG_NAMES, ExperimentConfig, StageSection,
-                                            check_family, check_task_names)
-from vlp.platform.training.init_weights_check import check_init_weights
+from vlp.platform.pretrain.config import (DATA_CONFIG_NAMES, ExperimentConfig, ModelSection,
+                                          StageSection, check_family, check_task_names)
+from vlp.platform.pretrain.init_weights_check import check_init_weights
 from vlp.tasks import task_names
 
 DEFAULT_NUM_CLASSES = 1601      # only sizes MRC heads, which need soft labels (and so a C)
@@ -42,12 +42,13 @@ class StageData:
 
 @dataclass(frozen=True)
 class PretrainSetup:
-    """Everything the workers need besides the config; small and picklable."""
+    """Everything the workers build from (the model section included); small and picklable."""
     family: str
     tasks: tuple[str, ...]      # every task with a positive ratio in some stage (the heads)
     preprocess: PreprocessSpec
     vocab_size: int
     stages: tuple[StageData, ...]
+    model: ModelSection         # init, dropout, SOHO's CNN weights, token types
 
     @property
     def feature_dim(self) -> int | None:
@@ -101,7 +102,7 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     vocab = load_tokenizer(stages[0].plan.tokenizer_path or None).vocab_size
     setup = PretrainSetup(cfg.model.family, tasks,
                           preprocess_spec(family, tasks, feat_dim, num_classes), vocab,
-                          tuple(stages))
+                          tuple(stages), cfg.model)
     check_init_weights(cfg, setup)    # a checkpoint that does not fit fails here, not in Ray
     return setup
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp.platform.pretrain.config import ExperimentConfig, load_experiment_config
-from vlp.platform.pretrain.run import PretrainResult, preflight, resolve, run_pretraining
+from vlp.platform.pretrain.run import PretrainResult, launch_pretraining, preflight, resolve
 from vlp.platform.pretrain.components import PretrainComponents
 from vlp.platform.pretrain.data import PretrainSetup, prepare
 
@@ -44,10 +44,10 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
     ``ray.train.UserCallback``s (Tune's ``TuneReportCallback``); ``progress`` prints a line
     per report; ``start_ray`` attaches to or starts Ray once every check has passed (a bad
     config or checkpoint then fails before any Ray process exists)."""
-    cfg = resolved(cfg)
+    cfg = resolved(cfg)             # once per job: launch_pretraining neither resolves nor checks
     setup = prepare(cfg)            # ConfigError naming every bad key, before any compute
-    # tracking store reachable, resumable checkpoint fits: run_pretraining checks again, but
-    # this fails before the summary reads data and builds the model (both cheap checks)
+    # tracking store reachable, resumable checkpoint fits: before the summary reads data and
+    # builds the model
     preflight(cfg)
     for line in summary(cfg, setup):
         say(f"[vlp pretrain] {line}")
@@ -58,8 +58,8 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
         extra.insert(0, ProgressPrinter(cfg.total_steps(), [s.name for s in setup.stages]))
     if start_ray is not None:
         start_ray()
-    return run_pretraining(cfg, PretrainComponents(setup), parent_run_id=parent_run_id,
-                           callbacks=extra)
+    return launch_pretraining(cfg, PretrainComponents(setup), parent_run_id=parent_run_id,
+                              callbacks=extra)
 
 
 def resolved(cfg: ExperimentConfig) -> ExperimentConfig:

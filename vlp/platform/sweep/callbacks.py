@@ -16,7 +16,7 @@ from typing import Any
 import ray.tune
 
 from vlp.platform.sweep.point import TrialPoint
-from vlp.platform.sweep.trial import metric_key
+from vlp.benchmarks.meta_sum import metric_key, parts_of
 
 
 def trial_name(config: dict[str, Any]) -> str:
@@ -127,12 +127,7 @@ class SweepProgress(ray.tune.Callback):
 
 
 def _parts_of(benchmark: str) -> list[str]:
-    from vlp.benchmarks import get_benchmark
-
-    try:
-        return list(get_benchmark(benchmark).meta_parts)
-    except Exception:
-        return []
+    return [p.name for p in parts_of(benchmark)]
 
 
 def _fmt(v: Any) -> str:

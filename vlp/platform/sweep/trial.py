@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlp.benchmarks.metrics import META_SUM_PARTS, meta_sum
+from vlp.benchmarks.meta_sum import complete, meta_sum, metric_key, parts_of
 from vlp.platform.sweep.config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 from vlp.contract.atomic_write import write_text_atomic
@@ -43,11 +43,6 @@ REPLICATES_FILE = "replicates.json"  # per-replicate progress, written after eac
 ATTEMPTS_FILE = "attempts.jsonl"     # one line per start of the trial function (resume audit)
 TRIAL_TAG = "vlp.sweep.trial"
 JOB_TAG_VALUE = "sweep-trial"
-
-
-def metric_key(part: str) -> str:
-    """Meta-Sum part → a key MLflow accepts ('+' is not allowed in metric names)."""
-    return part.replace("+", "_plus")
 
 
 @dataclass
@@ -254,8 +249,6 @@ def _finished_twin(ctx: TrialContext, point: TrialPoint, own_run_id: str
 def _replay_twin(run: Any, state: TrialState, twin: tuple[str, dict[str, float]],
                  benchmarks: list[str]) -> None:
     """Report the twin's stage results (no steps spent), so Optuna and ASHA see them."""
-    from vlp.benchmarks import get_benchmark
-
     name, metrics = twin
     run.set_tags({"vlp.duplicate_of": name})
     state.pretrain_loss = metrics.get("pretrain_loss")
@@ -263,9 +256,9 @@ def _replay_twin(run: Any, state: TrialState, twin: tuple[str, dict[str, float]]
     state.done = 0
     _report(state, 0, total, benchmarks)
     for k, bench in enumerate(benchmarks, 1):
-        for part in get_benchmark(bench).meta_parts:
-            if metric_key(part) in metrics:
-                state.scores[part] = float(metrics[metric_key(part)])
+        for part in parts_of(bench):
+            if part.key in metrics:
+                state.scores[part.name] = float(metrics[part.key])
         state.done = k
         if k == total:
             _finish(run, state, benchmarks)
@@ -282,7 +275,7 @@ def result_metrics(state: TrialState, stage: int, total: int) -> dict[str, Any]:
                            "trial_steps": state.steps, "trial_seconds": state.seconds,
                            "mlflow_run_id": state.mlflow_run_id or ""}
     out.update({metric_key(k): v for k, v in state.scores.items()})
-    if all(p in state.scores for p in META_SUM_PARTS):
+    if complete(state.scores):
         out["meta_sum"] = meta_sum(state.scores)
     if state.pretrain_loss is not None:
         out["pretrain_loss"] = state.pretrain_loss
@@ -297,7 +290,7 @@ def replicate_metrics(state: TrialState) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in state.replicates:
         out.update({f"seed{r.seed}.{metric_key(k)}": v for k, v in r.scores.items()})
-        if all(p in r.scores for p in META_SUM_PARTS):
+        if complete(r.scores):
             out[f"seed{r.seed}.meta_sum"] = meta_sum(r.scores)
     return out
 

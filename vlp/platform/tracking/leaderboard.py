@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlp.benchmarks import meta_sum
 from vlp.platform.tracking.leaderboard_stats import (Estimate, estimate, indistinguishable,
                                             pooled_variance, welch_p)
 
-PARTS = (("vqa", "VQA"), ("ir", "IR"), ("tr", "TR"), ("nlvr2", "NLVR2"),
-         ("refcoco_plus", "RefCOCO+"))       # metric key on the trial run → Table 3 column
+PARTS = tuple((p.key, p.label) for p in meta_sum.PARTS)   # metric key on the trial run → column
 SWEEP_JOB, TRIAL_JOB = "sweep", "sweep-trial"      # vlp.platform.sweep.tracking
 KEYS = ("meta_sum",) + tuple(k for k, _ in PARTS)
 _SEED_KEY = re.compile(r"^seed(\d+)\.(.+)$")         # per replicate (sweep/trial.py)

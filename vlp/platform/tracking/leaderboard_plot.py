@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlp.platform.tracking.leaderboard import PARTS, Leaderboard
-
-COLOURS = ("#4C72B0", "#55A868", "#8172B2", "#C44E52", "#CCB974")
+from vlp.benchmarks import meta_sum
+from vlp.platform.tracking.leaderboard import Leaderboard
 
 
 def leaderboard_figure(board: Leaderboard, title: str = "") -> Any:
@@ -25,7 +24,7 @@ def leaderboard_figure(board: Leaderboard, title: str = "") -> Any:
               for r in rows]
     y = list(range(len(rows)))
     left = [0.0] * len(rows)
-    for (key, label), colour in zip(PARTS, COLOURS):
+    for key, label, colour in ((p.key, p.label, p.colour) for p in meta_sum.PARTS):
         widths = [(r.est[key].mean if key in r.est else r.scores.get(key)) or 0.0 for r in rows]
         ax.barh(y, widths, left=left, color=colour, label=label, height=0.7)
         left = [a + b for a, b in zip(left, widths)]

@@ -1,7 +1,7 @@
-"""What rank 0 of the pretraining loop writes to MLflow: one run per job, found again after a
+"""What rank 0 of the training loop writes to MLflow: one run per job, found again after a
 worker restart (by the run id in the checkpoint, else by the job's deterministic key), params
-= the flattened config, per-step metrics in batches, and artifacts (config, DeepSpeed config,
-loss curve, a pointer to the final checkpoint).
+= the job's flattened config (the tracking spec carries it), per-step metrics in batches,
+and artifacts (config, DeepSpeed config, loss curve, a pointer to the final checkpoint).
 
 Every write goes through a ``TrackingQueue``: the training thread only queues it, so a slow
 or dead tracking server never blocks a step. MLflow's HTTP client gets short timeouts and few
@@ -17,8 +17,7 @@ import os
 from typing import Any
 
 from vlp.platform.training.checkpointing import TrainerState
-from vlp.contract.config_loader import flatten, to_yaml
-from vlp.platform.pretrain.config import ExperimentConfig
+from vlp.platform.training.config import LoopConfig
 from vlp.platform.tracking.mlflow_run import MlflowRun, loss_curve_figure
 from vlp.platform.tracking.background_queue import TrackingQueue
 
@@ -33,7 +32,7 @@ CLOSE_TIMEOUT_S = 60.0       # how long the end of training waits for the queue 
 
 
 class RankZeroTracker:
-    def __init__(self, spec: dict[str, Any], cfg: ExperimentConfig):
+    def __init__(self, spec: dict[str, Any], cfg: LoopConfig):
         self.spec = spec
         self.cfg = cfg
         self.run: MlflowRun | None = None
@@ -66,17 +65,17 @@ class RankZeroTracker:
                 s["tracking_uri"], s["experiment"], run_name=s["run_name"], run_id=run_id,
                 key=s["key"], parent_run_id=s.get("parent_run_id"),
                 artifact_location=s.get("artifact_location"),
-                tags={"vlp.job": "pretrain", "vlp.model_family": self.cfg.model.family})
-            changed = self.run.log_params(flatten(self.cfg))
+                tags=s["tags"])
+            changed = self.run.log_params(s["params"])
             if changed:
                 print(f"[vlp pretrain] resumed with changed settings (kept the first values as "
                       f"params, see tag vlp.changed_on_resume): {', '.join(changed)}", flush=True)
             if fresh:
-                self.run.log_text(to_yaml(self.cfg), "config/experiment.yaml")
+                self.run.log_text(s["config_text"], "config/experiment.yaml")
                 self.run.log_dict(s["deepspeed_config"], "config/deepspeed.json")
             self.run.set_tags({"vlp.state": "running"})
         self.queue.submit(write, {"kind": "open", "run_name": s["run_name"], "key": s["key"],
-                                  "params": flatten(self.cfg)})
+                                  "params": s["params"]})
         return run_id
 
     def log_derived(self, figures: dict[str, Any]) -> None:
@@ -131,11 +130,11 @@ class RankZeroTracker:
                    "note": "Ray Train checkpoint folder holding the DeepSpeed checkpoint"}
 
         def write(run):
-            keys = ["loss"] + [f"{t}_loss" for t in sorted({t for s in self.cfg.stage_plan()
+            keys = ["loss"] + [f"{t}_loss" for t in sorted({t for s in self.cfg.stages
                                                               for t in s.tasks})]
             curves = {k: run.metric_history(k) for k in keys}
             fig = loss_curve_figure({k: v for k, v in curves.items() if v},
-                                    title=self.cfg.run.name)
+                                    title=self.cfg.name)
             run.log_figure(fig, "plots/loss_curve.png")
             run.log_text(json.dumps(pointer, indent=1), "checkpoint/latest.json")
             run.set_tags({"vlp.state": "completed" if completed else "stopped"})

@@ -1,4 +1,4 @@
-"""The DeepSpeed engine, configured from the typed experiment config.
+"""The DeepSpeed engine, configured from the loop's ``LoopConfig``.
 
 One engine per pretraining stage: a stage starts from the previous stage's weights with a
 fresh optimizer and its own warm-up + linear-decay schedule (ImageBERT's multi-stage recipe).
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from vlp.platform.pretrain.config import ExperimentConfig
-from vlp.platform.training.lr_schedule import WarmupLinearDecay  # noqa: F401 (callers import it here)
+from vlp.platform.training.config import LoopConfig
+# callers import WarmupLinearDecay from here
+from vlp.platform.training.lr_schedule import WarmupLinearDecay  # noqa: F401
 
 DEFAULT_EXTENSIONS_DIR = "~/.cache/torch_extensions/vlp"
 
@@ -45,7 +46,7 @@ def prebuild_comm_op(configured: str = "") -> None:
         builder.load(verbose=False)
 
 
-def optimizer_params(cfg: ExperimentConfig) -> dict[str, Any]:
+def optimizer_params(cfg: LoopConfig) -> dict[str, Any]:
     """The ``optimizer.params`` of the DeepSpeed config: the one place that chooses the
     optimizer implementation (parameter groups come from ``param_groups``)."""
     o = cfg.optimizer
@@ -63,7 +64,7 @@ def optimizer_params(cfg: ExperimentConfig) -> dict[str, Any]:
     return params
 
 
-def resolve_precision(cfg: ExperimentConfig, device: torch.device | None = None) -> str:
+def resolve_precision(cfg: LoopConfig, device: torch.device | None = None) -> str:
     """``train.precision`` with ``auto`` resolved: bf16 on a CUDA device that supports it,
     else fp32. Without a device (the driver), ``scaling.use_gpu`` stands for one."""
     precision = cfg.train.precision
@@ -84,7 +85,7 @@ def zero_bucket_elements(num_parameters: int) -> int:
     return int(min(5e8, max(1e6, num_parameters // 8)))
 
 
-def deepspeed_config(cfg: ExperimentConfig, world_size: int, *,
+def deepspeed_config(cfg: LoopConfig, world_size: int, *,
                      device: torch.device | None = None,
                      num_parameters: int | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON config. Batches are variable-sized (filled to an input-unit
@@ -131,12 +132,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return groups
 
 
-def compute_dtype(cfg: ExperimentConfig, device: torch.device | None = None) -> torch.dtype:
+def compute_dtype(cfg: LoopConfig, device: torch.device | None = None) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         resolve_precision(cfg, device)]
 
 
-def configure_device(cfg: ExperimentConfig, device: torch.device | None) -> None:
+def configure_device(cfg: LoopConfig, device: torch.device | None) -> None:
     """Per-process device settings: TF32 tensor cores for fp32 matmuls and convolutions on
     CUDA (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training on
     Ampere+ GPUs means in practice)."""
@@ -147,7 +148,7 @@ def configure_device(cfg: ExperimentConfig, device: torch.device | None) -> None
     torch.backends.cudnn.allow_tf32 = True
 
 
-def build_engine(model: torch.nn.Module, cfg: ExperimentConfig, stage_steps: int,
+def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
                  world_size: int, device: torch.device | None = None,
                  stage_index: int = 0) -> Any:
     """``deepspeed.initialize`` for one stage of ``stage_steps`` optimizer steps."""
@@ -176,7 +177,7 @@ def build_engine(model: torch.nn.Module, cfg: ExperimentConfig, stage_steps: int
     return engine
 
 
-def cnn_recipe_for(model: torch.nn.Module, cfg: ExperimentConfig, schedule: WarmupLinearDecay,
+def cnn_recipe_for(model: torch.nn.Module, cfg: LoopConfig, schedule: WarmupLinearDecay,
                    stage_index: int = 0) -> Any:
     """``cnn_recipe.build_cnn_recipe`` from the config; the cold start in stage 0 only."""
     from vlp.platform.training.cnn_recipe import build_cnn_recipe
@@ -186,5 +187,5 @@ def cnn_recipe_for(model: torch.nn.Module, cfg: ExperimentConfig, schedule: Warm
         model, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
         cnn_optimizer=o.cnn, cnn_lr=o.cnn_lr, cnn_weight_decay=o.cnn_weight_decay,
         cnn_momentum=o.cnn_momentum,
-        cold_start_steps=cfg.model.cold_start_steps if stage_index == 0 else 0,
+        cold_start_steps=o.cold_start_steps if stage_index == 0 else 0,
         schedule=schedule)

@@ -1,4 +1,5 @@
-"""The per-worker pretraining loop that Ray Train runs on every worker.
+"""The per-worker training loop that Ray Train runs on every worker (pretraining and
+finetuning alike: it reads a ``LoopConfig`` only).
 
 Per optimizer step: ``grad_accum`` micro-batches, each of one task drawn by the seeded task
 sampler (the same draw on every rank: UNITER's conditional masking serves one task per
@@ -30,11 +31,10 @@ import torch.distributed as dist
 from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform.training import checkpointing
 from vlp.platform.training.checkpointing import TrainerState
-from vlp.contract.config_loader import from_dict
 from vlp.platform.training.device_peaks import device_name, peak_flops
 from vlp.platform.training.engine import (build_engine, compute_dtype, resolve_precision,
                                  use_extensions_dir)
-from vlp.platform.pretrain.config import ExperimentConfig
+from vlp.platform.training.config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
@@ -45,11 +45,14 @@ HISTORY_LIMIT = 10_000          # per-step records kept for the return value (ML
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """Entry point for ``TorchTrainer``. ``loop_config``: ``config`` (the experiment config
-    as a dict, paths already absolute), ``components`` (a ``protocols.Components``),
-    ``tracking`` (``pretrain.tracking_spec``) and ``run_dir`` (the Ray run folder)."""
+    """Entry point for ``TorchTrainer``. ``loop_config``: ``config`` (a ``LoopConfig``, paths
+    already absolute), ``components`` (a ``protocols.Components``), ``tracking``
+    (``launch.tracking_spec``) and ``run_dir`` (the Ray run folder)."""
     with setup_phase("worker set-up"):      # an error here is not worth a retry
-        cfg = from_dict(ExperimentConfig, loop_config["config"])
+        cfg = loop_config["config"]
+        if not isinstance(cfg, LoopConfig):
+            raise TypeError(f"train_loop_config['config'] is a {type(cfg).__name__}, expected "
+                            f"a LoopConfig (launch.run_loop builds it)")
         # before CUDA's allocator starts (ray_session.worker_env sets it for Ray's workers too)
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         worker = _Worker(cfg, loop_config)
@@ -57,7 +60,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Worker:
-    def __init__(self, cfg: ExperimentConfig, loop_config: dict[str, Any]):
+    def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         import ray.train
         import ray.train.torch
 
@@ -67,13 +70,13 @@ class _Worker:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         device = ray.train.torch.get_device() if cfg.scaling.use_gpu else torch.device("cpu")
-        self.info = WorkerInfo(self.rank, self.world, ctx.get_local_rank(), device, cfg.run.seed)
+        self.info = WorkerInfo(self.rank, self.world, ctx.get_local_rank(), device, cfg.seed)
         self.dtype = compute_dtype(cfg, device)
         self.precision = resolve_precision(cfg, device)
         self.peak = peak_flops(device_name(device), self.precision, cfg.train.peak_tflops)
         self.shape: EncoderShape | None = None
         self.overflow_skips = 0
-        self.plan = cfg.stage_plan()
+        self.plan = cfg.stages
         self.stage_ends = [sum(s.steps for s in self.plan[:i + 1]) for i in range(len(self.plan))]
         self.total = self.stage_ends[-1]
         self.stop_at = min(self.total, cfg.train.stop_after or self.total)
@@ -92,7 +95,7 @@ class _Worker:
                                    stage_index=k)
         # the same sampler seed on every rank → the same task draws; a new stream per stage
         self.sampler = self.components.build_task_sampler(dict(stage.tasks),
-                                                          self.cfg.run.seed * 1009 + k)
+                                                          self.cfg.seed * 1009 + k)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
         # started at its first next(), after a resume has loaded the sampler and the source
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
@@ -111,8 +114,7 @@ class _Worker:
                   f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
 
     def _check_plan(self, meta: dict[str, Any]) -> None:
-        problem = checkpointing.resume_problem(meta, [(s.name, s.steps) for s in self.plan],
-                                               self.world)
+        problem = checkpointing.resume_problem(meta, self.cfg.stage_steps(), self.world)
         if problem:
             raise SetupError(problem)
 
@@ -129,7 +131,7 @@ class _Worker:
         import ray.train
 
         use_extensions_dir(self.cfg.train.extensions_dir)
-        checkpointing.seed_everything(self.cfg.run.seed)   # identical model init on every rank
+        checkpointing.seed_everything(self.cfg.seed)   # identical model init on every rank
         model = self.components.build_model(self.cfg, list(self.task_ids))
         if self.cfg.train.activation_checkpointing:
             set_checkpointing = getattr(model, "set_activation_checkpointing", None)
@@ -150,7 +152,7 @@ class _Worker:
             state = TrainerState(world_size=self.world,
                                  sampler=self.prefetch.state_dict()["sampler"])
             # per-rank streams (dropout, ...) from here on
-            checkpointing.seed_everything(self.cfg.run.seed + 1 + self.rank)
+            checkpointing.seed_everything(self.cfg.seed + 1 + self.rank)
             return state
         with ckpt.as_directory() as folder:
             meta = checkpointing.read_meta(folder)
@@ -307,7 +309,7 @@ class _Worker:
 
         step = state.step
         at_stage_end = step in self.stage_ends
-        save = step % self.cfg.checkpoint.interval == 0 or step == self.stop_at or at_stage_end
+        save = step % self.cfg.checkpoint_interval == 0 or step == self.stop_at or at_stage_end
         if not save and step % self.cfg.train.log_every:
             return
         metrics = window.summary(state)
@@ -325,7 +327,7 @@ class _Worker:
         name = _checkpoint_dir_name(step)
         with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
             checkpointing.save(self.engine, tmp, state, self.rank, resume["source"],
-                               stages=[(s.name, s.steps) for s in self.plan])
+                               stages=self.cfg.stage_steps())
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=name)
         if self.tracker:
@@ -334,16 +336,18 @@ class _Worker:
     def _announce(self, fresh: bool) -> None:
         c, plan = self.cfg, self.plan
         micro = c.train.grad_accum * self.world
-        budget = c.data.batch_input_units * micro
+        budget = c.batch_input_units * micro
         stages = ", ".join(f"{s.name}: {s.steps}" for s in plan)
         lines = [
-            f"model {c.model.family}: {self.n_params:,} parameters ({self.n_trainable:,} "
+            f"model {c.family}: {self.n_params:,} parameters ({self.n_trainable:,} "
             f"trainable); tasks {', '.join(self.task_ids)}",
             f"steps: {self.total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
             f"micro-batch(es) × {self.world} worker(s) = {micro} per step",
-            f"global batch: ≤ {budget:,} input units per step ({c.data.batch_input_units:,} "
-            f"per micro-batch); examples per step are measured at step 1 (budget batching)",
         ]
+        if budget:   # budget batching (pretraining); finetunes count examples per batch
+            lines.append(f"global batch: ≤ {budget:,} input units per step "
+                         f"({c.batch_input_units:,} per micro-batch); examples per step are "
+                         f"measured at step 1 (budget batching)")
         name = device_name(self.info.device) or self.info.device.type
         lines.append(f"precision {self.precision}; prefetch {c.train.prefetch_batches} "
                      f"micro-batch(es) ahead; MFU " + (
@@ -353,10 +357,11 @@ class _Worker:
         for line in lines:
             self._say(line)
         if fresh:
-            self.tracker.log_derived({"parameters": self.n_params,
-                                      "trainable_parameters": self.n_trainable,
-                                      "total_steps": self.total, "micro_batches_per_step": micro,
-                                      "global_batch_input_units_budget": budget})
+            figures = {"parameters": self.n_params, "trainable_parameters": self.n_trainable,
+                       "total_steps": self.total, "micro_batches_per_step": micro}
+            if budget:
+                figures["global_batch_input_units_budget"] = budget
+            self.tracker.log_derived(figures)
 
     def _announce_measured(self, record: dict[str, Any]) -> None:
         self._say(f"step 1: global batch = {record['global_batch_examples']:,} examples, "

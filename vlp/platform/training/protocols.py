@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from vlp.platform.pretrain.config import ExperimentConfig, StageSection
+    from vlp.platform.training.config import LoopConfig, LoopStage
 
 
 @runtime_checkable
@@ -76,19 +76,19 @@ class WorkerInfo:
 class Components(Protocol):
     """Builds the model, the batch source and the task sampler for a run."""
 
-    def datasets(self, cfg: ExperimentConfig) -> dict[str, Any] | None:
+    def datasets(self, cfg: LoopConfig) -> dict[str, Any] | None:
         """Called on the driver: Ray Datasets to hand to the TorchTrainer (the worker side
         reads them with ``ray.train.get_dataset_shard``), or None."""
         ...
 
-    def build_model(self, cfg: ExperimentConfig, tasks: list[str]) -> torch.nn.Module:
+    def build_model(self, cfg: LoopConfig, tasks: list[str]) -> torch.nn.Module:
         """The model with heads for ``tasks`` (every task of every stage). Called after the
         loop has seeded torch with the run seed, identically on every rank."""
         ...
 
-    def build_batch_source(self, cfg: ExperimentConfig, stage: StageSection, stage_index: int,
+    def build_batch_source(self, cfg: LoopConfig, stage: LoopStage, stage_index: int,
                            worker: WorkerInfo) -> BatchSource:
-        """Batches from ``stage.sources`` for this worker."""
+        """This worker's batches for stage ``stage_index`` (the components know its data)."""
         ...
 
     def build_task_sampler(self, mix: dict[str, float], seed: int) -> TaskSampler:

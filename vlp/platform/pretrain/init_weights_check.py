@@ -13,17 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.pretrain.config import ExperimentConfig
+from vlp.platform.pretrain.config import ExperimentConfig, ModelSection
 
 NEEDS_A_FILE = ("minilm", "bert", "uniter")     # inits that read weights
 
 
-def model_kwargs(cfg: ExperimentConfig, setup: Any) -> dict[str, Any]:
+def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
     """``create_model``'s arguments for this run: what the workers build
     (``PretrainComponents.build_model``) and what the driver checks here."""
-    p = cfg.model.dropout
+    p = model.dropout
     vocab = setup.vocab_size if setup.vocab_size != setup.preprocess.vocab_size else None
-    return dict(family=setup.family, tasks=list(setup.tasks), init=cfg.model.init_spec(),
+    return dict(family=setup.family, tasks=list(setup.tasks), init=model.init_spec(),
                 region_feat_dim=setup.feature_dim or 2048,
                 num_classes=setup.num_classes or 1601, vocab_size=vocab,
                 overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
@@ -42,7 +42,7 @@ def check_init_weights(cfg: ExperimentConfig, setup: Any) -> None:
     where = cfg.model.init_path or f"the packaged {cfg.model.init} weights"
     try:
         with torch.device("meta"):
-            create_model(**model_kwargs(cfg, setup))
+            create_model(**model_kwargs(cfg.model, setup))
     except Exception as e:      # any failure to read or place the file is the file's problem
         cause = " ".join(str(e).split()) or type(e).__name__
         kind = "" if type(e).__name__ == "CheckpointError" else f"{type(e).__name__}: "

@@ -1,0 +1,156 @@
+"""The general training loop on Ray Train workers: one ``LoopConfig`` and the job's
+``Components`` in, a ``LoopResult`` out. Pretraining (``pretrain/run.py``) and finetuning
+(``finetune/run.py``) each resolve and check their own config once, build a ``LoopConfig``
+and a tracking spec, and call ``run_loop``.
+
+Re-running with the same run name and storage resumes from the last checkpoint (Ray Train's
+own resume) and re-attaches to the same MLflow run (the spec's ``key``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlp.platform.cluster import run_storage
+from vlp.platform.tracking.mlflow_run import (embedded_artifact_location, embedded_tracking_uri,
+                                              run_key)
+from vlp.platform.training import checkpointing
+from vlp.platform.training.config import LoopConfig
+from vlp.platform.training.engine import deepspeed_config
+from vlp.platform.training.loop import train_loop_per_worker
+from vlp.platform.training.protocols import Components
+
+
+@dataclass
+class LoopResult:
+    run_dir: str                          # Ray Train run folder: checkpoints live here
+    checkpoint_path: str | None           # the latest checkpoint (the final one if completed)
+    final_step: int
+    completed: bool                       # False when stopped by train.stop_after
+    history: list[dict[str, Any]]         # per-step records of the last attempt (rank 0)
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)   # Ray's metrics of that checkpoint
+    return_value: dict[str, Any] = field(default_factory=dict)
+
+
+def tracking_spec(loop: LoopConfig, *, enabled: bool, tracking_uri: str, experiment: str,
+                  output_dir: str, params: dict[str, str], config_text: str, job: str,
+                  parent_run_id: str | None = None) -> dict[str, Any]:
+    """How rank 0 finds and fills its MLflow run. The key is derived from the storage root
+    and the run name (never the job's working folder), so a restarted worker or a re-run
+    driver, also one submitted after a code edit, attaches to the same run. ``params`` and
+    ``config_text`` are the job's own config (flattened, as YAML): the run records what the
+    user wrote, not the loop's projection of it."""
+    uses_embedded = tracking_uri == embedded_tracking_uri(output_dir)
+    storage = run_storage.open_location(loop.storage)
+    artifacts = None
+    if uses_embedded:
+        artifacts = (embedded_artifact_location(output_dir) if storage.is_local
+                     else storage.uri("mlartifacts"))
+    return {
+        "enabled": enabled,
+        "tracking_uri": tracking_uri,
+        "experiment": experiment,
+        "run_name": loop.name,
+        "key": run_key(loop.storage, loop.name),
+        "parent_run_id": parent_run_id,
+        "artifact_location": artifacts,
+        "storage": loop.storage,
+        "deepspeed_config": deepspeed_config(loop, loop.scaling.num_workers),
+        "params": params,
+        "config_text": config_text,
+        "tags": {"vlp.job": job, "vlp.model_family": loop.family},
+    }
+
+
+def resume_problem(loop: LoopConfig) -> str | None:
+    """Why the checkpoint this run would resume from does not fit ``loop`` (other stages,
+    another worker count), or None (no checkpoint, or one that fits)."""
+    storage = run_storage.open_location(loop.storage)
+    meta = storage.latest_checkpoint_meta(loop.name)
+    if meta is None:
+        return None
+    problem = checkpointing.resume_problem(meta, loop.stage_steps(), loop.scaling.num_workers)
+    return f"run {loop.name!r} in {storage.root}: {problem}" if problem else None
+
+
+def run_loop(loop: LoopConfig, components: Components, tracking: dict[str, Any], *,
+             callbacks: list[Any] | None = None) -> LoopResult:
+    """Run (or resume) ``loop`` on Ray Train workers. The caller has resolved and checked
+    its config (storage, tracking store, resume); ``callbacks`` are
+    ``ray.train.UserCallback``s (e.g. Tune's ``TuneReportCallback``)."""
+    import ray.train
+
+    from vlp.platform.training.fail_once import FailOnceTorchTrainer
+    from vlp.platform.training.failures import remove_if_empty, setup_error_of
+
+    storage = run_storage.open_location(loop.storage)
+    run_dir = storage.uri(loop.name)
+    s = loop.scaling
+    # a set-up error in a worker (config, data, checkpoint) is raised at once, not retried
+    trainer = FailOnceTorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": loop, "components": components, "tracking": tracking,
+                           "run_dir": run_dir},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=s.num_workers, use_gpu=s.use_gpu,
+            placement_strategy=s.placement_strategy,
+            accelerator_type=s.accelerator_type or None,
+            resources_per_worker={"CPU": s.cpus_per_worker,
+                                  **({"GPU": 1} if s.use_gpu else {})}),
+        run_config=ray.train.RunConfig(
+            name=loop.name, **storage.ray_storage(),
+            failure_config=ray.train.FailureConfig(max_failures=loop.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=loop.checkpoint_keep),
+            callbacks=callbacks or None),
+        datasets=components.datasets(loop) or None,
+        # optional Components.dataset_config(loop): Ray Train's ingest options (a
+        # ray.train.DataConfig, e.g. preserve_order for deterministic streams)
+        dataset_config=getattr(components, "dataset_config", lambda c: None)(loop),
+    )
+    try:
+        result = trainer.fit()
+    except BaseException as e:
+        _mark_failed(tracking)
+        remove_if_empty(run_dir)        # no checkpoint yet: leave no folder that looks like a run
+        cause = setup_error_of(e)
+        if cause is not None:
+            raise cause from None       # its one line, not Ray's per-rank report
+        raise
+    value = result.return_value or {}
+    return LoopResult(
+        run_dir=run_dir,
+        checkpoint_path=storage.uri(loop.name, Path(result.checkpoint.path).name)
+        if result.checkpoint else None,
+        final_step=int(value.get("final_step", 0)),
+        completed=bool(value.get("completed", False)),
+        history=list(value.get("history", [])),
+        mlflow_run_id=value.get("mlflow_run_id"),
+        tracking_uri=tracking["tracking_uri"] if tracking["enabled"] else None,
+        metrics=dict(result.metrics or {}),
+        return_value=value,
+    )
+
+
+def _mark_failed(spec: dict[str, Any]) -> None:
+    """fit() gave up (retries exhausted, or interrupted): close the job's MLflow run as
+    FAILED so the UI does not show it running forever."""
+    if not spec["enabled"]:
+        return
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(spec["tracking_uri"])
+        exp = client.get_experiment_by_name(spec["experiment"])
+        if exp is None:
+            return
+        runs = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.`vlp.run_key` = '{spec['key']}'",
+                                  max_results=1)
+        if runs and runs[0].info.status == "RUNNING":
+            client.set_terminated(runs[0].info.run_id, status="FAILED")
+    except Exception:
+        pass  # the training error is the one to show
