@@ -16,7 +16,7 @@ from vlp.datasets.storage.world import load_manifest
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.finetune import checkpoint as ckpt
+from vlp.platform.training import pretrained_weights as ckpt
 from vlp.platform.finetune import load_finetune_config
 from vlp.platform.finetune.preflight import prepare
 from vlp.platform.finetune.run import components_for

@@ -134,7 +134,7 @@ def test_finetune_reads_a_pretraining_checkpoint_from_s3(s3, tmp_path, monkeypat
     meta and the model states are fetched, into a cache keyed by the URI."""
     from test_finetune_tracking import fake_pretraining_checkpoint
 
-    from vlp.platform.finetune import checkpoint as ckpt
+    from vlp.platform.training import pretrained_weights as ckpt
 
     for k, v in s3.env.items():
         monkeypatch.setenv(k, v)

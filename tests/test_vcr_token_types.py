@@ -19,7 +19,7 @@ from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
 from vlp.models.heads import extend_for
-from vlp.platform.finetune import checkpoint as ckpt
+from vlp.platform.training import pretrained_weights as ckpt
 
 torch.set_num_threads(1)
 CLS, SEP, PAD = 101, 102, 0

@@ -13,7 +13,7 @@ def attribute_accuracy(checkpoint: str, world: str, family: str = "uniter-tiny",
                        split: str = "val", captions: int = 1000) -> dict[str, float]:
     from vlp.datasets.storage.world import load_manifest
     from vlp.models import create_model
-    from vlp.platform.finetune import checkpoint as ckpt
+    from vlp.platform.training import pretrained_weights as ckpt
 
     weights = ckpt.read(checkpoint)
     if "heads.mlm.decoder.weight" not in weights.state and "heads.mlm.bias" not in weights.state:

@@ -31,8 +31,6 @@ from typing import Any, Mapping
 import torch
 
 MODEL_CARD = "vlp_model.json"
-TRAINER_META = "vlp_trainer.json"          # vlp.platform.training.checkpointing.META_FILE
-DEEPSPEED_MODULE_FILE = "mp_rank_00_model_states.pt"
 WORD_EMBEDDINGS = "backbone.text_embeddings.word_embeddings.weight"
 UNITER_WORD_EMBEDDINGS = "uniter.embeddings.word_embeddings.weight"
 
@@ -65,44 +63,14 @@ def _card(path: Path) -> dict:
     return {}
 
 
-def _deepspeed_module(folder: Path) -> dict[str, torch.Tensor]:
-    meta = json.loads((folder / TRAINER_META).read_text())
-    tag = meta.get("tag")
-    if not tag:
-        latest = folder / "latest"
-        tag = latest.read_text().strip() if latest.is_file() else None
-    file = folder / str(tag) / DEEPSPEED_MODULE_FILE
-    if not file.is_file():
-        raise ItmCheckpointError(f"{folder}: a vlp pretraining checkpoint, but {file} is "
-                                 f"missing (ZeRO-3 partitions the weights; stages 0-2 keep them "
-                                 f"whole there)")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - the message names the refused object
-        raise ItmCheckpointError(f"{file}: refused by torch.load(weights_only=True) "
-                                 f"({str(e).splitlines()[0]}); export the module weights "
-                                 f"with torch.save(model.state_dict()) and pass that file"
-                                 ) from None
-    module = state.get("module") if isinstance(state, Mapping) else None
-    if not isinstance(module, Mapping):
-        raise ItmCheckpointError(f"{file}: no 'module' state_dict in the DeepSpeed file")
-    return {k.removeprefix("module."): v for k, v in module.items()}
-
-
 def read_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], str]:
     """(state_dict, layout) from a weights file or a vlp pretraining checkpoint folder."""
-    from vlp.models.checkpoints import CheckpointError, read_state_dict
-    path = Path(path)
-    if path.is_dir() and not (path / TRAINER_META).is_file():
-        runs = sorted(c for c in path.glob("checkpoint_*") if (c / TRAINER_META).is_file())
-        path = runs[-1] if runs else path        # a run folder: its latest checkpoint
-    if path.is_dir() and (path / TRAINER_META).is_file():
-        state = _deepspeed_module(path)
-    else:
-        try:
-            state = read_state_dict(path)
-        except CheckpointError as e:
-            raise ItmCheckpointError(str(e)) from None
+    from vlp.models.checkpoints import CheckpointError
+    from vlp.platform.training import pretrained_weights
+    try:
+        state = pretrained_weights.read(path).state
+    except CheckpointError as e:
+        raise ItmCheckpointError(str(e)) from None
     if any(k.startswith("uniter.") for k in state):
         return state, "uniter"
     if any(k.startswith("backbone.") for k in state):
@@ -123,7 +91,7 @@ def load_scoring_model(path: str | os.PathLike, *, region_feat_dim: int, num_cla
     vocab = state.get(WORD_EMBEDDINGS, state.get(UNITER_WORD_EMBEDDINGS))
     vocab_size = None if vocab is None else int(vocab.shape[0])
     family = family or card.get("family") or (
-        _family_of(state, region_feat_dim, num_classes, vocab_size) if layout == "vlp" else None)
+        _family_of(state, region_feat_dim) if layout == "vlp" else None)
     if not family:
         raise ItmCheckpointError(f"{path}: the checkpoint does not say which model family "
                                  f"built it: pass --family (e.g. uniter-base) or put a "
@@ -159,25 +127,8 @@ def load_scoring_model(path: str | os.PathLike, *, region_feat_dim: int, num_cla
     return ScoringModel(model, bundle.preprocess, str(path), report.summary())
 
 
-def _family_of(state: Mapping[str, torch.Tensor], feat_dim: int, num_classes: int,
-               vocab_size: int | None) -> str | None:
+def _family_of(state: Mapping[str, torch.Tensor], feat_dim: int) -> str | None:
     """The one registered family whose backbone has exactly the checkpoint's tensors."""
-    from vlp.models import FAMILIES, VLPModel, get_family
-    have = {k: tuple(v.shape) for k, v in state.items() if k.startswith("backbone.")}
-    found = []
-    for name in FAMILIES:
-        cfg = get_family(name)
-        if "itm" not in cfg.tasks:
-            continue
-        if vocab_size is not None:
-            cfg = cfg.replace({"transformer.vocab_size": vocab_size})
-        try:
-            with torch.device("meta"):
-                model = VLPModel(cfg, ["itm"], feat_dim=feat_dim, num_classes=num_classes)
-        except Exception:  # noqa: BLE001 - a family that cannot be built so is not this one
-            continue
-        want = {k: tuple(v.shape) for k, v in model.state_dict().items()
-                if k.startswith("backbone.")}
-        if want == have:
-            found.append(name)
+    from vlp.platform.training.pretrained_weights import PretrainedWeights, matching_families
+    found = matching_families(PretrainedWeights("", dict(state)), feat_dim)
     return found[0] if len(found) == 1 else None

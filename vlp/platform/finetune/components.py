@@ -25,7 +25,7 @@ from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
 from vlp.models.heads import DownstreamModel, build_head, extend_for
-from vlp.platform.finetune import checkpoint as ckpt
+from vlp.platform.training import pretrained_weights as ckpt
 from vlp.benchmarks import BenchmarkContext, get_benchmark
 from vlp.benchmarks.eval_runner import EvalRunner
 

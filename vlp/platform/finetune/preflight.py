@@ -15,7 +15,7 @@ from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.datasets.storage.world import WorldError, load_manifest
 from vlp.models import get_family
 from vlp.models.factory import preprocess_spec
-from vlp.platform.finetune import checkpoint as ckpt
+from vlp.platform.training import pretrained_weights as ckpt
 from vlp.benchmarks import get_benchmark
 from vlp.platform.finetune.config import FinetuneConfig
 

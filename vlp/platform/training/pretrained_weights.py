@@ -1,6 +1,8 @@
-"""Pretrained weights for finetuning: find them, check they fit, load them.
+"""Pretrained weights out of a checkpoint: find them, check they fit, load them. The one
+reader of what the training loop writes (``checkpointing``), used by finetuning, zero-shot
+evaluation, curation's ITM scorer and the probes.
 
-``--checkpoint`` may name: a checkpoint folder written by the pretraining loop (Ray Train
+A checkpoint path (``--checkpoint``) may name: a checkpoint folder written by the pretraining loop (Ray Train
 checkpoint holding a DeepSpeed checkpoint: ``vlp_trainer.json`` + ``<tag>/mp_rank_00_model_
 states.pt``), a pretraining *run* folder (its latest ``checkpoint_*`` is taken), or a plain
 state-dict file of a ``VLPModel`` (``.pt`` / ``.safetensors``). Everything loads with
