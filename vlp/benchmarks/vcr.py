@@ -5,10 +5,10 @@ both stages right (the rationale scored given the right answer, VCR's protocol).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from vlp.datasets.downstream.vcr import VcrData
+from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head, extend_for, layout_types
 from vlp.benchmarks.metrics import vcr_scores
 from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
@@ -17,8 +17,7 @@ from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults,
 STAGES = {"both": ("q2a", "qa2r"), "q2a": ("q2a",), "qa2r": ("qa2r",)}
 
 
-@dataclass
-class VcrOptions:
+class VcrOptions(ConfigModel):
     train_stages: Literal["both", "q2a", "qa2r"] = "both"
 
 

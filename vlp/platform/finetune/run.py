@@ -12,7 +12,6 @@ and one MLflow child run; evaluation happens on the same workers right after tra
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -119,7 +118,7 @@ def with_tracking_env(cfg: FinetuneConfig) -> FinetuneConfig:
     """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI`` (``tracking_choice``); still ""
     means the pretraining run's store if found, else the embedded one."""
     uri = cfg.mlflow.tracking_uri or os.environ.get(TRACKING_ENV, "")
-    return dataclasses.replace(cfg, mlflow=dataclasses.replace(cfg.mlflow, tracking_uri=uri))
+    return cfg.model_copy(update=dict(mlflow=cfg.mlflow.model_copy(update=dict(tracking_uri=uri))))
 
 
 def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
@@ -141,7 +140,7 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
         params = {f"finetune.{k}": v for k, v in flatten({
             "benchmark": name, "init": cfg.model.init, "checkpoint": cfg.model.checkpoint,
             "checkpoint_step": prepared.checkpoint_step, "batch_size": batch_size,
-            "eval_split": cfg.eval.split, "options": dataclasses.asdict(options)}).items()}
+            "eval_split": cfg.eval.split, "options": options.model_dump()}).items()}
         tracking.log_benchmark(parent.tracking_uri, result.mlflow_run_id, params,
                                report.metrics, report.predictions)
     return report
@@ -173,7 +172,7 @@ def experiment_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
         "optimizer": {"lr": lr, "betas": list(t.betas), "weight_decay": t.weight_decay,
                       "grad_clip": t.grad_clip,
                       "warmup_steps": min(int(t.warmup_fraction * steps), steps - 1)},
-        "scaling": dataclasses.asdict(cfg.scaling),
+        "scaling": cfg.scaling.model_dump(),
         "checkpoint": {"interval": steps, "keep": 1},
         "mlflow": {"enabled": parent is not None,
                    "tracking_uri": parent.tracking_uri if parent else "",

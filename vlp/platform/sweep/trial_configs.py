@@ -96,7 +96,7 @@ def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> 
         folder = Path(cfg.sweep.output_dir) / "text-init" / f"{cfg.model.family}-{tag}"
         text = "bert:" + make_text_init(cfg.model.family, world=cfg.world, out=str(folder),
                                         seed=cfg.sweep.seed, say=say)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_init=text))
+    return cfg.model_copy(update=dict(model=cfg.model.model_copy(update=dict(text_init=text))))
 
 
 def text_init_checkpoint(cfg: SweepConfig) -> str:
