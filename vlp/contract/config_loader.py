@@ -7,7 +7,8 @@ on an element type, ``Annotated[float, Field(lt=1)]``); unknown keys are errors
 Iterable[(key, message)]`` method, with keys relative to that model, run by a
 ``model_validator`` when the config is loaded. Every problem found is reported at once, each
 naming its dotted key and what was expected (``vlp.contract.config_errors``), in one
-``ConfigError``.
+``ConfigError``; a model's cross-field rules run once its own fields and sections are valid
+(so they never see a wrong type).
 """
 
 from __future__ import annotations
