@@ -70,8 +70,7 @@ def test_data_section_offers_every_pipeline_option_the_model_does_not_decide():
             call_default_factory=True), name
     # the one renamed option: its YAML key in the experiment config, its checks shared
     assert defaults.batch_input_units == defaults.batch_units
-    problems = DataSection.model_fields["batch_units"].alias
-    assert problems == "batch_input_units"
+    assert DataSection.model_fields["batch_units"].alias == "batch_input_units"
 
 
 def test_finetune_default_lr_scales_with_width_and_a_set_lr_is_kept():
