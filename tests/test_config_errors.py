@@ -53,6 +53,15 @@ def test_choices_types_and_missing_keys_read_as_before():
     assert p["data.sources.coco"] == "expected a mapping, got 3 (int)"
 
 
+def test_a_boolean_is_no_number_and_a_number_no_boolean():
+    p = problems("train.log_every=true", "optimizer.lr=false", "scaling.use_gpu=1")
+    assert p == {"train.log_every": "expected an integer, got True (bool)",
+                 "optimizer.lr": "expected a number, got False (bool)",
+                 "scaling.use_gpu": "expected true or false, got 1 (int)"}
+    cfg = load_experiment_config(data=BASE, overrides=["optimizer.lr=5e-4", "train.compile=yes"])
+    assert cfg.optimizer.lr == 5e-4 and cfg.train.compile is True   # YAML's own readings
+
+
 def test_the_error_is_one_line_per_problem_and_names_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("run: {name: t}\ntrain: {steps: 10, precison: bf16}\n"

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
+from pydantic import (BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from vlp.contract.config_errors import (PROBLEMS_TYPE, ConfigError, ProblemsError, join,
@@ -73,6 +74,18 @@ class ConfigModel(BaseModel):
     def validate(self) -> Iterable[tuple[str, str]]:   # type: ignore[override]
         """Cross-field problems as ``(key relative to this model, message)``."""
         return ()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic's lax mode reads ``true`` as 1 and 1 as ``true``: a YAML slip that
+        vlp refuses, as it always did."""
+        tp = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if tp is bool and not isinstance(value, bool):
+            raise PydanticCustomError("bool_type", "expected true or false")
+        if tp in (int, float) and isinstance(value, bool):
+            raise PydanticCustomError(f"{tp.__name__}_type", "expected a number")
+        return value
 
     @model_validator(mode="before")
     @classmethod
