@@ -206,8 +206,7 @@ def test_missing_image_ids_are_named_and_counted(cfg, tiny_world, tmp_path):
 
 
 def data_config_for_world(cfg, world):
-    import dataclasses
-    return dataclasses.replace(cfg, world=str(world))
+    return cfg.model_copy(update={"world": str(world)})
 
 
 def test_refexp_labels_detected_by_iou_and_gt_by_index(cfg):

@@ -37,13 +37,19 @@ def problems_of(excinfo):
     (dict(overlong="cut"), "overlong"),
     (dict(batch_units=50), "batch_units"),          # cannot hold one 60-token + 100-region example
     (dict(regions=RegionConfig(min_regions=20, max_regions=10)), "regions.max_regions"),
-    (dict(regions=RegionConfig(conf_threshold=1.2)), "regions.conf_threshold"),
+    (dict(regions={"conf_threshold": 1.2}), "regions.conf_threshold"),
     (dict(split="dev"), "split"),
 ])
 def test_config_errors_name_the_key(world, kw, key):
     with pytest.raises(DataConfigError) as e:
         cfg(world, **kw)
     assert key in problems_of(e), e.value.problems
+
+
+def test_a_section_checks_its_own_limits_when_built():
+    with pytest.raises(DataConfigError, match=r"conf_threshold: expected a finite number ≥ 0 "
+                                              r"and < 1, got 1.2"):
+        RegionConfig(conf_threshold=1.2)
 
 
 def test_source_weight_errors(world):

@@ -3,13 +3,12 @@ and their fit to the family); the paper configs hold the papers' settings. No co
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from vlp.datasets.stream.data_config import DataConfig
-from vlp.platform.pretrain.config import DATA_CONFIG_NAMES, DataSection
+from vlp.datasets.stream.data_config import DataConfig, PipelineOptions
+from vlp.platform.pretrain.config import DataSection
 from vlp.platform.finetune.config import load_finetune_config
 from vlp.platform.pretrain.data import check_model_and_tasks
 from vlp.platform.pretrain.job import load_pretrain_config
@@ -59,16 +58,19 @@ def test_imagebert_two_stage_runs_the_same_tasks_in_each_stage():
 
 
 def test_data_section_offers_every_pipeline_option_the_model_does_not_decide():
-    section = {DATA_CONFIG_NAMES.get(f.name, f.name) for f in dataclasses.fields(DataSection)}
-    pipeline = {f.name for f in dataclasses.fields(DataConfig)}
+    assert issubclass(DataSection, PipelineOptions) and issubclass(DataConfig, PipelineOptions)
+    section = set(DataSection.model_fields) - {"sources"}
+    pipeline = set(DataConfig.model_fields) - {"sources"}
     assert pipeline - section == {"visual", "location", "image_feat", "pixels", "seed",
                                   "text_segment_types"}   # model.token_types decides it
-    assert section <= pipeline
+    assert section == set(PipelineOptions.model_fields)
     defaults = DataSection()
-    for f in dataclasses.fields(DataConfig):     # one definition: the pipeline's defaults
-        name = {v: k for k, v in DATA_CONFIG_NAMES.items()}.get(f.name, f.name)
-        if name in section and f.default is not dataclasses.MISSING:
-            assert getattr(defaults, name) == f.default, name
+    for name in section:           # one definition: the pipeline's defaults
+        assert getattr(defaults, name) == DataConfig.model_fields[name].get_default(
+            call_default_factory=True), name
+    # the one renamed option: its YAML key in the experiment config, its checks shared
+    assert defaults.batch_input_units == defaults.batch_units
+    assert DataSection.model_fields["batch_units"].alias == "batch_input_units"
 
 
 def test_finetune_default_lr_scales_with_width_and_a_set_lr_is_kept():

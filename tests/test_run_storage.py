@@ -4,7 +4,6 @@ cannot reach it; and the finetune reader taking a checkpoint from S3 (moto's ser
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -82,7 +81,8 @@ def test_resume_discovery_reads_the_newest_checkpoint_through_the_storage(no_env
     # the preflight sees it: step 10 does not fit a 4-step run
     cfg = resolve(config(storage=str(tmp_path)))
     with pytest.raises(ValueError, match="step 10"):
-        preflight(dataclasses.replace(cfg, mlflow=dataclasses.replace(cfg.mlflow, enabled=False)))
+        mlflow = cfg.mlflow.model_copy(update=dict(enabled=False))
+        preflight(cfg.model_copy(update=dict(mlflow=mlflow)))
 
 
 def test_multi_node_refuses_storage_other_nodes_cannot_read(no_env, tmp_path):

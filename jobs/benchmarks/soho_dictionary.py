@@ -36,12 +36,10 @@ TARGET_USED, TARGET_PER_IMAGE = 0.5, 4.0
 
 def probe_images(plan, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` images (pixels [3, H, W], mask [H, W]) from a stream of another seed."""
-    import dataclasses
-
     from vlp.datasets.stream.data_plan import plan_data
     from vlp.datasets.stream.local_stream import local_batches
 
-    other = plan_data(dataclasses.replace(plan.config, seed=plan.config.seed + 7919),
+    other = plan_data(plan.config.model_copy(update=dict(seed=plan.config.seed + 7919)),
                       list(TASKS))
     src, out = local_batches(other), []
     try:

@@ -3,8 +3,9 @@
 Each benchmark file defines one :class:`Benchmark` subclass and registers it. The platform
 (components, driver, commands) only talks to this interface:
 
-- ``Options``: a dataclass of the benchmark's own settings (NLVR2 variant, retrieval loss…),
-  loaded with the platform's typed config loader, so a typo is an error naming the key;
+- ``Options``: a typed config model of the benchmark's own settings (NLVR2 variant,
+  retrieval loss…), loaded with the platform's typed config loader, so a typo is an error
+  naming the key;
 - ``defaults``: training steps, batch size and learning rate for the synthetic world;
 - ``train_data`` / ``eval_data``: adapters from ``vlp.datasets.downstream``;
 - ``build_head``: the head from ``vlp.models.heads`` (extending token types if needed);
@@ -14,7 +15,6 @@ Each benchmark file defines one :class:`Benchmark` subclass and registers it. Th
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,7 +24,7 @@ from torch import nn
 from vlp.datasets.downstream import DownstreamDataConfig
 from vlp.models import VLBackbone
 from vlp.models.heads import DownstreamHead
-from vlp.contract.config_loader import ConfigError, from_dict
+from vlp.contract.config_loader import ConfigError, ConfigModel, from_dict
 from vlp.benchmarks.eval_runner import EvalRunner
 from vlp.benchmarks.meta_sum import parts_of
 
@@ -36,8 +36,7 @@ class TrainDefaults:
     lr: float
 
 
-@dataclass
-class NoOptions:
+class NoOptions(ConfigModel):
     pass
 
 
@@ -87,7 +86,7 @@ class Benchmark:
             raise ConfigError([(f"{key}.{k}" if key else k, m) for k, m in e.problems]) from None
 
     def option_names(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self.Options)]
+        return list(self.Options.model_fields)
 
     def check(self, ctx: BenchmarkContext) -> None:
         """Raise (naming the cause) when the benchmark cannot run with this model and data;

@@ -6,18 +6,17 @@ the model already reads regions)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from vlp.datasets.downstream.nlvr2 import Nlvr2Data
+from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head, extend_for, layout_types
 from vlp.benchmarks.accuracy import accuracy
 from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps)
 from vlp.benchmarks.registry import register
 
 
-@dataclass
-class Nlvr2Options:
+class Nlvr2Options(ConfigModel):
     variant: Literal["triplet", "pair", "pair-biattn"] = "pair-biattn"   # UNITER's best
 
 

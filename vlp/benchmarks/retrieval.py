@@ -12,28 +12,27 @@ zero-shot, straight from the ITM head.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from vlp.datasets.downstream.retrieval import RetrievalData
 from vlp.models.heads import build_head
-from vlp.contract.config_loader import bounded
+from vlp.contract.config_loader import ConfigModel
 from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
 from vlp.benchmarks.registry import register
 
 TOP = 10
 
 
-@dataclass
-class RetrievalOptions:
+class RetrievalOptions(ConfigModel):
     loss: Literal["margin", "bce", "mce", "triplet"] = "margin"
-    margin: float = bounded(0.2, gt=0)
-    negatives: int = bounded(1, gt=0)          # per side per positive (UNITER: 1 + 1)
+    margin: float = Field(0.2, gt=0)
+    negatives: int = Field(1, gt=0)          # per side per positive (UNITER: 1 + 1)
     hard_negatives: bool = False               # mine the top ``negatives`` of the candidates
-    hard_candidates: int = bounded(16, gt=1)   # candidates per side scored without gradients
-    eval_pairs_per_batch: int = bounded(512, gt=0)
+    hard_candidates: int = Field(16, gt=1)   # candidates per side scored without gradients
+    eval_pairs_per_batch: int = Field(512, gt=0)
 
     def validate(self):
         if self.hard_negatives and self.hard_candidates <= self.negatives:

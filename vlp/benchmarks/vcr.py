@@ -6,12 +6,12 @@ both stages right (the rationale scored given the right answer, VCR's protocol).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from vlp.datasets.downstream.vcr import VcrData
+from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head, extend_for, layout_types
 from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
 from vlp.benchmarks.registry import register
@@ -19,8 +19,7 @@ from vlp.benchmarks.registry import register
 STAGES = {"both": ("q2a", "qa2r"), "q2a": ("q2a",), "qa2r": ("qa2r",)}
 
 
-@dataclass
-class VcrOptions:
+class VcrOptions(ConfigModel):
     train_stages: Literal["both", "q2a", "qa2r"] = "both"
 
 

@@ -6,25 +6,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from vlp.datasets.downstream.vqa import AnswerVocab, VqaData
 from vlp.datasets.storage.world import load_manifest
 from vlp.models.heads import build_head
-from vlp.contract.config_loader import bounded
+from vlp.contract.config_loader import ConfigModel
 from vlp.benchmarks.base import (Benchmark, BenchmarkContext, EvalResult, TrainDefaults,
                                  hidden_size, layer_norm_eps)
 from vlp.benchmarks.registry import register
 
 
-@dataclass
-class VqaOptions:
-    max_answers: int = bounded(3129, gt=0)   # VQA v2: the 3129 most frequent answers
-    min_count: int = bounded(1, gt=0)        # questions whose majority answer it is (BUTD: 9)
+class VqaOptions(ConfigModel):
+    max_answers: int = Field(3129, gt=0)   # VQA v2: the 3129 most frequent answers
+    min_count: int = Field(1, gt=0)        # questions whose majority answer it is (BUTD: 9)
 
 
 @lru_cache(maxsize=4)

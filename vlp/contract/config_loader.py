@@ -1,57 +1,110 @@
-"""Typed configs: dataclasses loaded from YAML, overridden with ``--set key.sub=value``, and
-validated before any compute starts.
+"""Typed configs: pydantic models loaded from YAML, overridden with ``--set key.sub=value``,
+and validated before any compute starts.
 
-A config is a tree of dataclasses. Leaves are ``int``, ``float``, ``str``, ``bool``,
-``Literal[...]``, ``Optional[...]``, ``list[...]``, ``tuple[...]`` and ``dict[str, ...]``.
-Range limits live in the field metadata (``bounded(...)``); cross-field rules live in an
-optional ``validate(self) -> Iterable[(key, message)]`` method on any dataclass in the tree,
-with keys relative to that dataclass. Every problem found is reported at once, each naming its
-dotted key and what was expected, in one ``ConfigError``.
+A config is a tree of :class:`ConfigModel` s. Range limits are pydantic's (``Field(ge=...)``;
+on an element type, ``Annotated[float, Field(lt=1)]``); unknown keys are errors
+(``extra="forbid"``); cross-field rules live in an optional ``validate(self) ->
+Iterable[(key, message)]`` method, with keys relative to that model, run by a
+``model_validator`` when the config is loaded. Every problem found is reported at once, each
+naming its dotted key and what was expected (``vlp.contract.config_errors``), in one
+``ConfigError``; a model's cross-field rules run once its own fields and sections are valid
+(so they never see a wrong type).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import math
 import re
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, ClassVar, TypeVar
 
 import yaml
+from pydantic import (BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
-T = TypeVar("T")
+from vlp.contract.config_errors import (PROBLEMS_TYPE, ConfigError, ProblemsError, join,
+                                        problems_of)
+
+__all__ = ["ConfigError", "ConfigModel", "load_config", "from_dict", "apply_overrides",
+           "to_dict", "to_yaml", "redact", "flatten"]
+
+T = TypeVar("T", bound="ConfigModel")
 
 # MLflow refuses param values longer than this
 _MAX_PARAM_LEN = 6000
 _SECRET_KEY = re.compile(r"(^|[_-])(password|passwd|secret|token|api_?key|credentials?)$", re.I)
-_URI_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]*)@")
+_URI_CREDENTIALS = re.compile(
+    r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]*)@")
+# validation context flag: the config is being loaded, so run the cross-field rules
+_LOADING = "vlp_loading"
 
 
-class ConfigError(ValueError):
-    """One or more config problems, each ``(dotted key, what was expected)``."""
+class ConfigModel(BaseModel):
+    """A config section. Built in code (``RunSection(seed=1)``, or positionally in field
+    order like the dataclasses these were) it checks types and limits, raising ``error``; its
+    cross-field ``validate`` rules run when it is loaded (``load_config``/``from_dict``), or
+    on every construction where ``validate_on_init`` says so, as before: a config built in
+    code may be completed step by step."""
 
-    def __init__(self, problems: Sequence[tuple[str, str]]):
-        self.problems = list(problems)
-        lines = [f"{key or '<root>'}: {msg}" for key, msg in self.problems]
-        if len(lines) == 1:
-            super().__init__(f"invalid config: {lines[0]}")
-        else:
-            super().__init__("invalid config:\n  " + "\n  ".join(lines))
+    # validate_default: a section left out of the YAML still has its cross-field rules run
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, coerce_numbers_to_str=True,
+                              validate_default=True)
+    error: ClassVar[type[ProblemsError]] = ConfigError
+    validate_on_init: ClassVar[bool] = False
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        if args:
+            names = list(type(self).model_fields)
+            if len(args) > len(names):
+                raise TypeError(f"{type(self).__name__} takes at most {len(names)} "
+                                f"positional arguments ({len(args)} given)")
+            kwargs.update(zip(names, args))
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as e:
+            raise self.error(problems_of(e, type(self))) from None
 
-def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None,
-            gt: float | None = None, le: float | None = None, lt: float | None = None,
-            default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with numeric limits, checked on load (applies to each element of a
-    list/tuple field too)."""
-    limits = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={"limits": limits})
+    # Like pydantic's RootModel: marked as the base __init__, so that validating a parent
+    # builds its sections directly (with the load context) rather than through this wrapper.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def validate(self) -> Iterable[tuple[str, str]]:   # type: ignore[override]
+        """Cross-field problems as ``(key relative to this model, message)``."""
+        return ()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic's lax mode reads ``true`` as 1 and 1 as ``true``: a YAML slip that
+        vlp refuses, as it always did."""
+        tp = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if tp is bool and not isinstance(value, bool):
+            raise PydanticCustomError("bool_type", "expected true or false")
+        if tp in (int, float) and isinstance(value, bool):
+            raise PydanticCustomError(f"{tp.__name__}_type", "expected a number")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_section(cls, data: Any) -> Any:
+        return {} if data is None else data     # ``mlflow:`` with nothing under it: defaults
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self, info: ValidationInfo) -> "ConfigModel":
+        if not (self.validate_on_init or (info.context or {}).get(_LOADING)):
+            return self
+        aliases = {name: f.alias for name, f in type(self).model_fields.items() if f.alias}
+        problems = []
+        for key, msg in self.validate() or ():
+            head, dot, rest = key.partition(".")
+            problems.append((aliases.get(head, head) + dot + rest, msg))
+        if problems:
+            raise PydanticCustomError(PROBLEMS_TYPE, "{count} config problem(s)",
+                                      {"problems": problems, "count": len(problems)})
+        return self
 
 
 # ---- loading ------------------------------------------------------------------------------
@@ -59,30 +112,28 @@ def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None,
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterable[str] = (),
                 *, data: Mapping[str, Any] | None = None) -> T:
     """Build ``cls`` from a YAML file (or a mapping), after applying ``key.sub=value``
-    overrides. Raises ``ConfigError`` listing every problem."""
+    overrides. Raises ``ConfigError`` listing every problem (and naming the file)."""
     raw: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text()
         loaded = yaml.safe_load(text) if text.strip() else {}
         if not isinstance(loaded, dict):
-            raise ConfigError([("", f"{path}: expected a YAML mapping at the top level, "
-                                    f"got {type(loaded).__name__}")])
+            raise ConfigError([("", f"expected a YAML mapping at the top level, "
+                                    f"got {type(loaded).__name__}")], path)
         raw = loaded
     if data is not None:
         raw = _deep_merge(raw, dict(data))
     raw = apply_overrides(raw, overrides)
-    return from_dict(cls, raw)
+    return from_dict(cls, raw, source=path)
 
 
-def from_dict(cls: type[T], raw: Mapping[str, Any]) -> T:
-    problems: list[tuple[str, str]] = []
-    value = _convert(cls, raw, "", problems)
-    if problems:
-        raise ConfigError(problems)
-    _run_validators(value, "", problems)
-    if problems:
-        raise ConfigError(problems)
-    return value
+def from_dict(cls: type[T], raw: Any, source: str | Path | None = None) -> T:
+    """Validate ``raw`` (YAML-like data) into ``cls``, cross-field rules included; raises
+    ``cls.error`` naming every problem."""
+    try:
+        return cls.model_validate(raw, context={_LOADING: True})
+    except ValidationError as e:
+        raise cls.error(problems_of(e, cls), source) from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -145,218 +196,12 @@ def _deep_merge(a: dict, b: dict) -> dict:
     return out
 
 
-# ---- conversion + type checks -------------------------------------------------------------
-
-def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
-    if tp is bool:
-        return "true or false"
-    if tp is type(None):
-        return "null"
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if origin in (list, Sequence):
-        return f"a list of {_plural(args[0])}"
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_plural(args[0])}"
-        return f"a list of {len(args)} items ({', '.join(_describe(a) for a in args)})"
-    if origin in (dict, Mapping):
-        return f"a mapping of names to {_plural(args[1])}"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _plural(tp: Any) -> str:
-    d = _describe(tp)
-    for article in ("an ", "a "):
-        if d.startswith(article):
-            return d[len(article):] + "s"
-    return d
-
-
-def _got(value: Any) -> str:
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"
-
-
-def _convert(tp: Any, value: Any, key: str, problems: list[tuple[str, str]]) -> Any:
-    """Return ``value`` converted to ``tp``; on a mismatch, record a problem and return it as
-    is (checking goes on so that every problem is reported)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-
-    if dataclasses.is_dataclass(tp):
-        return _convert_dataclass(tp, value, key, problems)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        if len(non_none) == 1:
-            return _convert(non_none[0], value, key, problems)
-        for a in non_none:  # first alternative that fits cleanly
-            trial: list[tuple[str, str]] = []
-            out = _convert(a, value, key, trial)
-            if not trial:
-                return out
-        problems.append((key, f"expected {_describe(tp)}, got {_got(value)}"))
-        return value
-    if origin is Literal:
-        if value in args and type(value) in {type(a) for a in args}:
-            return value
-        hint = _suggest(value, [str(a) for a in args]) if isinstance(value, str) else ""
-        problems.append((key, f"expected {_describe(tp)}, got {_got(value)}{hint}"))
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        problems.append((key, f"expected true or false, got {_got(value)}"))
-        return value
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        problems.append((key, f"expected an integer, got {_got(value)}"))
-        return value
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 5e-5 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        problems.append((key, f"expected a number, got {_got(value)}"))
-        return value
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        problems.append((key, f"expected a string, got {_got(value)}"))
-        return value
-    if origin in (list, Sequence) or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
-        if not isinstance(value, (list, tuple)):
-            problems.append((key, f"expected {_describe(tp)}, got {_got(value)}"))
-            return value
-        items = [_convert(args[0], v, _join(key, i), problems) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            problems.append((key, f"expected {_describe(tp)}, got {_got(value)}"))
-            return value
-        return tuple(_convert(a, v, _join(key, i), problems)
-                     for i, (a, v) in enumerate(zip(args, value)))
-    if origin in (dict, Mapping):
-        if not isinstance(value, dict):
-            problems.append((key, f"expected {_describe(tp)}, got {_got(value)}"))
-            return value
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                problems.append((_join(key, k), f"expected a string name, got {_got(k)}"))
-                continue
-            out[k] = _convert(args[1], v, _join(key, k), problems)
-        return out
-    if tp is Any:
-        return value
-    raise TypeError(f"config type {tp!r} at {key!r} is not supported by config_loader")
-
-
-def _suggest(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _convert_dataclass(cls: type, value: Any, key: str, problems: list[tuple[str, str]]) -> Any:
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        problems.append((key, f"expected a mapping, got {_got(value)}"))
-        return value
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for k in value:
-        if k not in fields:
-            where = f"unknown key (known: {', '.join(fields)})"
-            problems.append((_join(key, k), where + _suggest(str(k), fields)))
-    kwargs = {}
-    for name, f in fields.items():
-        sub = _join(key, name)
-        if name in value:
-            converted = _convert(hints[name], value[name], sub, problems)
-            _check_limits(f, converted, sub, problems)
-            kwargs[name] = converted
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            problems.append((sub, f"required: {_describe(hints[name])}"))
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError):  # already reported as problems above
-        return None
-
-
-def _check_limits(f: dataclasses.Field, value: Any, key: str, problems: list) -> None:
-    limits = f.metadata.get("limits")
-    if not limits:
-        return
-    items = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
-    for i, v in items:
-        k = key if i is None else _join(key, i)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            continue  # the type problem is already reported
-        bad = (not math.isfinite(v)
-               or ("ge" in limits and not v >= limits["ge"])
-               or ("gt" in limits and not v > limits["gt"])
-               or ("le" in limits and not v <= limits["le"])
-               or ("lt" in limits and not v < limits["lt"]))
-        if bad:
-            problems.append((k, f"expected a finite number {_range_text(limits)}, got {v!r}"))
-
-
-def _range_text(limits: dict) -> str:
-    parts = [f"{sym} {limits[k]}" for k, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"),
-                                                  ("lt", "<")) if k in limits]
-    return " and ".join(parts)
-
-
-def _run_validators(obj: Any, key: str, problems: list[tuple[str, str]]) -> None:
-    """Depth-first: children first, so that a parent's cross-field rules see valid parts."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            _run_validators(getattr(obj, f.name), _join(key, f.name), problems)
-        validate = getattr(obj, "validate", None)
-        if callable(validate):
-            for sub, msg in validate() or ():
-                problems.append((_join(key, sub), msg))
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _run_validators(v, _join(key, k), problems)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _run_validators(v, _join(key, i), problems)
-
-
 # ---- output -------------------------------------------------------------------------------
 
 def to_dict(config: Any) -> Any:
-    """Plain YAML/JSON-ready containers (tuples become lists)."""
+    """Plain YAML/JSON-ready containers (tuples become lists), with the keys a user writes."""
+    if isinstance(config, BaseModel):
+        return to_dict(config.model_dump(by_alias=True))
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
     if isinstance(config, dict):
@@ -388,11 +233,11 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
 def _flatten_into(data: Any, key: str, out: dict[str, str]) -> None:
     if isinstance(data, dict) and data:
         for k, v in data.items():
-            _flatten_into(v, _join(key, k), out)
+            _flatten_into(v, join(key, k), out)
         return
     if isinstance(data, list) and data and any(isinstance(v, (dict, list)) for v in data):
         for i, v in enumerate(data):
-            _flatten_into(v, _join(key, i), out)
+            _flatten_into(v, join(key, i), out)
         return
     if isinstance(data, (list, dict)):
         text = json.dumps(data)

@@ -7,24 +7,26 @@ encoding, feature width and region selection.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
+from pydantic import Field
+
+from vlp.contract.config_loader import ConfigModel
 from vlp.datasets.stream.data_config import PixelConfig, RegionConfig
 
 # PreprocessSpec.location_kind → the pipeline's LOCATION_FEATURES key
 LOCATION_OF_KIND = {"uniter7": "uniter", "imagebert5": "imagebert", "box4": "vlbert"}
 
 
-@dataclass(frozen=True)
-class DownstreamDataConfig:
+class DownstreamDataConfig(ConfigModel, frozen=True):
     world: str                                 # folder with manifest.json (vlp world)
-    visual: str = "regions"                    # "regions" | "pixels" (SOHO)
+    visual: Literal["regions", "pixels"] = "regions"   # pixels: SOHO
     location: str = "uniter"                   # key of vlp.datasets.stream.location.LOCATION_FEATURES
-    feature_dim: int = 0                       # D the model expects (0: take the shards')
+    feature_dim: int = Field(0, ge=0)          # D the model expects (0: take the shards')
     tokenizer_path: str | None = None          # None = the packaged uncased vocab
-    max_text_len: int = 60                     # word pieces per text segment (UNITER: 60)
-    regions: RegionConfig = field(default_factory=RegionConfig)
-    pixels: PixelConfig = field(default_factory=PixelConfig)
+    max_text_len: int = Field(60, ge=1)        # word pieces per text segment (UNITER: 60)
+    regions: RegionConfig = Field(default_factory=RegionConfig)
+    pixels: PixelConfig = Field(default_factory=PixelConfig)
     image_feat: bool = False                   # VL-BERT's whole-image feature
     image_source: str = "downstream"           # manifest source of the detected regions
     gt_sidecar: str = "gt_box_features"        # manifest sidecar: folder of image shards with

@@ -10,11 +10,12 @@ options class: an unknown benchmark, setting or option is an error naming its ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Annotated, Any, Iterable, Literal
 
-from vlp.contract.config_loader import ConfigError, bounded, load_config
+from pydantic import Field
+
+from vlp.contract.config_loader import ConfigError, ConfigModel, load_config
 from vlp.platform.pretrain.config import ScalingSection, _NAME
 from vlp.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
 from vlp.benchmarks import meta_sum
@@ -27,6 +28,7 @@ META_SUM_BENCHMARKS = list(meta_sum.BENCHMARKS)   # UNITER Table 3
 # scaled defaults lift RefCOCO+ 29 -> 71, VQA 45 -> 48, VE 67 -> 74, VCR Q->AR 22 -> 26. An lr
 # set in ``settings`` is taken as given.
 DEFAULT_LR_WIDTH = 768
+_Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 def default_lr_scale(family: str) -> float:
@@ -36,22 +38,20 @@ def default_lr_scale(family: str) -> float:
     return DEFAULT_LR_WIDTH / FAMILIES[family].transformer.hidden_size
 
 
-@dataclass
-class FtRunSection:
+class FtRunSection(ConfigModel):
     name: str = "finetune"         # runs are <output_dir>/<name>-<benchmark>
     output_dir: str = "runs"
     # the finetune runs' storage (folder or URI); "" = $VLP_STORAGE, else output_dir
     storage: str = ""
-    seed: int = bounded(0, ge=0)
-    max_failures: int = bounded(0, ge=-1)
+    seed: int = Field(0, ge=0)
+    max_failures: int = Field(0, ge=-1)
 
     def validate(self):
         if not _NAME.match(self.name):
             yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
 
 
-@dataclass
-class FtModelSection:
+class FtModelSection(ConfigModel):
     family: str = "uniter-tiny"
     # checkpoint: pretrained weights from ``checkpoint``; random: no pretraining (UNITER Table 3
     # line 1); minilm: the packaged text-only BERT weights (Table 3 line 2)
@@ -70,54 +70,49 @@ class FtModelSection:
             yield "checkpoint", f"only used with model.init: checkpoint (init is {self.init!r})"
 
 
-@dataclass
-class BenchmarkSettings:
-    steps: int = bounded(0, ge=0)          # 0 = the benchmark's default
-    batch_size: int = bounded(0, ge=0)     # examples per worker per step; 0 = default
-    lr: float = bounded(0.0, ge=0)         # 0 = default
-    options: dict[str, Any] = field(default_factory=dict)
+class BenchmarkSettings(ConfigModel):
+    steps: int = Field(0, ge=0)          # 0 = the benchmark's default
+    batch_size: int = Field(0, ge=0)     # examples per worker per step; 0 = default
+    lr: float = Field(0.0, ge=0)         # 0 = default
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
-@dataclass
-class FtTrainSection:
-    steps_scale: float = bounded(1.0, gt=0)        # multiplies every benchmark's steps
-    warmup_fraction: float = bounded(0.1, ge=0, lt=1)
-    weight_decay: float = bounded(0.01, ge=0)
-    betas: tuple[float, float] = bounded((0.9, 0.98), ge=0, lt=1)
-    grad_clip: float = bounded(2.0, ge=0)          # UNITER finetuning clips at 2.0
-    dropout: float = bounded(0.1, ge=0, lt=1)      # backbone hidden/attention dropout
+class FtTrainSection(ConfigModel):
+    steps_scale: float = Field(1.0, gt=0)        # multiplies every benchmark's steps
+    warmup_fraction: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.98)
+    grad_clip: float = Field(2.0, ge=0)          # UNITER finetuning clips at 2.0
+    dropout: float = Field(0.1, ge=0, lt=1)      # backbone hidden/attention dropout
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"   # auto: bf16 on GPU
     zero_stage: Literal[0, 1, 2] = 2
-    log_every: int = bounded(50, gt=0)
+    log_every: int = Field(50, gt=0)
     extensions_dir: str = ""
 
 
-@dataclass
-class FtEvalSection:
+class FtEvalSection(ConfigModel):
     split: Literal["val", "test"] = "val"          # UNITER Table 3 reports val / dev splits
-    batch_size: int = bounded(128, gt=0)           # rows per forward pass
+    batch_size: int = Field(128, gt=0)           # rows per forward pass
 
 
-@dataclass
-class FtMlflowSection:
+class FtMlflowSection(ConfigModel):
     enabled: bool = True
     tracking_uri: str = ""     # "" = the pretraining run's store if found, else the embedded one
     experiment: str = "vlp-finetune"   # used when there is no parent run to nest under
     parent_run_id: str = ""    # "" = the run that wrote the checkpoint, when it can be found
-    check_timeout_s: float = bounded(3.0, gt=0)
+    check_timeout_s: float = Field(3.0, gt=0)
 
 
-@dataclass
-class FinetuneConfig:
-    run: FtRunSection = field(default_factory=FtRunSection)
-    model: FtModelSection = field(default_factory=FtModelSection)
+class FinetuneConfig(ConfigModel):
+    run: FtRunSection = Field(default_factory=FtRunSection)
+    model: FtModelSection = Field(default_factory=FtModelSection)
     world: str = ""                                # a vlp world folder (manifest.json)
-    benchmarks: list[str] = field(default_factory=lambda: list(META_SUM_BENCHMARKS))
-    settings: dict[str, BenchmarkSettings] = field(default_factory=dict)
-    train: FtTrainSection = field(default_factory=FtTrainSection)
-    eval: FtEvalSection = field(default_factory=FtEvalSection)
-    scaling: ScalingSection = field(default_factory=lambda: ScalingSection(num_workers=1))
-    mlflow: FtMlflowSection = field(default_factory=FtMlflowSection)
+    benchmarks: list[str] = Field(default_factory=lambda: list(META_SUM_BENCHMARKS))
+    settings: dict[str, BenchmarkSettings] = Field(default_factory=dict)
+    train: FtTrainSection = Field(default_factory=FtTrainSection)
+    eval: FtEvalSection = Field(default_factory=FtEvalSection)
+    scaling: ScalingSection = Field(default_factory=lambda: ScalingSection(num_workers=1))
+    mlflow: FtMlflowSection = Field(default_factory=FtMlflowSection)
 
     def validate(self):
         if not self.world:
@@ -155,17 +150,16 @@ class FinetuneConfig:
                 bench.options(s.options, f"settings.{name}.options"))
 
     def resolved_paths(self) -> "FinetuneConfig":
-        import dataclasses
-
         from vlp.platform.cluster.run_storage import is_uri
 
         def absolute(p: str) -> str:   # a URI (s3://...) stays as it is
             return str(Path(p).expanduser().resolve()) if p and not is_uri(p) else p
-        return dataclasses.replace(
-            self, world=absolute(self.world),
-            run=dataclasses.replace(self.run, output_dir=absolute(self.run.output_dir)),
-            model=dataclasses.replace(self.model, checkpoint=absolute(self.model.checkpoint),
-                                      tokenizer=absolute(self.model.tokenizer)))
+        return self.model_copy(update=dict(
+            world=absolute(self.world),
+            run=self.run.model_copy(update=dict(output_dir=absolute(self.run.output_dir))),
+            model=self.model.model_copy(update=dict(
+                checkpoint=absolute(self.model.checkpoint),
+                tokenizer=absolute(self.model.tokenizer)))))
 
 
 def load_finetune_config(path: str | Path | None = None, overrides: Iterable[str] = (), *,

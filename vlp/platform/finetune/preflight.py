@@ -41,7 +41,7 @@ def prepare(cfg: FinetuneConfig) -> Prepared:
     spec = preprocess_spec(family, ("itm",), manifest.feature_dim, manifest.num_classes)
     data = data_config_for(spec, cfg.world)
     if cfg.model.tokenizer:
-        data = DownstreamDataConfig(**{**data.__dict__, "tokenizer_path": cfg.model.tokenizer})
+        data = data.model_copy(update={"tokenizer_path": cfg.model.tokenizer})
     vocab = load_tokenizer(data.tokenizer_path).vocab_size
     if vocab != family.transformer.vocab_size and cfg.model.init == "minilm":
         raise DownstreamDataError(f"model.init minilm needs the packaged vocabulary, the "

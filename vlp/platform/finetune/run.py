@@ -14,7 +14,6 @@ storage and checks every run (set-up, resumable checkpoint) once, before Ray sta
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -129,7 +128,7 @@ def with_tracking_env(cfg: FinetuneConfig) -> FinetuneConfig:
     """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI`` (``tracking_choice``); still ""
     means the pretraining run's store if found, else the embedded one."""
     uri = cfg.mlflow.tracking_uri or os.environ.get(TRACKING_ENV, "")
-    return dataclasses.replace(cfg, mlflow=dataclasses.replace(cfg.mlflow, tracking_uri=uri))
+    return cfg.model_copy(update=dict(mlflow=cfg.mlflow.model_copy(update=dict(tracking_uri=uri))))
 
 
 def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
@@ -152,7 +151,7 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
         params = {f"finetune.{k}": v for k, v in flatten({
             "benchmark": name, "init": cfg.model.init, "checkpoint": cfg.model.checkpoint,
             "checkpoint_step": prepared.checkpoint_step, "batch_size": batch_size,
-            "eval_split": cfg.eval.split, "options": dataclasses.asdict(options)}).items()}
+            "eval_split": cfg.eval.split, "options": options.model_dump()}).items()}
         tracking.log_benchmark(parent.tracking_uri, result.mlflow_run_id, params,
                                report.metrics, report.predictions)
     return report

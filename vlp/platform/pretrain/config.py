@@ -14,20 +14,21 @@ run).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from vlp.datasets.stream.data_config import DataConfig, DataConfigError, RegionConfig, SourceConfig
-from vlp.contract.config_loader import ConfigError, bounded, load_config
+from pydantic import Field
+
+from vlp.contract.config_loader import ConfigError, ConfigModel, load_config
+from vlp.datasets.stream.data_config import PipelineOptions, batch_units_field
 
 # NVIDIA GPU types as Ray names them (ray.util.accelerators): scaling.accelerator_type
 ACCELERATOR_TYPES = ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
 
+_Beta = Annotated[float, Field(ge=0, lt=1)]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -39,30 +40,28 @@ def name_and_folder_problems(name: str, output_dir: str) -> Iterable[tuple[str, 
         yield "output_dir", "expected a folder path, got ''"
 
 
-@dataclass
-class RunSection:
+class RunSection(ConfigModel):
     name: str = "pretrain"          # Ray Train run name (a folder name): resume = same name
     output_dir: str = "runs"        # runs root; relative paths resolve against the driver's cwd
     # where checkpoints and artifacts live: a folder or a URI (s3://bucket/vlp); "" =
     # $VLP_STORAGE, else output_dir. A multi-node cluster needs a URI or a shared mount
     storage: str = ""
-    seed: int = bounded(0, ge=0)
-    max_failures: int = bounded(1, ge=-1)   # worker failures retried from the last checkpoint
+    seed: int = Field(0, ge=0)
+    max_failures: int = Field(1, ge=-1)   # worker failures retried from the last checkpoint
 
     def validate(self):
         yield from name_and_folder_problems(self.name, self.output_dir)
 
 
-@dataclass
-class ModelSection:
+class ModelSection(ConfigModel):
     family: str = "uniter-tiny"     # a name in the model-family registry
     # random | minilm (packaged MiniLM text weights) | bert, uniter (weights at init_path)
     init: Literal["random", "minilm", "bert", "uniter"] = "random"
     init_path: str = ""
-    dropout: float = bounded(0.1, ge=0, lt=1)   # hidden and attention dropout (UNITER: 0.1)
+    dropout: float = Field(0.1, ge=0, lt=1)   # hidden and attention dropout (UNITER: 0.1)
     # SOHO: the CNN is frozen for this many optimizer steps of the first stage (the paper's
     # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
-    cold_start_steps: int = bounded(0, ge=0)
+    cold_start_steps: int = Field(0, ge=0)
     cnn_init: str = ""     # SOHO: a local torchvision ResNet state dict (ImageNet weights)
     # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
     # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
@@ -82,49 +81,24 @@ class ModelSection:
         return f"{self.init}:{self.init_path}" if self.init_path else self.init
 
 
-@dataclass
-class SourceSection:
+class SourceSection(ConfigModel):
     path: str
-    weight: float = bounded(1.0, ge=0)   # sampling weight among a stage's sources
+    weight: float = Field(1.0, ge=0)   # sampling weight among a stage's sources
 
 
-def _pipeline_default(name: str):
-    """Defaults come from the pipeline's ``DataConfig``, where each option is defined."""
-    f = DataConfig.__dataclass_fields__[name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
-# experiment key → DataConfig field, where the names differ
-DATA_CONFIG_NAMES = {"batch_input_units": "batch_units"}
-
-
-@dataclass
-class DataSection:
-    """The pipeline's ``vlp.datasets.DataConfig`` options a pretraining run sets, under the
-    same names (except ``batch_input_units``), with its defaults and its value checks (the
-    types are restated here for the YAML loader). Not here: what the model family decides
-    (visual input, location encoding, whole-image feature, pixel sizes and SOHO's texts per
-    image), the seed (``run.seed``), and ``sources``, named here so that stages can pick
-    them."""
-    sources: dict[str, SourceSection] = field(default_factory=dict)
-    masking: Literal["conditional", "joint"] = _pipeline_default("masking")
+class DataSection(PipelineOptions):
+    """The pipeline's options a pretraining run sets (``PipelineOptions``: the same names,
+    defaults and checks as ``vlp.datasets.DataConfig``), the batch budget under the name
+    ``batch_input_units``, and the ``sources``, named here so that stages can pick them. Not
+    here: what the model family decides (visual input, location encoding, whole-image
+    feature, pixel sizes and SOHO's texts per image) and the seed (``run.seed``)."""
+    sources: dict[str, SourceSection] = Field(default_factory=dict)
     # per worker per micro-batch: B × the longest packed row (text + regions)
-    batch_input_units: int = _pipeline_default("batch_units")
-    max_text_len: int = _pipeline_default("max_text_len")
-    overlong: Literal["drop", "truncate"] = _pipeline_default("overlong")
-    itm_neg_prob: float = _pipeline_default("itm_neg_prob")
-    mask_prob: float = _pipeline_default("mask_prob")
-    # mlm-obj's targets; [] = the class names of the world the sources sit in
-    object_words: tuple[str, ...] = _pipeline_default("object_words")
-    text_corpus: str | None = _pipeline_default("text_corpus")   # mlm-text's .txt folder
-    regions: RegionConfig = field(default_factory=RegionConfig)
-    split: str | None = _pipeline_default("split")
-    tokenizer_path: str | None = _pipeline_default("tokenizer_path")   # None: the model's
-    bucket_window: int = _pipeline_default("bucket_window")
-    bucketing: bool = _pipeline_default("bucketing")
-    read_rows: int = _pipeline_default("read_rows")
-    prefetch_blocks: int = _pipeline_default("prefetch_blocks")
-    cache: Literal["auto", "always", "never"] = _pipeline_default("cache")
+    batch_units: int = batch_units_field(alias="batch_input_units")
+
+    @property
+    def batch_input_units(self) -> int:
+        return self.batch_units
 
     def validate(self):
         if not self.sources:
@@ -134,69 +108,59 @@ class DataSection:
         for name, s in self.sources.items():
             if not s.path:
                 yield f"sources.{name}.path", "expected a path, got ''"
-        try:   # the pipeline's own value checks (again with the model's input in pretrain_data)
-            DataConfig(sources=(SourceConfig("_", "_"),), **self.pipeline_options())
-        except DataConfigError as e:
-            back = {v: k for k, v in DATA_CONFIG_NAMES.items()}
-            for key, msg in e.problems:
-                yield back.get(key, key), msg
+        yield from super().validate()   # again with the model's input in pretrain_data
 
     def pipeline_options(self) -> dict:
         """This section as ``DataConfig`` keyword arguments (without sources)."""
-        return {DATA_CONFIG_NAMES.get(f.name, f.name): getattr(self, f.name)
-                for f in dataclasses.fields(self) if f.name != "sources"}
+        return {name: getattr(self, name) for name in PipelineOptions.model_fields}
 
 
-@dataclass
-class StageSection:
+class StageSection(ConfigModel):
     name: str
-    steps: int = bounded(gt=0)
-    sources: list[str] = field(default_factory=list)     # [] = every data source
-    tasks: dict[str, float] = field(default_factory=dict)  # {} = the top-level task mix
+    steps: int = Field(gt=0)
+    sources: list[str] = Field(default_factory=list)     # [] = every data source
+    tasks: dict[str, float] = Field(default_factory=dict)  # {} = the top-level task mix
 
 
-@dataclass
-class OptimizerSection:
-    lr: float = bounded(5e-5, gt=0)
-    betas: tuple[float, float] = bounded((0.9, 0.98), ge=0, lt=1)
-    eps: float = bounded(1e-6, gt=0)
-    weight_decay: float = bounded(0.01, ge=0)      # not applied to biases and norm weights
-    warmup_steps: int = bounded(10_000, ge=0)      # per stage
+class OptimizerSection(ConfigModel):
+    lr: float = Field(5e-5, gt=0)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.98)
+    eps: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.01, ge=0)      # not applied to biases and norm weights
+    warmup_steps: int = Field(10_000, ge=0)      # per stage
     schedule: Literal["linear", "constant"] = "linear"   # after warm-up
-    grad_clip: float = bounded(5.0, ge=0)          # global grad-norm clip; 0 = off
+    grad_clip: float = Field(5.0, ge=0)          # global grad-norm clip; 0 = off
     # auto: torch AdamW, its fused CUDA kernel on GPU (nothing JIT-built)
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
     # a model with a CNN (SOHO): SGD for the CNN beside AdamW for the rest (SOHO §4.1: SGD lr
     # 1e-2, weight decay 5e-4; momentum 0.9 is ours), or adamw: the CNN shares the AdamW above
     cnn: Literal["sgd", "adamw"] = "sgd"
-    cnn_lr: float = bounded(1e-2, gt=0)
-    cnn_weight_decay: float = bounded(5e-4, ge=0)
-    cnn_momentum: float = bounded(0.9, ge=0, lt=1)
+    cnn_lr: float = Field(1e-2, gt=0)
+    cnn_weight_decay: float = Field(5e-4, ge=0)
+    cnn_momentum: float = Field(0.9, ge=0, lt=1)
 
 
-@dataclass
-class TrainSection:
-    steps: int = bounded(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
-    grad_accum: int = bounded(1, gt=0)    # micro-batches per optimizer step (one task each)
+class TrainSection(ConfigModel):
+    steps: int = Field(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
+    grad_accum: int = Field(1, gt=0)    # micro-batches per optimizer step (one task each)
     # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal[0, 1, 2] = 2
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
     compile: bool = False                 # torch.compile the model (needs a compiler; opt-in)
-    prefetch_batches: int = bounded(2, ge=0)   # micro-batches built ahead on a thread; 0 = off
-    peak_tflops: float = bounded(0.0, ge=0)    # device peak for MFU; 0 = from the device name
-    log_every: int = bounded(10, gt=0)    # steps between ray.train.report / MLflow flushes
+    prefetch_batches: int = Field(2, ge=0)   # micro-batches built ahead on a thread; 0 = off
+    peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
+    log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
-    max_nonfinite_skips: int = bounded(10, gt=0)       # dropped batches per step, then raise
-    stop_after: int = bounded(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
+    max_nonfinite_skips: int = Field(10, gt=0)       # dropped batches per step, then raise
+    stop_after: int = Field(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
     extensions_dir: str = ""              # TORCH_EXTENSIONS_DIR for DeepSpeed's JIT ops
 
 
-@dataclass
-class ScalingSection:
-    num_workers: int = bounded(2, ge=1)
+class ScalingSection(ConfigModel):
+    num_workers: int = Field(2, ge=1)
     use_gpu: bool = False
-    cpus_per_worker: float = bounded(1.0, gt=0)
+    cpus_per_worker: float = Field(1.0, gt=0)
     # PACK: as few nodes as possible; SPREAD: one worker per node where it can
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
     # the one GPU type every worker runs on ("" = any): Ray's ``accelerator_type:<name>``
@@ -212,37 +176,34 @@ class ScalingSection:
             yield "accelerator_type", "only used with use_gpu: true"
 
 
-@dataclass
-class CheckpointSection:
-    interval: int = bounded(1000, gt=0)   # steps; the last step is always checkpointed
-    keep: int = bounded(2, ge=1)
+class CheckpointSection(ConfigModel):
+    interval: int = Field(1000, gt=0)   # steps; the last step is always checkpointed
+    keep: int = Field(2, ge=1)
 
 
-@dataclass
-class MlflowSection:
+class MlflowSection(ConfigModel):
     enabled: bool = True
     # "" = $MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db (embedded)
     tracking_uri: str = ""
     experiment: str = "vlp-pretrain"
-    check_timeout_s: float = bounded(3.0, gt=0)
+    check_timeout_s: float = Field(3.0, gt=0)
 
 
 def _uniter_mix() -> dict[str, float]:
     return {"itm": 2.0, "mlm": 2.0, "mrfr": 1.0, "mrc-kl": 1.0}
 
 
-@dataclass
-class ExperimentConfig:
-    run: RunSection = field(default_factory=RunSection)
-    model: ModelSection = field(default_factory=ModelSection)
-    data: DataSection = field(default_factory=DataSection)
-    tasks: dict[str, float] = field(default_factory=_uniter_mix)   # mix ratios
-    stages: list[StageSection] = field(default_factory=list)     # [] = one stage "pretrain"
-    train: TrainSection = field(default_factory=TrainSection)
-    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
-    scaling: ScalingSection = field(default_factory=ScalingSection)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    mlflow: MlflowSection = field(default_factory=MlflowSection)
+class ExperimentConfig(ConfigModel):
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    tasks: dict[str, float] = Field(default_factory=_uniter_mix)   # mix ratios
+    stages: list[StageSection] = Field(default_factory=list)     # [] = one stage "pretrain"
+    train: TrainSection = Field(default_factory=TrainSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    mlflow: MlflowSection = Field(default_factory=MlflowSection)
 
     def validate(self):
         """Cross-section rules (task names are checked in ``check_task_names``)."""
@@ -285,10 +246,12 @@ class ExperimentConfig:
 
     def stage_plan(self) -> list[StageSection]:
         """The stages with defaults filled in (sources, task mix)."""
-        stages = self.stages or [StageSection(name="pretrain", steps=self.train.steps)]
-        return [StageSection(name=s.name, steps=s.steps,
-                             sources=list(s.sources) or list(self.data.sources),
-                             tasks=dict(s.tasks) or dict(self.tasks)) for s in stages]
+        # built unchecked: the rules that call this report a bad step count themselves
+        stages = self.stages or [StageSection.model_construct(name="pretrain",
+                                                              steps=self.train.steps)]
+        return [StageSection.model_construct(
+            name=s.name, steps=s.steps, sources=list(s.sources) or list(self.data.sources),
+            tasks=dict(s.tasks) or dict(self.tasks)) for s in stages]
 
     def total_steps(self) -> int:
         return sum(s.steps for s in self.stage_plan())

@@ -25,7 +25,7 @@ from vlp.models.families import family_task_problem
 from vlp.models.heads import layout_types
 from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.pretrain.config import (DATA_CONFIG_NAMES, ExperimentConfig, ModelSection,
+from vlp.platform.pretrain.config import (DataSection, ExperimentConfig, ModelSection,
                                           StageSection, check_family, check_task_names)
 from vlp.platform.pretrain.init_weights_check import check_init_weights
 from vlp.tasks import task_names
@@ -166,7 +166,8 @@ def _experiment_key(pipeline_key: str, mix_key: str) -> str:
     head, _, rest = pipeline_key.partition(".")
     if head == "tasks":
         return ".".join(p for p in (mix_key, rest) if p)
-    head = {v: k for k, v in DATA_CONFIG_NAMES.items()}.get(head, head)
+    field = DataSection.model_fields.get(head)      # the name a user writes (its alias)
+    head = (field.alias or head) if field else head
     return "data." + ".".join(p for p in (head, rest) if p)
 
 

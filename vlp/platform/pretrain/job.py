@@ -70,13 +70,13 @@ def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
         return str(Path(path).expanduser().resolve()) if path else path
 
     cfg = resolve(cfg)
-    sources = {n: dataclasses.replace(s, path=absolute(s.path))
+    sources = {n: s.model_copy(update=dict(path=absolute(s.path)))
                for n, s in cfg.data.sources.items()}
-    data = dataclasses.replace(cfg.data, sources=sources,
-                               tokenizer_path=absolute(cfg.data.tokenizer_path or "") or None)
-    model = dataclasses.replace(cfg.model, init_path=absolute(cfg.model.init_path),
-                                cnn_init=absolute(cfg.model.cnn_init))
-    return dataclasses.replace(cfg, data=data, model=model)
+    data = cfg.data.model_copy(update=dict(
+        sources=sources, tokenizer_path=absolute(cfg.data.tokenizer_path or "") or None))
+    model = cfg.model.model_copy(update=dict(init_path=absolute(cfg.model.init_path),
+                                             cnn_init=absolute(cfg.model.cnn_init)))
+    return cfg.model_copy(update=dict(data=data, model=model))
 
 
 def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
@@ -126,7 +126,7 @@ def estimate_examples_per_batch(setup: PretrainSetup) -> float:
     from vlp.datasets.stream.local_stream import local_batches
 
     plan = setup.stages[0].plan
-    small = dataclasses.replace(plan, config=dataclasses.replace(plan.config, bucket_window=512))
+    small = dataclasses.replace(plan, config=plan.config.model_copy(update=dict(bucket_window=512)))
     batches = local_batches(small)
     try:
         sizes = [int(batches.next(plan.tasks[0])["num_examples"]) for _ in range(ESTIMATE_BATCHES)]

@@ -15,7 +15,6 @@ resume) and re-attaches to the same MLflow run.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +41,14 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     root = Path(cfg.run.output_dir).expanduser().resolve()
     storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
     run_storage.check_shared(storage)
-    run = dataclasses.replace(cfg.run, output_dir=str(root), storage=storage.root)
-    mlflow = dataclasses.replace(cfg.mlflow, tracking_uri=choose_tracking_uri(
-        cfg.mlflow.tracking_uri, root))
+    run = cfg.run.model_copy(update=dict(output_dir=str(root), storage=storage.root))
+    mlflow = cfg.mlflow.model_copy(update=dict(tracking_uri=choose_tracking_uri(
+        cfg.mlflow.tracking_uri, root)))
     if mlflow.enabled:
         check_tracking_shared(mlflow.tracking_uri)
-    train = dataclasses.replace(cfg.train, extensions_dir=extensions_dir(cfg.train.extensions_dir))
-    return dataclasses.replace(cfg, run=run, mlflow=mlflow, train=train)
+    train = cfg.train.model_copy(update=dict(
+        extensions_dir=extensions_dir(cfg.train.extensions_dir)))
+    return cfg.model_copy(update=dict(run=run, mlflow=mlflow, train=train))
 
 
 def loop_config(cfg: ExperimentConfig) -> LoopConfig:

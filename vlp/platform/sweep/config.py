@@ -13,14 +13,14 @@ before any trial starts.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
+from pydantic import Field
+
 from vlp.benchmarks import meta_sum
-from vlp.contract.config_loader import bounded, load_config
+from vlp.contract.config_loader import ConfigModel, load_config
 from vlp.platform.pretrain.config import name_and_folder_problems
 from vlp.platform.sweep.space import SearchSpace
 
@@ -37,35 +37,33 @@ DEFAULT_BENCHMARKS = ["retrieval", *(b for b in meta_sum.BENCHMARKS if b != "ret
 TEXT_INITS = ("auto", "minilm", "world-text")
 
 
-@dataclass
-class SweepSection:
+class SweepSection(ConfigModel):
     name: str = "sweep"              # the sweep's folder and MLflow parent run
     output_dir: str = "runs/sweeps"  # runs root: <output_dir>/<name>/, MLflow store beside it
-    seed: int = bounded(0, ge=0)     # Optuna's TPE seed and the first replicate's training seed
+    seed: int = Field(0, ge=0)     # Optuna's TPE seed and the first replicate's training seed
     # replicates: every point trains and finetunes `seeds` times, with training seeds
     # seed, seed+1, ... (the world stays fixed); Optuna and ASHA see the replicates' mean
-    seeds: int = bounded(1, ge=1)
+    seeds: int = Field(1, ge=1)
     # replicates of named `include` points (others: `seeds`): e.g. {none: 3} with seeds 1
     # gives the leaderboard a noise estimate (no pretraining's spread) for single-seed lines
-    include_seeds: dict[str, int] = field(default_factory=dict)
+    include_seeds: dict[str, int] = Field(default_factory=dict)
     replay: str = ""                 # "" = Optuna search over `space`; else a replay (table3)
-    num_samples: int = bounded(8, gt=0)       # search: trials, the `include` points among them
-    include: list[str] = field(default_factory=lambda: ["none", "paper-best"])
-    max_concurrent: int = bounded(0, ge=0)    # trials at once; 0 = from the cluster's CPUs
+    num_samples: int = Field(8, gt=0)       # search: trials, the `include` points among them
+    include: list[str] = Field(default_factory=lambda: ["none", "paper-best"])
+    max_concurrent: int = Field(0, ge=0)    # trials at once; 0 = from the cluster's CPUs
     scheduler: Literal["asha", "fifo"] = "asha"   # replays always run every line to the end
-    grace_period: int = bounded(1, ge=1)      # ASHA: finetune stages before the first cut
-    reduction_factor: int = bounded(2, ge=2)  # ASHA: keep the top 1/rf at each rung
-    trial_retries: int = bounded(0, ge=0)     # Tune retries of a failed trial (then: failed)
+    grace_period: int = Field(1, ge=1)      # ASHA: finetune stages before the first cut
+    reduction_factor: int = Field(2, ge=2)  # ASHA: keep the top 1/rf at each rung
+    trial_retries: int = Field(0, ge=0)     # Tune retries of a failed trial (then: failed)
     # TPE samples this many points at random before it models the results (Optuna's own
     # default, 10, is most of a laptop sweep); the `include` points count among them
-    tpe_startup: int = bounded(4, ge=1)
+    tpe_startup: int = Field(4, ge=1)
 
     def validate(self):
         yield from name_and_folder_problems(self.name, self.output_dir)
 
 
-@dataclass
-class SweepModel:
+class SweepModel(ConfigModel):
     family: str = "uniter-tiny"
     # the "text" init of the space (Table 3's BERT init): minilm = the packaged MiniLM-L6-H384
     # (families sized like it: *-minilm); bert:<path> = BERT weights of the family's size;
@@ -80,34 +78,31 @@ class SweepModel:
                                 f"{self.text_init!r}")
 
 
-@dataclass
-class SweepFinetune:
+class SweepFinetune(ConfigModel):
     # run in this order, one stage each: ASHA compares trials on the sum so far
-    benchmarks: list[str] = field(default_factory=lambda: list(DEFAULT_BENCHMARKS))
-    overrides: list[str] = field(default_factory=list)   # finetune config key=value
-    num_workers: int = bounded(1, ge=1)
-    cpus_per_worker: float = bounded(1.0, gt=0)
+    benchmarks: list[str] = Field(default_factory=lambda: list(DEFAULT_BENCHMARKS))
+    overrides: list[str] = Field(default_factory=list)   # finetune config key=value
+    num_workers: int = Field(1, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
     use_gpu: bool = False            # one GPU per finetune worker
 
 
-@dataclass
-class SweepMlflow:
+class SweepMlflow(ConfigModel):
     # "" = $MLFLOW_TRACKING_URI (cluster.yaml sets it to the head's server), else
     # sqlite:///<sweep.output_dir>/mlflow.db
     tracking_uri: str = ""
     experiment: str = "vlp-sweep"
-    check_timeout_s: float = bounded(3.0, gt=0)
+    check_timeout_s: float = Field(3.0, gt=0)
 
 
-@dataclass
-class SweepConfig:
-    sweep: SweepSection = field(default_factory=SweepSection)
+class SweepConfig(ConfigModel):
+    sweep: SweepSection = Field(default_factory=SweepSection)
     world: str = ""
-    model: SweepModel = field(default_factory=SweepModel)
-    pretrain: dict[str, Any] = field(default_factory=dict)
-    finetune: SweepFinetune = field(default_factory=SweepFinetune)
-    space: SearchSpace = field(default_factory=SearchSpace)
-    mlflow: SweepMlflow = field(default_factory=SweepMlflow)
+    model: SweepModel = Field(default_factory=SweepModel)
+    pretrain: dict[str, Any] = Field(default_factory=dict)
+    finetune: SweepFinetune = Field(default_factory=SweepFinetune)
+    space: SearchSpace = Field(default_factory=SearchSpace)
+    mlflow: SweepMlflow = Field(default_factory=SweepMlflow)
 
     def validate(self):
         if not self.world:
@@ -153,10 +148,10 @@ class SweepConfig:
         root = str(Path(self.sweep.output_dir).expanduser().resolve())
         uri = (self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                or embedded_tracking_uri(root))
-        return dataclasses.replace(
-            self, world=str(Path(self.world).expanduser().resolve()),
-            sweep=dataclasses.replace(self.sweep, output_dir=root),
-            mlflow=dataclasses.replace(self.mlflow, tracking_uri=uri))
+        return self.model_copy(update=dict(
+            world=str(Path(self.world).expanduser().resolve()),
+            sweep=self.sweep.model_copy(update=dict(output_dir=root)),
+            mlflow=self.mlflow.model_copy(update=dict(tracking_uri=uri))))
 
     @property
     def sweep_dir(self) -> Path:

@@ -14,7 +14,6 @@ as one ``ConfigError`` naming its key.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -164,7 +163,7 @@ def _finetune_problems(cfg: SweepConfig) -> list[tuple[str, str]]:
     if problems or ft is None:
         return list(dict.fromkeys(problems))
     try:
-        prepare(dataclasses.replace(ft, benchmarks=list(cfg.finetune.benchmarks)))
+        prepare(ft.model_copy(update=dict(benchmarks=list(cfg.finetune.benchmarks))))
     except (DownstreamDataError, ValueError) as e:
         problems.append(("world", f"finetuning data: {e}"))
     return problems

@@ -16,10 +16,11 @@ needs SOHO); the text-only MiniLM init needs a family sized like MiniLM.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from vlp.contract.config_loader import bounded
+from pydantic import Field
+
+from vlp.contract.config_loader import ConfigModel
 from vlp.platform.sweep.point import TrialPoint
 from vlp.tasks.registry import task_names, task_order
 
@@ -28,15 +29,14 @@ def _default_tasks() -> list[str]:
     return ["mlm", "itm", "mrc", "mrc-kl", "mrfr"]     # UNITER Table 3's tasks
 
 
-@dataclass
-class SearchSpace:
-    tasks: list[str] = field(default_factory=_default_tasks)   # candidates, each on or off
-    ratios: list[float] = bounded(default_factory=lambda: [1.0, 2.0], gt=0)
-    masking: list[Literal["conditional", "joint"]] = field(
+class SearchSpace(ConfigModel):
+    tasks: list[str] = Field(default_factory=_default_tasks)   # candidates, each on or off
+    ratios: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [1.0, 2.0])
+    masking: list[Literal["conditional", "joint"]] = Field(
         default_factory=lambda: ["conditional", "joint"])
-    data: list[Literal["in", "out", "both"]] = field(default_factory=lambda: ["in", "out", "both"])
+    data: list[Literal["in", "out", "both"]] = Field(default_factory=lambda: ["in", "out", "both"])
     # text: the text-only weights named by model.text_init (Table 3 lines 2-13 start there)
-    init: list[Literal["random", "text"]] = field(default_factory=lambda: ["random"])
+    init: list[Literal["random", "text"]] = Field(default_factory=lambda: ["random"])
     no_pretraining: bool = True        # the empty task set (finetune the init only) is a point
 
     def validate(self):

@@ -79,7 +79,6 @@ def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
 def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> SweepConfig:
     """``auto`` → minilm where it fits the family, else world-text; ``world-text`` → text-only
     MLM weights trained once on the world's captions (cached beside the sweeps) → bert:<file>."""
-    import dataclasses
     import hashlib
 
     from vlp.platform.sweep.space import init_problem
@@ -96,7 +95,7 @@ def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> 
         folder = Path(cfg.sweep.output_dir) / "text-init" / f"{cfg.model.family}-{tag}"
         text = "bert:" + make_text_init(cfg.model.family, world=cfg.world, out=str(folder),
                                         seed=cfg.sweep.seed, say=say)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_init=text))
+    return cfg.model_copy(update=dict(model=cfg.model.model_copy(update=dict(text_init=text))))
 
 
 def text_init_checkpoint(cfg: SweepConfig) -> str:
