@@ -9,8 +9,7 @@ import shutil
 import pyarrow as pa
 import pytest
 
-from test_importers_fixtures import (karpathy_doc, make_images, vqa_docs, write_butd_tsv,
-                                     write_json)
+from test_importers_fixtures import karpathy_doc, make_images, vqa_docs, write_butd_tsv, write_json
 from vlp.datasets.audit.leakage import FINETUNING, PRETRAINING, audit_world
 from vlp.datasets.audit.exclude import exclude_leaks
 from vlp.datasets.audit.splits import benchmark_of, parse_split_roles, split_role

@@ -142,7 +142,7 @@ def test_head_has_its_own_profile_whose_role_may_pass_the_workers_role(cfg):
 
 
 def test_each_gpu_type_declares_the_one_accelerator_it_has(cfg):
-    from vlp.platform.pretrain.config import ACCELERATOR_TYPES
+    from vlp.platform.pretrain.experiment_config import ACCELERATOR_TYPES
 
     for name, t in worker_types(cfg).items():
         kind = accelerator(t)

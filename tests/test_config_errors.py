@@ -10,7 +10,7 @@ import pytest
 
 from vlp.contract.config_loader import ConfigError, load_config
 from vlp.datasets.stream.data_config import DataConfig, SourceConfig
-from vlp.platform.pretrain.config import ExperimentConfig, load_experiment_config
+from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
 
 BASE = {
     "run": {"name": "t", "output_dir": "/tmp/vlp-test-runs"},
@@ -80,7 +80,7 @@ def test_a_section_left_out_still_runs_its_rules_and_an_empty_one_takes_defaults
     data = {k: v for k, v in BASE.items() if k != "run"} | {"mlflow": None}
     cfg = load_experiment_config(data=data)
     assert cfg.run.name == "pretrain" and cfg.mlflow.experiment == "vlp-pretrain"
-    from vlp.platform.finetune.config import load_finetune_config
+    from vlp.platform.finetune.finetune_config import load_finetune_config
 
     # no model section: its default init (checkpoint) needs a checkpoint path
     with pytest.raises(ConfigError, match=r"model.checkpoint: required with model.init"):

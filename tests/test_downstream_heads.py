@@ -20,8 +20,8 @@ from vlp.datasets.downstream.ve import VeData
 from vlp.datasets.downstream.vqa import VqaData
 from vlp.models import create_model
 from vlp.models.heads import DownstreamModel, build_head, extend_for, layout_types
-from vlp.models.heads.retrieval_losses import (RETRIEVAL_LOSSES, hardest_rows,
-                                                    margin_loss, triplet_loss)
+from vlp.models.heads.retrieval_losses import (RETRIEVAL_LOSSES, hardest_rows, margin_loss,
+                                               triplet_loss)
 from vlp.testing.example_batches import example_batch
 
 torch.set_num_threads(1)
@@ -246,7 +246,7 @@ def test_match_score_from_itm_ranks_like_p_match():
 def test_other_families_finetune_the_benchmarks_they_support(tiny_world, family):
     """VL-BERT (segment C for images, sentence B for VCR answers), ImageBERT and SOHO (pixels:
     pair layouts only, no regions to refer to) through the same components."""
-    from vlp.platform.finetune.config import load_finetune_config
+    from vlp.platform.finetune.finetune_config import load_finetune_config
     from vlp.platform.finetune.preflight import prepare
     from vlp.platform.finetune.run import components_for
     from vlp.platform.training.protocols import WorkerInfo

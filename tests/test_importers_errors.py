@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from test_importers_fixtures import (feature_world, karpathy_doc, make_images, refcoco_files,
-                                     vcr_record, vqa_docs, write_butd_tsv, write_json,
-                                     write_jsonl, write_lxmert_tsv, write_uniter_npz)
+                                     vcr_record, vqa_docs, write_butd_tsv, write_json, write_jsonl,
+                                     write_lxmert_tsv, write_uniter_npz)
 from vlp.datasets.importers import InputFormatError, run_import
 from vlp.datasets.importers.restricted_pickle import load_plain_pickle
 

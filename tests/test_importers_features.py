@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from test_importers_fixtures import (DIM, make_images, write_butd_tsv, write_json,
-                                     write_lxmert_tsv, write_uniter_npz)
+from test_importers_fixtures import (DIM, make_images, write_butd_tsv, write_json, write_lxmert_tsv,
+                                     write_uniter_npz)
 from vlp.datasets.importers import run_import
 from vlp.datasets.storage.shards import decode_features, read_image_shard
 from vlp.datasets.storage.world import load_manifest

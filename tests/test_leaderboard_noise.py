@@ -15,7 +15,7 @@ import pytest
 from vlp.platform.tracking.leaderboard import load_leaderboard
 from vlp.platform.tracking.leaderboard_export import log_leaderboard
 from vlp.platform.tracking.leaderboard_stats import (estimate, indistinguishable, pooled_variance,
-                                            t_quantile, t_two_sided_p, welch_p)
+                                                     t_quantile, t_two_sided_p, welch_p)
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.tracking.mlflow_run import MlflowRun, embedded_tracking_uri
 

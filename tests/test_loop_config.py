@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from vlp.platform.pretrain import config as pretrain_config
+from vlp.platform.pretrain import experiment_config as pretrain_config
 from vlp.platform.training import launch
-from vlp.platform.training.config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
-                                          LoopTrain)
+from vlp.platform.training.loop_config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
+                                               LoopTrain)
 
 
 @pytest.mark.parametrize("loop_cls,section_cls", [

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 from vlp.benchmarks import BENCHMARKS, get_benchmark, meta_sum
-from vlp.platform.finetune.config import META_SUM_BENCHMARKS
-from vlp.platform.sweep.config import DEFAULT_BENCHMARKS
+from vlp.platform.finetune.finetune_config import META_SUM_BENCHMARKS
+from vlp.platform.sweep.sweep_config import DEFAULT_BENCHMARKS
 from vlp.platform.tracking.leaderboard import PARTS as LEADERBOARD_PARTS
 
 

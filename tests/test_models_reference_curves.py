@@ -1,8 +1,8 @@
 """Stored reference loss curves: the first 50 steps of every task on every tiny family.
 
-Each curve overfits one fixed example batch (seeded) with AdamW, dropout on, one CPU
-thread, a 2048-token vocabulary. Two checks use it: every task's loss falls (the head, the
-loss and the gradient path work), and the curve matches the stored one within tolerance, so a change that alters
+Each curve overfits one fixed example batch (seeded) with AdamW, dropout on, one CPU thread, a
+2048-token vocabulary. Two checks use it: every task's loss falls (the head, the loss and the
+gradient path work), and the curve matches the stored one within tolerance, so a change that alters
 training dynamics (init, a loss's normalisation, masking, packing) shows up here.
 
 Regenerate after an *intended* change, and say why in the commit:

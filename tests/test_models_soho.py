@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from vlp.models import create_model
-from vlp.models.config import RESNET18, RESNET101, RESNET_TINY
+from vlp.models.family_config import RESNET18, RESNET101, RESNET_TINY
 from vlp.testing.example_batches import example_batch
 from vlp.models.vision.position_2d import sine_position_2d
 from vlp.models.vision.resnet import ResNet

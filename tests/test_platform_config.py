@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.contract.config_loader import (ConfigError, apply_overrides, flatten, load_config,
-                                        redact, to_yaml)
-from vlp.platform.pretrain.config import ExperimentConfig, load_experiment_config
+from vlp.contract.config_loader import (ConfigError, apply_overrides, flatten, load_config, redact,
+                                        to_yaml)
+from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
 from vlp.tasks import task_names
 
 BASE = {

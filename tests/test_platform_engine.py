@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from vlp.platform.training.engine import WarmupLinearDecay, deepspeed_config, param_groups
-from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import loop_config
 
 BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},
@@ -67,7 +67,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
     import json, os, sys, tempfile
     import torch, torch.distributed as dist
     from vlp.platform.training.engine import build_engine
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
     from vlp.testing.toy import ToyModel, ToyBatchSource
     from vlp.platform.training import checkpointing

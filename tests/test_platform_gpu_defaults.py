@@ -8,7 +8,7 @@ import torch
 
 from vlp.platform.training.device_peaks import peak_flops
 from vlp.platform.training.engine import deepspeed_config, resolve_precision, zero_bucket_elements
-from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import loop_config
 
 BASE = {"data": {"sources": {"a": {"path": "/x"}}}, "train": {"steps": 100},

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.platform.training.engine import WarmupLinearDecay
-from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.testing.toy import ToyBatchSource, ToyModel, ToyTaskSampler
 

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from vlp.platform.pretrain.config import load_experiment_config
-from vlp.platform.tracking.mlflow_run import (PARENT_TAG, RUN_KEY_TAG, MlflowRun, TrackingUnreachable,
-                                   check_reachable, embedded_artifact_location,
-                                   embedded_tracking_uri, loss_curve_figure, run_key)
+from vlp.platform.pretrain.experiment_config import load_experiment_config
+from vlp.platform.tracking.mlflow_run import (PARENT_TAG, RUN_KEY_TAG, MlflowRun,
+                                              TrackingUnreachable, check_reachable,
+                                              embedded_artifact_location, embedded_tracking_uri,
+                                              loss_curve_figure, run_key)
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import run_pretraining
 from vlp.testing.toy import ToyComponents
 from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, embedded_tracking_uri, run_key

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from vlp.datasets.stream.data_config import DataConfig, PipelineOptions
-from vlp.platform.pretrain.config import DataSection
-from vlp.platform.finetune.config import load_finetune_config
+from vlp.platform.pretrain.experiment_config import DataSection
+from vlp.platform.finetune.finetune_config import load_finetune_config
 from vlp.platform.pretrain.data import check_model_and_tasks
 from vlp.platform.pretrain.job import load_pretrain_config
 
@@ -34,7 +34,7 @@ def test_config_loads_and_validates(path):
     elif path.name.startswith("finetune"):   # takes its checkpoint from --checkpoint
         load_finetune_config(path, ["model.checkpoint=runs/pretrain"])
     else:
-        from vlp.platform.sweep.config import load_sweep_config
+        from vlp.platform.sweep.sweep_config import load_sweep_config
 
         load_sweep_config(path)
 

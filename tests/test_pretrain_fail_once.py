@@ -140,7 +140,7 @@ def test_remove_if_empty_deletes_only_a_folder_without_checkpoints(tmp_path):
 def test_a_worker_setup_error_is_not_retried(ray_local, tmp_path):
     """A Ray Train worker whose model build raises a ValueError, max_failures=3: one attempt,
     a one-line SetupError from run_pretraining, no run folder left."""
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import run_pretraining
     from vlp.testing.toy import ToyComponents
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.cluster.ray_session import LOCAL, choose_address, free_local_port, node_cluster_address
+from vlp.platform.cluster.ray_session import (LOCAL, choose_address, free_local_port,
+                                              node_cluster_address)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,4 +1,5 @@
-"""Where runs live (vlp.platform.cluster.run_storage): a local folder or a URI, resolved in one place,
+"""Where runs live (vlp.platform.cluster.run_storage): a local folder or a URI, resolved in one
+place,
 found again by storage root + run name, refused on a multi-node cluster when other nodes
 cannot reach it; and the finetune reader taking a checkpoint from S3 (moto's server)."""
 
@@ -12,7 +13,7 @@ import torch
 from cluster_helpers import S3Server
 
 from vlp.platform.cluster import run_storage
-from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import preflight, resolve, tracking_spec
 from vlp.platform.tracking.mlflow_run import TrackingUnreachable, run_key
 from vlp.platform.tracking.choice import check_tracking_shared, choose_tracking_uri

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.pretrain.config import ACCELERATOR_TYPES, load_experiment_config
+from vlp.platform.pretrain.experiment_config import ACCELERATOR_TYPES, load_experiment_config
 
 BASE = {"run": {"name": "gpu"}, "model": {"family": "toy"},
         "data": {"sources": {"web": {"path": "/unused"}}}, "tasks": {"mlm": 1},

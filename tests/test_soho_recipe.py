@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from vlp.models import create_model
-from vlp.models.config import RESNET_TINY, ResNetConfig
+from vlp.models.family_config import RESNET_TINY, ResNetConfig
 from vlp.testing.example_batches import example_batch
 from vlp.models.vision.cnn_weights import cnn_weights_problem, load_cnn_weights
 from vlp.models.vision.resnet import ResNet
@@ -260,7 +260,7 @@ def test_groups_at_lr_zero_keep_no_state():
 def test_config_checks_the_cold_start_and_the_cnn_checkpoint(tmp_path):
     from vlp.models import get_family
     from vlp.contract.config_loader import ConfigError
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.data import cnn_problems
 
     base = {"data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mvm": 1},

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     from vlp.testing.example_batches import example_batch
     from vlp.platform.training import checkpointing
     from vlp.platform.training.engine import build_engine
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
@@ -85,7 +85,7 @@ PRECISION_SCRIPT = textwrap.dedent("""
     from vlp.testing.example_batches import example_batch
     from vlp.platform.training import checkpointing
     from vlp.platform.training.engine import build_engine
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",

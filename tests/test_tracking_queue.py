@@ -12,7 +12,7 @@ import pytest
 
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.contract.config_loader import flatten, to_yaml
-from vlp.platform.pretrain.config import load_experiment_config
+from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import loop_config
 from vlp.platform.cluster.ray_session import free_local_port
 from vlp.platform.tracking.rank_zero import UNDELIVERED_FILE, RankZeroTracker

@@ -80,7 +80,7 @@ def test_pretraining_batches_carry_vcr_segment_types(vcr_source):
 
 
 def _experiment(tmp_path, source, token_types):
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     return load_experiment_config(data={
         "run": {"name": "vcr2", "output_dir": str(tmp_path)},
         "model": {"family": "uniter-tiny", "token_types": token_types},

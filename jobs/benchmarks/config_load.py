@@ -34,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def loader(path: Path):
     """The load function a job uses for ``path``, and its extra overrides."""
     if path.name.startswith("finetune"):   # takes its checkpoint from --checkpoint
-        from vlp.platform.finetune.config import load_finetune_config
+        from vlp.platform.finetune.finetune_config import load_finetune_config
         return load_finetune_config, ["model.checkpoint=runs/pretrain"]
     if path.name.startswith(("sweep", "table3")):
-        from vlp.platform.sweep.config import load_sweep_config
+        from vlp.platform.sweep.sweep_config import load_sweep_config
         return load_sweep_config, []
-    from vlp.platform.pretrain.config import load_experiment_config
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
     return load_experiment_config, []
 
 

@@ -28,7 +28,7 @@ fails. MLM-obj (``--tasks mlm-obj=1,itm=1``) grounds within 1,000 steps.
 2,048 units; 300-step finetunes at lr 1e-3) instead of the defaults (10,000 pretraining steps
 of 4,096 units; each benchmark's own finetune defaults). ``--demo-finetunes``: only the
 finetune half of it. Both keep VQA at 2e-4, the lr the recorded calibrations used (VQA's
-default for -tiny is now 12x that, see ``vlp.platform.finetune.config.default_lr_scale``).
+default for -tiny is now 12x that, see ``vlp.platform.finetune.finetune_config.default_lr_scale``).
 """
 
 from __future__ import annotations

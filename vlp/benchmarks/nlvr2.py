@@ -12,7 +12,7 @@ from vlp.datasets.downstream.nlvr2 import Nlvr2Data
 from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head, extend_for, layout_types
 from vlp.benchmarks.accuracy import accuracy
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps)
+from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps
 from vlp.benchmarks.registry import register
 
 

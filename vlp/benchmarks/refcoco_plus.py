@@ -10,7 +10,7 @@ import numpy as np
 
 from vlp.datasets.downstream.refexp import RefExpData
 from vlp.models.heads import build_head
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
+from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
 from vlp.benchmarks.registry import register
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 from vlp.datasets.downstream.retrieval import RetrievalData
 from vlp.models.heads import build_head
 from vlp.contract.config_loader import ConfigModel
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size)
+from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
 from vlp.benchmarks.registry import register
 
 TOP = 10

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vlp.datasets.downstream.ve import VeData
 from vlp.models.heads import build_head
 from vlp.benchmarks.accuracy import accuracy
-from vlp.benchmarks.base import (Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps)
+from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps
 from vlp.benchmarks.registry import register
 
 

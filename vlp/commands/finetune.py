@@ -92,7 +92,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 def list_benchmarks() -> None:
     from vlp.benchmarks import BENCHMARKS
-    from vlp.platform.finetune.config import DEFAULT_LR_WIDTH, default_lr_scale
+    from vlp.platform.finetune.finetune_config import DEFAULT_LR_WIDTH, default_lr_scale
 
     tiny = default_lr_scale("uniter-tiny")
     print(f"(lr: at hidden width {DEFAULT_LR_WIDTH}; the default of a narrower or wider family "

@@ -25,8 +25,7 @@ from pydantic import (BaseModel, ConfigDict, ValidationError, ValidationInfo, fi
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from vlp.contract.config_errors import (PROBLEMS_TYPE, ConfigError, ProblemsError, join,
-                                        problems_of)
+from vlp.contract.config_errors import PROBLEMS_TYPE, ConfigError, ProblemsError, join, problems_of
 
 __all__ = ["ConfigError", "ConfigModel", "load_config", "from_dict", "apply_overrides",
            "to_dict", "to_yaml", "redact", "flatten"]

@@ -11,8 +11,9 @@ Never imports Ray, MLflow, ``vlp.datasets`` or ``vlp.platform``.
 """
 
 from vlp.models.backbone import EncoderOutput, VLBackbone
-from vlp.models.checkpoints import CheckpointError, LoadReport, export_uniter, load_uniter, save_uniter
-from vlp.models.config import FamilyConfig, TransformerConfig
+from vlp.models.checkpoints import (CheckpointError, LoadReport, export_uniter, load_uniter,
+                                    save_uniter)
+from vlp.models.family_config import FamilyConfig, TransformerConfig
 from vlp.models.factory import ModelBundle, PreprocessSpec, create_model, list_families
 from vlp.models.families import FAMILIES, get_family
 from vlp.models.model import VLPModel

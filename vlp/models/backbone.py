@@ -21,7 +21,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
 
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.models.config import FamilyConfig
+from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
 from vlp.models.embeddings.text import TextEmbeddings
 from vlp.models.packing import pack

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from vlp.models.checkpoints import LoadReport, initialize, minilm_dir
-from vlp.models.config import FamilyConfig
+from vlp.models.family_config import FamilyConfig
 from vlp.models.families import FAMILIES, get_family
 from vlp.models.model import VLPModel
 

@@ -9,7 +9,9 @@ debug sizes for tests (hidden 64, 2 layers).
 
 from __future__ import annotations
 
-from vlp.models.config import RESNET18, RESNET101, RESNET_TINY, FamilyConfig, ImageBertVisualConfig, SohoVisualConfig, TransformerConfig, UniterVisualConfig, VLBertVisualConfig
+from vlp.models.family_config import (RESNET18, RESNET101, RESNET_TINY, FamilyConfig,
+                                      ImageBertVisualConfig, SohoVisualConfig, TransformerConfig,
+                                      UniterVisualConfig, VLBertVisualConfig)
 from vlp.tasks.registry import visual_problem
 
 BASE = TransformerConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072)

@@ -16,7 +16,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 
 from vlp.models.backbone import EncoderOutput, VLBackbone
-from vlp.models.config import FamilyConfig
+from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings.embedded_inputs import METRIC_PREFIX
 from vlp.tasks import HeadContext, Task, get_task
 

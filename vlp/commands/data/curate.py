@@ -8,7 +8,7 @@ import argparse
 
 
 def register(sub) -> None:
-    from vlp.platform.curation.config import CurationConfig
+    from vlp.platform.curation.curation_config import CurationConfig
     d = CurationConfig()
     p = sub.add_parser(
         "curate", help="filter web image-text pairs (ImageBERT §3) into curated shards",

@@ -7,9 +7,9 @@ for a batch masked for it::
     task = sampler.next()
     batch = batches.next(task)                   # dict[str, torch.Tensor], see batch_spec
 
-``blocks`` comes from a Ray Data shard (``vlp.datasets.stream.pipeline.shard_blocks``) or from
-the plain local reader (``vlp.datasets.stream.local_stream.local_batches``). Batches are formed before the
-task is known (bucketing by input units does not depend on it); the task decides the ITM
+``blocks`` comes from a Ray Data shard (``vlp.datasets.stream.pipeline.shard_blocks``) or from the
+plain local reader (``vlp.datasets.stream.local_stream.local_batches``). Batches are formed before
+the task is known (bucketing by input units does not depend on it); the task decides the ITM
 negatives, the masking and which targets are decoded.
 
 Epoch boundaries under Ray Train: a streaming split makes every rank wait at the start of an
@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 
 class PretrainBatches:
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
-                 rank: int = 0, with_ids: bool = False, epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
+                 rank: int = 0, with_ids: bool = False,
+                 epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
         self.plan = plan
         self.cfg = plan.config
         self.rank = rank
@@ -294,9 +295,10 @@ class PretrainBatches:
 
     def _cut_regions(self, final: bool) -> None:
         """Region input: the window's batches are collated here, straight from the blocks
-        they were read from; after that only the carried items need blocks, so the others are released. The queue then holds one window's collated
-        batches (~``bucket_window`` pairs × padded regions × D × 2 bytes: ~25 MB at D=256,
-        ~200 MB at D=2048 on the demo world) instead of its images once."""
+        they were read from; after that only the carried items need blocks, so the others are
+        released. The queue then holds one window's collated batches (~``bucket_window`` pairs ×
+        padded regions × D × 2 bytes: ~25 MB at D=256, ~200 MB at D=2048 on the demo world) instead
+        of its images once."""
         batches = self.window.cut_refs(self._live, final)
         plan = self.plan
         collated = collate_window(self._live, batches, self.tok,

@@ -21,8 +21,9 @@ import numpy as np
 
 from vlp.contract import batch_spec as K
 from vlp.datasets.storage.arrow_views import ranges
-from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT, ExampleRefs,
-                                  caption_spans, image_spans, whole_image_arrays)
+from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT,
+                                           ExampleRefs, caption_spans, image_spans,
+                                           whole_image_arrays)
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.itm_negatives import Donors
 from vlp.tasks.masking_visual import SOFT_LABELS

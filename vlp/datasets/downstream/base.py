@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from vlp.contract import batch_spec as K
-from vlp.datasets.downstream.config import DownstreamDataConfig
+from vlp.datasets.downstream.downstream_config import DownstreamDataConfig
 from vlp.datasets.downstream.data_errors import DownstreamDataError
 from vlp.datasets.downstream.image_store import ImageStore
 from vlp.datasets.downstream.text import TokenizedTexts

@@ -20,7 +20,7 @@ from vlp.datasets.storage.arrow_views import flat_numpy, list_parts
 from vlp.datasets.batching.collate import ExampleRefs, pixel_arrays, region_arrays
 from vlp.datasets.stream.data_config import DataConfig, RegionConfig, SourceConfig
 from vlp.datasets.stream.data_plan import PIXEL_COLUMNS, REGION_COLUMNS, DataPlan
-from vlp.datasets.downstream.config import DownstreamDataConfig
+from vlp.datasets.downstream.downstream_config import DownstreamDataConfig
 from vlp.datasets.downstream.data_errors import DownstreamDataError, MissingImagesError
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.stream.image_rows import ImageRowTransform

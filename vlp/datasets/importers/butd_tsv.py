@@ -29,9 +29,9 @@ from typing import Iterator
 import numpy as np
 
 from vlp.datasets.importers.import_error import InputFormatError, line
-from vlp.datasets.importers.feature_import import (APPEND, CLASS_NAMES, DEFAULT_EXTRACTOR,
-                                                   DOMAIN, SHARD_MB, SOURCE, SPLIT,
-                                                   extractor_option, write_features)
+from vlp.datasets.importers.feature_import import (APPEND, CLASS_NAMES, DEFAULT_EXTRACTOR, DOMAIN,
+                                                   SHARD_MB, SOURCE, SPLIT, extractor_option,
+                                                   write_features)
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.image_writer import Record
 from vlp.datasets.importers.readers import iter_tsv

@@ -1,4 +1,5 @@
-"""The data folder (a *world*, see ``vlp.datasets.storage.world``) importers write, without half-states.
+"""The data folder (a *world*, see ``vlp.datasets.storage.world``) importers write, without
+half-states.
 
 Layout (the one ``vlp data synth`` writes too)::
 

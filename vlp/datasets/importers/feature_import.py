@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Iterable
 
 from vlp.datasets.importers.data_folder import (check_compatible, default_domain, images_dir,
-                                                import_record, new_world, read_world,
-                                                staged_folder, update_world)
+                                                import_record, new_world, read_world, staged_folder,
+                                                update_world)
 from vlp.datasets.importers.image_writer import ImageShardWriter, Record
 from vlp.datasets.importers.registry import ImportReport, Option
 from vlp.datasets.storage.shards import list_shards, read_image_shard, shard_info

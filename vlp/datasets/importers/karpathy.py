@@ -19,8 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from vlp.datasets.importers.caption_merge import (ALLOW_MISSING, FEATURES, Captions,
-                                                  merge_captions)
+from vlp.datasets.importers.caption_merge import ALLOW_MISSING, FEATURES, Captions, merge_captions
 from vlp.datasets.importers.import_error import InputFormatError
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.readers import load_json, need, need_list

@@ -22,8 +22,7 @@ from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.readers import load_json, need, need_list
 from vlp.datasets.importers.registry import Importer, ImportReport, Option, register
 from vlp.datasets.importers.restricted_pickle import load_plain_pickle
-from vlp.datasets.importers.task_import import (ALLOW_MISSING_IMAGES, IMAGES, TaskRows,
-                                                write_tasks)
+from vlp.datasets.importers.task_import import ALLOW_MISSING_IMAGES, IMAGES, TaskRows, write_tasks
 
 DATASETS = ("refcoco", "refcoco+", "refcocog")
 

@@ -16,8 +16,7 @@ import hashlib
 from pathlib import Path
 from urllib.parse import urlparse
 
-from vlp.datasets.importers.caption_merge import (ALLOW_MISSING, FEATURES, Captions,
-                                                  merge_captions)
+from vlp.datasets.importers.caption_merge import ALLOW_MISSING, FEATURES, Captions, merge_captions
 from vlp.datasets.importers.import_error import InputFormatError, line
 from vlp.datasets.importers.image_ids import canonical_image_id
 from vlp.datasets.importers.readers import iter_tsv, open_text

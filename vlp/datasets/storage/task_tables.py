@@ -15,7 +15,8 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlp.datasets.storage.shards import (_atomic_write_table, _read_parquet, _with_meta, content_hash, shard_info)
+from vlp.datasets.storage.shards import (_atomic_write_table, _read_parquet, _with_meta,
+                                         content_hash, shard_info)
 from vlp.datasets.storage.shard_checks import _first_bad
 from vlp.datasets.storage.shard_format import FORMAT_VERSION, ShardError, ShardInfo
 

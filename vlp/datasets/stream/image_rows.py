@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlp.datasets.storage.arrow_views import (binary_array, binary_parts, flat_numpy, list_array,
-                                      list_parts, ranges)
+                                              list_parts, ranges)
 from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.batching.image_block import image_keys
 from vlp.datasets.stream.location import LOCATION_FEATURES

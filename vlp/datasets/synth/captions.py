@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlp.datasets.synth.scene import (Scene, phrase, random_attrs, relation_pairs,
-                                      sample_scene, IN_DOMAIN)
-from vlp.datasets.synth.vocabulary import (CC_PREFIXES, HYPERNYMS, NUMBER_WORDS, PLURALS,
-                                           RELATIONS, SBU_ENDINGS, SBU_OPENERS,
-                                           UNRELATED_TEXT, VAGUE_COLOURS, MATERIAL_ANSWERS,
-                                           with_article)
+from vlp.datasets.synth.scene import (Scene, phrase, random_attrs, relation_pairs, sample_scene,
+                                      IN_DOMAIN)
+from vlp.datasets.synth.vocabulary import (CC_PREFIXES, HYPERNYMS, NUMBER_WORDS, PLURALS, RELATIONS,
+                                           SBU_ENDINGS, SBU_OPENERS, UNRELATED_TEXT, VAGUE_COLOURS,
+                                           MATERIAL_ANSWERS, with_article)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlp.datasets.synth.scene import Scene
-from vlp.datasets.synth.vocabulary import (CLASSES, COLOURS, COLOUR_NAMES, CONFUSABLE,
-                                           MATERIALS)
+from vlp.datasets.synth.vocabulary import CLASSES, COLOURS, COLOUR_NAMES, CONFUSABLE, MATERIALS
 
 NUM_CLASSES = len(CLASSES) + 1                 # C, index 0 = background
 CLASS_NAMES = ("__background__",) + CLASSES

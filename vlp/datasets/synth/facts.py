@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from vlp.datasets.synth.scene import ATTRIBUTES, Scene, relations
-from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, MATERIALS, NUMBER_WORDS,
-                                           PLURALS, SIZE_NAMES, with_article)
+from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, MATERIALS, NUMBER_WORDS, PLURALS,
+                                           SIZE_NAMES, with_article)
 
 VALUES = {"noun": CLASSES, "colour": COLOUR_NAMES, "size": SIZE_NAMES, "material": MATERIALS}
 

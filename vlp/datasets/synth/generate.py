@@ -15,15 +15,14 @@ from pathlib import Path
 from vlp.datasets.storage.task_tables import write_task_table
 from vlp.contract.atomic_write import write_json_atomic
 from vlp.datasets.synth.captions import cc_caption, coco_captions, sbu_caption, vg_phrases
-from vlp.datasets.synth.detector import CLASS_NAMES, NUM_CLASSES, DetectorConfig, \
-    SimulatedDetector
+from vlp.datasets.synth.detector import CLASS_NAMES, NUM_CLASSES, DetectorConfig, SimulatedDetector
 from vlp.datasets.synth.gt_features import GT_FOLDER, GT_SIDECAR, write_gt_features
 from vlp.datasets.synth.scales import ScaleConfig, get_scale
 from vlp.datasets.synth.scene import IN_DOMAIN, OUT_OF_DOMAIN
 from vlp.datasets.synth.source_writer import SourceWriter
 from vlp.datasets.synth.tasks import TASKS, build_task_tables
-from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, HYPERNYMS, MATERIALS,
-                                           RELATIONS, SIZE_NAMES)
+from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, HYPERNYMS, MATERIALS, RELATIONS,
+                                           SIZE_NAMES)
 from vlp.datasets.storage.world import MANIFEST_NAME, SourceInfo, WorldManifest
 
 GENERATOR = "vlp.datasets.synth/1"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, COLOURS, MATERIALS,
-                                           SIZE_NAMES, SIZES)
+from vlp.datasets.synth.vocabulary import (CLASSES, COLOUR_NAMES, COLOURS, MATERIALS, SIZE_NAMES,
+                                           SIZES)
 
 ATTRIBUTES = ("size", "colour", "material")   # English adjective order before the noun
 # glyph width / height; the longer side is the size word's span

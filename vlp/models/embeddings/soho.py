@@ -27,7 +27,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 
 from vlp.contract.batch_access import BatchError, require
-from vlp.models.config import SohoVisualConfig, TransformerConfig
+from vlp.models.family_config import SohoVisualConfig, TransformerConfig
 from vlp.models.vision.position_2d import sine_position_2d
 from vlp.models.vision.resnet import ResNet
 from vlp.models.vision.visual_dictionary import VisualDictionary

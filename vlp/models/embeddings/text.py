@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlp.models.config import TransformerConfig
+from vlp.models.family_config import TransformerConfig
 
 
 class TextEmbeddings(nn.Module):

@@ -20,7 +20,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 
 from vlp.contract.batch_access import check_last_dim, require
-from vlp.models.config import TransformerConfig, VLBertVisualConfig
+from vlp.models.family_config import TransformerConfig, VLBertVisualConfig
 from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
 

@@ -11,7 +11,7 @@ inputs.
 from __future__ import annotations
 
 from vlp.models.backbone import VLBackbone
-from vlp.models.config import FamilyConfig
+from vlp.models.family_config import FamilyConfig
 
 IMAGE_TYPE = {"uniter": 1, "imagebert": 1, "soho": 1, "vlbert": 2}
 LAYOUTS = ("nlvr2-triplet", "vcr")

@@ -4,9 +4,8 @@ images, the ITM score of a vlp model, and one picture with several texts. One fi
 filter, registered by name in ``registry.py``; ``curate.py`` runs them over a source and
 writes the curated shards and a report. ``vlp data curate`` is the command."""
 
-from vlp.platform.curation.config import CurationConfig, CurationConfigError
-from vlp.platform.curation.curate import (CurationReport, CurationResult, curate_source,
-                                          run_filters)
+from vlp.platform.curation.curation_config import CurationConfig, CurationConfigError
+from vlp.platform.curation.curate import CurationReport, CurationResult, curate_source, run_filters
 from vlp.platform.curation.pairs import PairTable, load_pairs
 from vlp.platform.curation.registry import FILTERS, CurationContext
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from vlp.platform.curation.config import CurationConfig
+from vlp.platform.curation.curation_config import CurationConfig
 from vlp.platform.curation.pairs import PairTable
 
 

@@ -10,7 +10,7 @@ import unicodedata
 
 import numpy as np
 
-from vlp.platform.curation.config import CurationConfig
+from vlp.platform.curation.curation_config import CurationConfig
 from vlp.platform.curation.pairs import PairTable
 
 _TAG = re.compile(r"<[^<>]*>")

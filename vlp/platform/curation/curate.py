@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlp.platform.curation.config import CurationConfig
+from vlp.platform.curation.curation_config import CurationConfig
 from vlp.platform.curation.pairs import PairTable, load_pairs
 from vlp.platform.curation.registry import FILTERS, CurationContext, check_filter_names
 from vlp.datasets.storage.shards import read_image_shard, write_image_shard
@@ -132,8 +132,8 @@ def _captions_by_file(pairs: PairTable, kept: np.ndarray) -> dict[int, dict[int,
 
 def _write(root, files, info, world, pairs, kept, out, name, report, overwrite):
     """Write the curated shards; return the function that lists them in OUT's manifest."""
-    from vlp.datasets.importers.data_folder import (check_compatible, import_record,
-                                                    new_world, staged_folder, update_world)
+    from vlp.datasets.importers.data_folder import (check_compatible, import_record, new_world,
+                                                    staged_folder, update_world)
     from vlp.datasets.storage.world import SourceInfo
 
     out_world = None

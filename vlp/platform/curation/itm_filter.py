@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlp.platform.curation.config import CurationConfig
+from vlp.platform.curation.curation_config import CurationConfig
 from vlp.platform.curation.pairs import PairTable
 
 

@@ -8,8 +8,8 @@ Benchmarks are registered by name in ``benchmarks/`` (one file each).
 """
 
 from vlp.benchmarks import BENCHMARKS, get_benchmark
-from vlp.platform.finetune.config import (META_SUM_BENCHMARKS, FinetuneConfig,
-                                          load_finetune_config)
+from vlp.platform.finetune.finetune_config import (META_SUM_BENCHMARKS, FinetuneConfig,
+                                                   load_finetune_config)
 from vlp.platform.finetune.run import (BenchmarkReport, DownstreamReport, finetune_and_evaluate,
                                        run_finetune)
 

@@ -17,7 +17,7 @@ from vlp.models import get_family
 from vlp.models.factory import preprocess_spec
 from vlp.platform.training import pretrained_weights as ckpt
 from vlp.benchmarks import get_benchmark
-from vlp.platform.finetune.config import FinetuneConfig
+from vlp.platform.finetune.finetune_config import FinetuneConfig
 
 IMAGE_COLUMNS = {"vqa": ["image_id"], "retrieval": ["image_id"], "ve": ["image_id"],
                  "refexp": ["image_id"], "vcr": ["image_id"],

@@ -27,13 +27,13 @@ from vlp.platform.cluster import run_storage
 from vlp.platform.cluster.ray_session import ensure_ray
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.components import FinetuneComponents
-from vlp.platform.finetune.config import FinetuneConfig, load_finetune_config
+from vlp.platform.finetune.finetune_config import FinetuneConfig, load_finetune_config
 from vlp.platform.finetune.preflight import Prepared, prepare
 from vlp.platform.tracking.choice import TRACKING_ENV, check_tracking_shared
 from vlp.platform.tracking.mlflow_run import check_reachable
 from vlp.platform.training import launch
-from vlp.platform.training.config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
-                                          LoopTrain, project)
+from vlp.platform.training.loop_config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
+                                               LoopTrain, project)
 from vlp.platform.training.engine import extensions_dir
 from vlp.platform.training.progress import ProgressPrinter
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp.platform.finetune import tracking
-from vlp.platform.finetune.config import FinetuneConfig
+from vlp.platform.finetune.finetune_config import FinetuneConfig
 from vlp.platform.finetune.preflight import prepare
 from vlp.platform.cluster.ray_session import ensure_ray
 from vlp.platform.finetune.run import BenchmarkReport, components_for, run_name

@@ -35,7 +35,7 @@ from vlp.models import create_model
 from vlp.models.heads import extend_for
 from vlp.platform.pretrain.data import PretrainSetup
 from vlp.platform.pretrain.init_weights_check import model_kwargs
-from vlp.platform.training.config import LoopConfig, LoopStage
+from vlp.platform.training.loop_config import LoopConfig, LoopStage
 from vlp.platform.training.protocols import WorkerInfo
 
 

@@ -25,8 +25,8 @@ from vlp.models.families import family_task_problem
 from vlp.models.heads import layout_types
 from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.pretrain.config import (DataSection, ExperimentConfig, ModelSection,
-                                          StageSection, check_family, check_task_names)
+from vlp.platform.pretrain.experiment_config import (DataSection, ExperimentConfig, ModelSection,
+                                                     StageSection, check_family, check_task_names)
 from vlp.platform.pretrain.init_weights_check import check_init_weights
 from vlp.tasks import task_names
 

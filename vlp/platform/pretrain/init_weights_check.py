@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.pretrain.config import ExperimentConfig, ModelSection
+from vlp.platform.pretrain.experiment_config import ExperimentConfig, ModelSection
 
 NEEDS_A_FILE = ("minilm", "bert", "uniter")     # inits that read weights
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vlp.platform.pretrain.config import ExperimentConfig, load_experiment_config
+from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
 from vlp.platform.pretrain.run import PretrainResult, launch_pretraining, preflight, resolve
 from vlp.platform.pretrain.components import PretrainComponents
 from vlp.platform.pretrain.data import PretrainSetup, prepare

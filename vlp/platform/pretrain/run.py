@@ -20,12 +20,12 @@ from typing import Any
 
 from vlp.contract.config_loader import flatten, to_yaml
 from vlp.platform.cluster import run_storage
-from vlp.platform.pretrain.config import ExperimentConfig
+from vlp.platform.pretrain.experiment_config import ExperimentConfig
 from vlp.platform.tracking.choice import check_tracking_shared, choose_tracking_uri
 from vlp.platform.tracking.mlflow_run import check_reachable
 from vlp.platform.training import launch
-from vlp.platform.training.config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
-                                          LoopTrain, project)
+from vlp.platform.training.loop_config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
+                                               LoopTrain, project)
 from vlp.platform.training.engine import extensions_dir
 from vlp.platform.training.launch import LoopResult
 from vlp.platform.training.protocols import Components

@@ -8,13 +8,13 @@ of task mixes, masking, data and initialisation, or a replay of a paper's ablati
 
 Files: ``point`` (a point of the space and its labels), ``space`` (the space, its checks
 against the model registry, the Optuna sampler), ``replays`` (named grids: table3),
-``config`` (the YAML config), ``trial_configs`` (point → pretraining / finetune configs),
+``sweep_config`` (the YAML config), ``trial_configs`` (point → pretraining / finetune configs),
 ``preflight`` (every check before the first trial), ``trial`` (the Tune trainable),
 ``tracking`` (MLflow parent and trial runs), ``callbacks`` (progress, run status,
 leaderboard refresh), ``run`` (Tuner set-up and restore).
 """
 
-from vlp.platform.sweep.config import SweepConfig, load_sweep_config
+from vlp.platform.sweep.sweep_config import SweepConfig, load_sweep_config
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.replays import REPLAYS, replay_lines
 from vlp.platform.sweep.run import SweepResult, run_sweep

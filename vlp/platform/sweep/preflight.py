@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 
 from vlp.contract.config_loader import ConfigError
-from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.replays import NAMED_POINTS, check_replay, named_point, replay_lines
 from vlp.platform.sweep.space import check_space

@@ -25,7 +25,7 @@ from vlp.platform.tracking.leaderboard import Leaderboard, load_leaderboard
 from vlp.platform.tracking.leaderboard_export import log_leaderboard
 from vlp.platform.cluster.ray_session import ensure_ray
 from vlp.platform.sweep.callbacks import SweepProgress
-from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.space import SpaceSampler
@@ -209,7 +209,7 @@ def _interrupted(tune_path: Path, expected: int, exhausted: bool = False) -> boo
 
 def _pretrain_scaling(cfg: SweepConfig):
     """The trials' pretraining ``scaling`` section, defaults filled in."""
-    from vlp.platform.pretrain.config import ScalingSection
+    from vlp.platform.pretrain.experiment_config import ScalingSection
 
     given = cfg.pretrain.get("scaling", {}) if isinstance(cfg.pretrain, dict) else {}
     default = ScalingSection()
@@ -273,7 +273,7 @@ def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> tuple[bool, str]:
         write_text_atomic(instance_file, instance + "\n")
         return False, instance
     if saved.is_file():
-        from vlp.platform.sweep.config import load_sweep_config
+        from vlp.platform.sweep.sweep_config import load_sweep_config
 
         before = flatten(load_sweep_config(saved))
         now = flatten(cfg)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp.contract.config_loader import flatten
-from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.tracking.mlflow_run import MlflowRun, run_key
 

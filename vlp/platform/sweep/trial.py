@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp.benchmarks.meta_sum import complete, meta_sum, metric_key, parts_of
-from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 from vlp.contract.atomic_write import write_text_atomic
 

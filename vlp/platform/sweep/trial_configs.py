@@ -15,8 +15,8 @@ import copy
 from pathlib import Path
 from typing import Any, Iterator
 
-from vlp.platform.pretrain.config import ExperimentConfig
-from vlp.platform.sweep.config import SweepConfig
+from vlp.platform.pretrain.experiment_config import ExperimentConfig
+from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
 
 DOMAIN_OF_CHOICE = {"in": ("in",), "out": ("out",), "both": ("in", "out")}

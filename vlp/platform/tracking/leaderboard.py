@@ -26,7 +26,7 @@ from typing import Any
 
 from vlp.benchmarks import meta_sum
 from vlp.platform.tracking.leaderboard_stats import (Estimate, estimate, indistinguishable,
-                                            pooled_variance, welch_p)
+                                                     pooled_variance, welch_p)
 
 PARTS = tuple((p.key, p.label) for p in meta_sum.PARTS)   # metric key on the trial run → column
 SWEEP_JOB, TRIAL_JOB = "sweep", "sweep-trial"      # vlp.platform.sweep.tracking

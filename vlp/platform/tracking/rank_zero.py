@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from vlp.platform.training.checkpointing import TrainerState
-from vlp.platform.training.config import LoopConfig
+from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.tracking.mlflow_run import MlflowRun, loss_curve_figure
 from vlp.platform.tracking.background_queue import TrackingQueue
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from vlp.platform.training.config import LoopConfig
+from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
 from vlp.platform.training.lr_schedule import WarmupLinearDecay  # noqa: F401
 

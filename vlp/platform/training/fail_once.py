@@ -13,8 +13,7 @@ import logging
 from typing import Any
 
 from ray.train.torch import TorchTrainer
-from ray.train.v2._internal.execution.failure_handling import (DefaultFailurePolicy,
-                                                                FailureDecision)
+from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 
 from vlp.platform.training.failures import setup_error_of
 

@@ -17,7 +17,7 @@ from vlp.platform.cluster import run_storage
 from vlp.platform.tracking.mlflow_run import (embedded_artifact_location, embedded_tracking_uri,
                                               run_key)
 from vlp.platform.training import checkpointing
-from vlp.platform.training.config import LoopConfig
+from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.engine import deepspeed_config
 from vlp.platform.training.loop import train_loop_per_worker
 from vlp.platform.training.protocols import Components

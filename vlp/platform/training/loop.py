@@ -33,8 +33,8 @@ from vlp.platform.training import checkpointing
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.platform.training.device_peaks import device_name, peak_flops
 from vlp.platform.training.engine import (build_engine, compute_dtype, resolve_precision,
-                                 use_extensions_dir)
-from vlp.platform.training.config import LoopConfig
+                                          use_extensions_dir)
+from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo

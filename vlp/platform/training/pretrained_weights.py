@@ -2,11 +2,11 @@
 reader of what the training loop writes (``checkpointing``), used by finetuning, zero-shot
 evaluation, curation's ITM scorer and the probes.
 
-A checkpoint path (``--checkpoint``) may name: a checkpoint folder written by the pretraining loop (Ray Train
-checkpoint holding a DeepSpeed checkpoint: ``vlp_trainer.json`` + ``<tag>/mp_rank_00_model_
-states.pt``), a pretraining *run* folder (its latest ``checkpoint_*`` is taken), or a plain
-state-dict file of a ``VLPModel`` (``.pt`` / ``.safetensors``). Everything loads with
-``weights_only=True``.
+A checkpoint path (``--checkpoint``) may name: a checkpoint folder written by the pretraining loop
+(Ray Train checkpoint holding a DeepSpeed checkpoint: ``vlp_trainer.json`` +
+``<tag>/mp_rank_00_model_states.pt``), a pretraining *run* folder (its latest ``checkpoint_*`` is
+taken), or a plain state-dict file of a ``VLPModel`` (``.pt`` / ``.safetensors``). Everything loads
+with ``weights_only=True``.
 
 Before anything is trained the checkpoint is checked against the requested family: every
 backbone tensor must be present with the right shape. A checkpoint of another family is

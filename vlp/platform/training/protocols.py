@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from vlp.platform.training.config import LoopConfig, LoopStage
+    from vlp.platform.training.loop_config import LoopConfig, LoopStage
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ LOCATION_OF_KIND = {"uniter7": "uniter", "imagebert5": "imagebert", "box4": "vlb
 class DownstreamDataConfig(ConfigModel, frozen=True):
     world: str                                 # folder with manifest.json (vlp world)
     visual: Literal["regions", "pixels"] = "regions"   # pixels: SOHO
-    location: str = "uniter"                   # key of vlp.datasets.stream.location.LOCATION_FEATURES
+    location: str = "uniter"                   # a key of stream.location.LOCATION_FEATURES
     feature_dim: int = Field(0, ge=0)          # D the model expects (0: take the shards')
     tokenizer_path: str | None = None          # None = the packaged uncased vocab
     max_text_len: int = Field(60, ge=1)        # word pieces per text segment (UNITER: 60)

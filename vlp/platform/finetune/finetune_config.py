@@ -16,7 +16,7 @@ from typing import Annotated, Any, Iterable, Literal
 from pydantic import Field
 
 from vlp.contract.config_loader import ConfigError, ConfigModel, load_config
-from vlp.platform.pretrain.config import ScalingSection, _NAME
+from vlp.platform.pretrain.experiment_config import ScalingSection, _NAME
 from vlp.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
 from vlp.benchmarks import meta_sum
 

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from vlp.benchmarks import meta_sum
 from vlp.contract.config_loader import ConfigModel, load_config
-from vlp.platform.pretrain.config import name_and_folder_problems
+from vlp.platform.pretrain.experiment_config import name_and_folder_problems
 from vlp.platform.sweep.space import SearchSpace
 
 # keys of ``pretrain`` that the sweep decides per trial (a user value would be ignored)
