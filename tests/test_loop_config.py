@@ -98,6 +98,7 @@ def test_finetuning_builds_its_own_loop_config_and_checks_each_run_once(tiny_wor
     assert loop.stages == (LoopStage("finetune", 5, {"retrieval": 1.0}),)
     assert loop.optimizer.lr == 3e-4 and loop.optimizer.warmup_steps == 0
     assert loop.checkpoint_interval == 5 and loop.train.log_every == 5
+    assert loop.job == "finetune"            # its log lines say [vlp finetune], not pretrain
     assert components.benchmark == "retrieval" and not tracking["enabled"]
     assert report.scores == {"ir": 1.0, "tr": 2.0}
 
@@ -110,3 +111,13 @@ def test_a_cpu_finetune_in_fp16_is_refused_on_load(tiny_world):
         load_finetune_config(data={"world": str(tiny_world), "benchmarks": ["retrieval"],
                                    "model": {"init": "random"},
                                    "train": {"precision": "fp16"}})
+
+
+def test_progress_lines_name_the_job_that_runs_the_loop():
+    from vlp.platform.training.progress import progress_line
+
+    m = {"step": 100, "stage": 0, "loss": 3.5, "vqa_loss": 3.5, "examples_per_s": 500.0,
+         "input_units_per_s": 11000.0, "lr": 1e-3}
+    line = progress_line(m, 300, ["vqa"], run="t001-ft-vqa", job="finetune")
+    assert line.startswith("[vlp finetune] t001-ft-vqa step 100/300 (vqa) loss 3.5000 | vqa 3.500")
+    assert progress_line(m, 300, ["main"]).startswith("[vlp pretrain] step 100/300 (main)")

@@ -139,7 +139,7 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
     loop = loop_config(cfg, name, steps, lr, storage)
     start = time.perf_counter()
     result = launch.run_loop(loop, components, tracking_spec(cfg, loop, parent),
-                             callbacks=[ProgressPrinter(steps, [f"finetune {name}"])])
+                             callbacks=[ProgressPrinter(steps, [name], job="finetune")])
     after = result.return_value.get("after_training") or {}
     if not after:
         raise RuntimeError(f"finetune {name}: training stopped at step {result.final_step} of "
@@ -176,7 +176,7 @@ def loop_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,
         name=run_name(cfg, name), storage=storage, seed=cfg.run.seed,
         max_failures=cfg.run.max_failures,
         stages=(LoopStage("finetune", steps, {get_benchmark(name).task: 1.0}),),
-        checkpoint_interval=steps, checkpoint_keep=1, family=cfg.model.family,
+        checkpoint_interval=steps, checkpoint_keep=1, family=cfg.model.family, job="finetune",
         train=LoopTrain(precision=t.precision, zero_stage=t.zero_stage,
                         log_every=min(t.log_every, steps),
                         extensions_dir=extensions_dir(t.extensions_dir)),

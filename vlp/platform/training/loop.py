@@ -372,7 +372,7 @@ class _Worker:
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
-            print(f"[vlp pretrain] {text}", flush=True)
+            print(f"[vlp {self.cfg.job}] {text}", flush=True)
 
 
 def _checkpoint_dir_name(step: int) -> str:

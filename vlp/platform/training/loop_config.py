@@ -80,6 +80,7 @@ class LoopConfig:
     checkpoint_interval: int = 1000       # steps; the last step is always checkpointed
     checkpoint_keep: int = 2
     family: str = ""                      # the model family, for the log lines
+    job: Literal["pretrain", "finetune"] = "pretrain"   # the job that built it: log lines
     # the input-unit budget of a micro-batch, for the log lines; 0 = the batches count
     # examples (finetuning)
     batch_input_units: int = 0
