@@ -35,7 +35,6 @@ from pathlib import Path
 import ray.train
 import torch
 
-
 from vlp.platform.pretrain.job import load_pretrain_config, pretrain
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain-tiny.yaml"

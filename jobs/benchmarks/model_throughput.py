@@ -32,7 +32,6 @@ import time
 
 import torch
 
-
 from vlp.models import create_model
 from vlp.testing.example_batches import example_batch
 from vlp.models.flops import encoder_shape

@@ -22,7 +22,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from vlp.contract import batch_spec as K
 from vlp.datasets.stream.data_config import DataConfig, RegionConfig, world_sources
 from vlp.datasets.stream.data_plan import plan_data

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from vlp.platform.tracking.leaderboard import find_sweep_run
 
 
