@@ -20,6 +20,7 @@ import torch.distributed as dist
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.platform.training.engine import WarmupLinearDecay
 from vlp.platform.pretrain.experiment_config import load_experiment_config
+from vlp.platform.pretrain.run import loop_config
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.testing.toy import ToyBatchSource, ToyModel, ToyTaskSampler
 
@@ -139,9 +140,9 @@ def worker(gas: int, overflow_at: tuple[int, ...] = ()):
     from vlp.platform.training.loop import _Worker
 
     torch.manual_seed(0)
-    cfg = load_experiment_config(data={
+    cfg = loop_config(load_experiment_config(data={   # what the loop gets: a LoopConfig
         "data": {"sources": {"a": {"path": "/x"}}}, "tasks": MIX,
-        "train": {"steps": 10, "grad_accum": gas}, "optimizer": {"warmup_steps": 2}})
+        "train": {"steps": 10, "grad_accum": gas}, "optimizer": {"warmup_steps": 2}}))
     w = object.__new__(_Worker)
     w.cfg, w.rank, w.world = cfg, 0, 1
     w.task_ids = {t: i for i, t in enumerate(MIX)}
