@@ -81,8 +81,11 @@ def resolve_precision(cfg: LoopConfig, device: torch.device | None = None) -> st
 def zero_bucket_elements(num_parameters: int) -> int:
     """ZeRO reduce / all-gather bucket size: an eighth of the model, so that gradient
     reduction overlaps the backward in several pieces (DeepSpeed's 5e8 default exceeds
-    every model here: one reduction after the whole backward), within [1e6, 5e8]."""
-    return int(min(5e8, max(1e6, num_parameters // 8)))
+    every model here: one reduction after the whole backward), within [1e6, 5e8], and a
+    multiple of 1024: DeepSpeed asserts that the all-gather bucket is a multiple of its NCCL
+    start alignment (2 or 4 elements), which an eighth of an odd count is not."""
+    elements = int(min(5e8, max(1e6, num_parameters // 8)))
+    return elements - elements % 1024
 
 
 def deepspeed_config(cfg: LoopConfig, world_size: int, *,
