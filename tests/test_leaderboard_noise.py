@@ -188,3 +188,44 @@ def test_one_seed_everywhere_is_not_evidence(tmp_path):
     assert "vs best" not in board.markdown()
     assert "not evidence" in pretraining_verdict(board)
     assert "not evidence" in ranking_verdict(board)[1]
+
+
+def test_asha_stopping_every_pretrained_mix_still_gets_a_verdict(tmp_path):
+    """The demo's usual ending at its budget: ASHA stops the pretrained mixes after stage 1,
+    so no pretrained line has Meta-Sum. The verdict compares the finished parts, each against
+    no pretraining's spread (refcoco+ seeds 50, 54: s² 8, 1 df; pooled for the one seed)."""
+    from vlp.commands.demo import pretraining_verdict
+    from vlp.platform.tracking.leaderboard import PARTS
+
+    ref = dict(PARTS)
+    key = next(k for k, label in PARTS if label == "RefCOCO+")
+    assert ref[key] == "RefCOCO+"
+
+    def store(name: str, stopped_score: float):
+        uri = embedded_tracking_uri(tmp_path / name)
+        parent = MlflowRun.open(uri, "vlp-sweep", run_name=name, tags={"vlp.job": "sweep"})
+        _trial(parent, "t001", TrialPoint(),
+               {"meta_sum": 150.0, "score": 150.0, key: 52.0, "seed0.meta_sum": 148.0,
+                "seed1.meta_sum": 152.0, f"seed0.{key}": 50.0, f"seed1.{key}": 54.0})
+        best = TrialPoint.of({"mlm": 2, "itm": 2, "mrc-kl": 1, "mrfr": 1})
+        for trial, score in (("t002", stopped_score), ("t003", 30.0)):
+            run = parent.child(f"{trial} {best.mix_label()}",
+                               tags={"vlp.job": "sweep-trial", "vlp.sweep.trial": trial,
+                                     **best.tags(), "vlp.state": "stopped"})
+            run.log_metrics({"stage": 1, "stages": 4, "trial_steps": 600, "score": score,
+                             key: score}, step=1)
+            run.finish("KILLED")
+        return load_leaderboard(uri, parent.run_id)
+
+    # 48 vs mean 52: t = 4 / √(8 + 4) = 1.15, far inside t_0.975(≈2) → within noise
+    said = pretraining_verdict(store("within", 48.0))
+    assert said.startswith("demo: ASHA stopped every pretrained mix")
+    assert "after stage 1/4" in said and "RefCOCO+ 48.00 vs 52.00 ± " in said
+    assert "within seed noise" in said and "finetune_calibration.py" in said
+    # 150 vs 52: t = 98 / √12 = 28.3; Welch df = 12² / (8²/1 + 4²/1) = 1.8, p ≈ 0.002 → beyond
+    far = pretraining_verdict(store("far", 150.0))
+    assert "RefCOCO+ 150.00" in far and "beat no pretraining beyond seed noise" in far
+    # the best stopped mix is then t003 at 30: t = 22 / √12 = 6.35 → below, beyond noise
+    low = pretraining_verdict(store("low", 0.0))
+    assert "RefCOCO+ 30.00" in low and "below, beyond seed noise" in low
+    assert "does not separate pretraining from none" in low
