@@ -30,8 +30,9 @@ from typing import Any, Mapping
 
 import torch
 
+from vlp.platform.training.pretrained_weights import WORD_EMBEDDINGS
+
 MODEL_CARD = "vlp_model.json"
-WORD_EMBEDDINGS = "backbone.text_embeddings.word_embeddings.weight"
 UNITER_WORD_EMBEDDINGS = "uniter.embeddings.word_embeddings.weight"
 
 
