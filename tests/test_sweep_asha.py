@@ -1,13 +1,15 @@
-"""Integration: ASHA stopping a trial, and a trial interrupted between its stages resuming
-after the last one it finished, on real Ray Tune with vlp's sweep (``run_sweep``: vlp's
-OptunaSearch + ASHA set-up, the progress callback that closes runs, MLflow, the leaderboard).
+"""Integration: ASHA stopping a trial, across an interrupt, and a trial interrupted between
+its stages resuming after the last one it finished, on real Ray Tune with vlp's sweep
+(``run_sweep``: vlp's OptunaSearch + ASHA set-up, the progress callback that closes runs,
+MLflow, the leaderboard).
 
 Only the stages are fakes (no Ray Train): each records its call in the trial's folder and
-scores by point, so which trial ASHA stops is known: 3 trials one at a time, 2 benchmark
-stages, a rung after stage 1 (grace 1, rf 2): t001 (no pretraining) scores 60 at stage 1,
-t002 (paper-best) 10, below t001, so ASHA stops it; t003 (Optuna's draw) 90 and goes on, and
-the sweep is interrupted (SIGUSR1, as Ctrl-C would) as t003 reports stage 1. The real stages
-(one Train run each) are the sweep of test_sweep_ray.py, which ASHA would not stop
+scores by trial, so which trial ASHA stops is known: 2 trials one at a time, 2 benchmark
+stages, a rung after stage 1 (grace 1, rf 2). t001 (paper-best, pretrains) scores 90 at
+stage 1 and the sweep is interrupted (SIGUSR1, as Ctrl-C would) as it reports it; the re-run
+restores the sweep, t001 goes on with stage 2 only, and t002 (no pretraining) scores 10 at
+stage 1, below t001's record at the rung from before the interrupt: ASHA stops it. The real
+stages (one Train run each) are the sweep of test_sweep_ray.py, which ASHA would not stop
 predictably. A changed config refused on restore: test_sweep_ray.py, test_sweep_restore.py.
 """
 
@@ -31,7 +33,8 @@ pytestmark = pytest.mark.integration
 
 CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
 CALLS = "stage_calls.txt"
-STAGE1 = {"t001": 30.0, "t002": 5.0, "t003": 45.0}     # ir = tr after stage 1, by trial
+STAGE1 = {"t001": 45.0, "t002": 5.0}     # ir = tr after stage 1, by trial
+
 
 def _record(trial_dir: str, what: str) -> None:
     with open(Path(trial_dir) / CALLS, "a") as f:
@@ -57,12 +60,12 @@ def trial_with_fake_stages(config, ctx):
     trial_mod.run_trial(config, ctx)
 
 
-class InterruptAtDrawnTrialsFirstStage(ray.tune.Callback):
+class InterruptAtFirstTrialsStage1(ray.tune.Callback):
     def __init__(self, marker: str):
         self.marker = marker
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if (trial.config.get("trial_number") == 2 and result.get("stage") == 1
+        if (trial.config.get("trial_number") == 0 and result.get("stage") == 1
                 and not os.path.exists(self.marker)):
             Path(self.marker).write_text(trial.trial_id)
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -75,13 +78,13 @@ def sweep(ray_local, tiny_world, tmp_path_factory):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     out = tmp_path_factory.mktemp("asha")
     cfg = load_sweep_config(CONFIG, [
-        f"world={tiny_world}", f"sweep.output_dir={out}", "sweep.num_samples=3",
-        "sweep.include=[none,paper-best]", "sweep.max_concurrent=1", "sweep.scheduler=asha",
+        f"world={tiny_world}", f"sweep.output_dir={out}", "sweep.num_samples=2",
+        "sweep.include=[paper-best,none]", "sweep.max_concurrent=1", "sweep.scheduler=asha",
         "sweep.grace_period=1", "sweep.reduction_factor=2", "space.init=[random]"])
     patch = pytest.MonkeyPatch()
     patch.setattr(run_mod, "run_trial", trial_with_fake_stages)
     try:
-        first = run_sweep(cfg, callbacks=[InterruptAtDrawnTrialsFirstStage(
+        first = run_sweep(cfg, callbacks=[InterruptAtFirstTrialsStage1(
             str(out / "interrupted"))])
         second = run_sweep(cfg)
     finally:
@@ -94,19 +97,29 @@ def calls(result, trial: str) -> list[str]:
     return (Path(result.trials_dir) / trial / CALLS).read_text().splitlines()
 
 
-def test_asha_stops_the_trial_below_the_rung_and_records_it_as_stopped(sweep):
-    from mlflow.tracking import MlflowClient
-
+def test_a_trial_interrupted_after_stage_1_resumes_there_without_pretraining_again(sweep):
     first, second = sweep
     assert first.interrupted and not second.interrupted
-    assert second.trials == 3 and second.errors == 0
+    assert {r.trial: r.state for r in first.leaderboard.rows} == {"t001": "running"}
+    # pretraining and retrieval ran once, before the interrupt; vqa once, after it
+    assert calls(second, "t001") == ["pretrain", "retrieval", "vqa"]
+    attempts = (Path(second.trials_dir) / "t001" / "attempts.jsonl").read_text().splitlines()
+    assert [json.loads(a)["resumed_after_stage"] for a in attempts] == [-1, 1]
+    t001 = {r.trial: r for r in second.leaderboard.rows}["t001"]
+    assert t001.state == "completed" and t001.score == pytest.approx(2 * STAGE1["t001"] + 40)
+
+
+def test_asha_stops_the_trial_below_the_rung_and_records_it_as_stopped(sweep):
+    """t002 is compared with t001's stage-1 score recorded before the interrupt."""
+    from mlflow.tracking import MlflowClient
+
+    _, second = sweep
+    assert second.trials == 2 and second.errors == 0
     rows = {r.trial: r for r in second.leaderboard.rows}
-    assert {t: r.state for t, r in rows.items()} == {
-        "t001": "completed", "t002": "stopped", "t003": "completed"}
-    # the stopped trial ran pretraining and the first benchmark only
-    assert calls(second, "t001") == ["retrieval", "vqa"]
-    assert calls(second, "t002") == ["pretrain", "retrieval"]
+    assert {t: r.state for t, r in rows.items()} == {"t001": "completed", "t002": "stopped"}
     assert (rows["t002"].stage, rows["t002"].stages) == (1, 2)
+    # the stopped trial ran the first benchmark only (it does not pretrain)
+    assert calls(second, "t002") == ["retrieval"]
     client = MlflowClient(second.tracking_uri)
     runs = {r.data.tags["vlp.sweep.trial"]: r for r in client.search_runs(
         [client.get_run(second.parent_run_id).info.experiment_id],
@@ -115,15 +128,4 @@ def test_asha_stops_the_trial_below_the_rung_and_records_it_as_stopped(sweep):
     assert stopped.info.status == "KILLED" and stopped.data.tags["vlp.state"] == "stopped"
     assert stopped.data.metrics["score"] == 2 * STAGE1["t002"]
     assert "vlp.error" not in stopped.data.tags
-    assert {runs[t].info.status for t in ("t001", "t003")} == {"FINISHED"}
-
-
-def test_a_trial_interrupted_after_stage_1_resumes_there_without_pretraining_again(sweep):
-    first, second = sweep
-    assert {r.trial: r.state for r in first.leaderboard.rows}["t003"] == "running"
-    # pretraining and retrieval ran once, before the interrupt; vqa once, after it
-    assert calls(second, "t003") == ["pretrain", "retrieval", "vqa"]
-    attempts = (Path(second.trials_dir) / "t003" / "attempts.jsonl").read_text().splitlines()
-    assert [json.loads(a)["resumed_after_stage"] for a in attempts] == [-1, 1]
-    t003 = {r.trial: r for r in second.leaderboard.rows}["t003"]
-    assert t003.score == pytest.approx(2 * STAGE1["t003"] + 40.0)
+    assert runs["t001"].info.status == "FINISHED"
