@@ -3,9 +3,10 @@
 Each curve overfits one fixed example batch (seeded) with AdamW, dropout on, one CPU thread, a
 2048-token vocabulary. The batch's content is random but its masking is the data pipeline's
 (``vlp.testing.example_batches`` runs ``vlp.tasks.apply_masking``), so mlm and mlm-obj differ
-in the words they mask (the example captions name objects). Two checks use it: every task's loss falls (the head, the loss and the
-gradient path work), and the curve matches the stored one within tolerance, so a change that alters
-training dynamics (init, a loss's normalisation, masking, packing) shows up here.
+in the words they mask (the example captions name objects). Two checks use it: every task's
+loss falls (the head, the loss and the gradient path work), and the curve matches the stored
+one within tolerance, so a change that alters training dynamics (init, a loss's
+normalisation, the pipeline's masking, packing) shows up here.
 
 Regenerate after an *intended* change, and say why in the commit:
 
