@@ -142,8 +142,11 @@ def test_moc_classifies_every_masked_region_of_true_pairs_zeroed_or_kept():
 @pytest.mark.parametrize("soft", [True, False], ids=["soft-labels", "class-labels"])
 def test_vlbert_masked_roi_loss(soft):
     model, batch = model_and_batch("vlbert-tiny", "mrc-vlbert")
-    if not soft:
-        del batch[bs.REGION_SOFT_LABELS]
+    assert bs.REGION_SOFT_LABELS not in batch   # the pipeline gives class labels only
+    if soft:   # a batch that carries the detector's distribution (1601 classes by default)
+        g = torch.Generator().manual_seed(2)
+        batch[bs.REGION_SOFT_LABELS] = torch.softmax(
+            3 * torch.randn(*batch[bs.REGION_MASK].shape, 1601, generator=g), -1)
     select = batch[bs.REGION_MASKED] & batch[bs.REGION_MASK].bool() & POSITIVE[:, None]
     assert select.any() and (batch[bs.REGION_MASKED][2:] & batch[bs.REGION_MASK][2:].bool()).any()
     with torch.no_grad():

@@ -57,7 +57,7 @@ def test_mrc_hard_label_excludes_background():
     model, spec, _ = create_model("uniter-tiny", tasks=["mrc"], num_classes=5)
     model.eval()
     batch = example_batch(spec, "mrc", batch_size=2)
-    soft = torch.zeros_like(batch[bs.REGION_SOFT_LABELS])
+    soft = torch.zeros(*batch[bs.REGION_MASK].shape, 5)   # the pipeline gives mrc no soft labels
     soft[..., 0], soft[..., 3] = 0.7, 0.3  # background most likely; class 3 is the label
     batch[bs.REGION_SOFT_LABELS] = soft
     derived = dict(batch)

@@ -44,8 +44,8 @@ def overrides(tiny_world, tmp_path_factory):
     return [
         f"world={tiny_world}", f"sweep.output_dir={out}", "sweep.num_samples=2",
         "sweep.include=[none,paper-best]", "sweep.max_concurrent=1", "space.init=[random]",
-        # FIFO: the session's Ray has no dashboard, which Train needs to free the placement
-        # groups of trials ASHA stops (the demo's local Ray has one)
+        # FIFO: which of two real trials scores lower at the rung is not known beforehand;
+        # ASHA stopping a trial (and across a restore) is test_sweep_asha.py
         "sweep.scheduler=fifo"]
 
 

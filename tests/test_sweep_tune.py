@@ -101,3 +101,28 @@ def test_a_repeat_proposal_is_not_a_trial(tmp_path):
     assert states.count(OptunaState.PRUNED) == search.redraws == len(states) - 2
     marker = cfg.sweep_dir / EXHAUSTED_FILE
     assert space_exhausted(marker).startswith("2 distinct points")
+
+
+def test_asha_keeps_its_rungs_across_a_restore(tmp_path):
+    """Tune restores the scheduler pickled with the Tuner at the start; the rungs recorded
+    since come from the sweep folder's file (the whole sweep: test_sweep_asha.py)."""
+    import pickle
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from vlp.platform.sweep.asha import STATE_FILE
+
+    cfg = load_sweep_config(CONFIGS / "sweep-tiny.yaml", [f"sweep.output_dir={tmp_path}"])
+    asha = _tune_config(cfg, SweepPlan(), concurrency=1).scheduler
+    assert asha.state_file == str(cfg.sweep_dir / STATE_FILE)
+    asha.set_search_properties("score", "max")
+    at_start = pickle.dumps(asha)              # what Tuner.restore unpickles
+    first, second = SimpleNamespace(trial_id="a"), SimpleNamespace(trial_id="b")
+    asha.on_trial_add(None, first)
+    assert asha.on_trial_result(None, first, {"stage": 1, "score": 90.0}) == \
+        TrialScheduler.CONTINUE
+    restored = pickle.loads(at_start)
+    restored.on_trial_add(None, second)
+    assert restored.on_trial_result(None, second, {"stage": 1, "score": 10.0}) == \
+        TrialScheduler.STOP

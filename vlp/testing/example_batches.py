@@ -1,22 +1,34 @@
 """Random batches that follow the batch contract, for tests, benchmarks and smoke runs.
 
-They have the keys, dtypes and masking structure the pipeline produces for each task (BERT
-masking for MLM, 15% of regions masked with at least one per image, MOC's 90/10 zero/keep,
-ITM negatives, SOHO images shared by two texts) but random content: a fixed batch is
-learnable by memorising, which is what overfitting tests need. Real data comes from
-``vlp.datasets``.
+The content is random (a fixed batch is learnable by memorising, which is what overfitting
+tests need) but the masking is the data pipeline's own: the unmasked arrays go through
+``vlp.tasks.apply_masking`` (conditional mode) and VL-BERT's whole-image feature through
+``whole_image_feature``, the code ``vlp.datasets.batching.task_batch`` runs for real data, so
+a change to a task's masking policy changes these batches too (and the stored reference
+curves built from them). ITM negatives are drawn here (half the pairs, at random): the
+pipeline's donor choice needs image blocks. Real data comes from ``vlp.datasets``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vlp.contract import batch_spec as bs
-
+from vlp.datasets.batching.task_batch import to_torch, whole_image_feature
 from vlp.models.factory import PreprocessSpec
-from vlp.tasks import get_task
+from vlp.tasks import MaskContext, apply_masking, get_task
+from vlp.tasks.masking_visual import SOFT_LABELS
 
 CLS, SEP, MASK, FIRST_WORD = 101, 102, 103, 1000  # BERT WordPiece ids (cased and uncased)
+MASK_PROB = 0.15
+# the example world's detector class names (mlm-obj's targets): one per caption but the last,
+# whose caption names none (mlm-obj falls back to BERT's 15% there)
+OBJECT_IDS = np.arange(FIRST_WORD, FIRST_WORD + 8)
+
+
+def mask_context(vocab_size: int) -> MaskContext:
+    return MaskContext(MASK_PROB, MASK, CLS, SEP, np.arange(FIRST_WORD, vocab_size), OBJECT_IDS)
 
 
 def _boxes(n: tuple[int, int], g: torch.Generator) -> torch.Tensor:
@@ -34,13 +46,22 @@ def _location(boxes: torch.Tensor, kind: str) -> torch.Tensor:
             "box4": lambda: boxes}[kind]()
 
 
-def _pick(mask: torch.Tensor, p: float, g: torch.Generator) -> torch.Tensor:
-    """Each True of ``mask`` with probability p, at least one per row that has any."""
-    picked = (torch.rand(mask.shape, generator=g) < p) & mask
-    first = torch.where(mask, torch.rand(mask.shape, generator=g), -1.0).argmax(1)
-    rows = mask.any(1)
-    picked[rows.nonzero()[:, 0], first[rows]] = True
-    return picked
+def _text(b: int, t: int, vocab_size: int, full_length: bool, g: torch.Generator
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[CLS] words [SEP] [PAD]…; one word of every caption but the last names an object."""
+    lengths = (torch.full((b,), t) if full_length
+               else torch.randint(max(3, t // 2), t + 1, (b,), generator=g))
+    text_mask = torch.arange(t)[None] < lengths[:, None]
+    first_plain = FIRST_WORD + len(OBJECT_IDS)
+    ids = torch.randint(first_plain, max(vocab_size, first_plain + 1), (b, t), generator=g)
+    rows = torch.arange(b - 1) if b > 1 else torch.arange(0)
+    at = 1 + (torch.rand(len(rows), generator=g) * (lengths[rows] - 2)).long()
+    ids[rows, at] = torch.from_numpy(OBJECT_IDS)[
+        torch.randint(len(OBJECT_IDS), (len(rows),), generator=g)]
+    ids[:, 0] = CLS
+    ids[torch.arange(b), lengths - 1] = SEP
+    ids[~text_mask] = 0
+    return ids, text_mask
 
 
 def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len: int = 12,
@@ -48,81 +69,52 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
                   seed: int = 0, full_length: bool = False) -> dict[str, torch.Tensor]:
     """One batch for ``task``; ``full_length`` makes every text and image full (benchmarks)."""
     g = torch.Generator().manual_seed(seed)
-    spec_of_task = get_task(task)   # its masked modality and inputs, from the task registry
+    policy = get_task(task)   # its masked modality and inputs, from the task registry
     b, t = batch_size, text_len
-    lengths = (torch.full((b,), t) if full_length
-               else torch.randint(max(3, t // 2), t + 1, (b,), generator=g))
-    text_mask = torch.arange(t)[None] < lengths[:, None]
-    ids = torch.randint(FIRST_WORD, spec.vocab_size, (b, t), generator=g)
-    ids[:, 0] = CLS
-    ids[torch.arange(b), lengths - 1] = SEP
-    ids[~text_mask] = 0
-    batch: dict[str, torch.Tensor] = {}
-
+    ids, text_mask = _text(b, t, spec.vocab_size, full_length, g)
     positive = torch.ones(b, dtype=torch.bool)
-    if spec_of_task.itm_negatives:
+    batch: dict[str, np.ndarray] = {}
+    if policy.itm_negatives:
         labels = (torch.arange(b) % 2 == 0).long()[torch.randperm(b, generator=g)]
-        batch[bs.ITM_LABELS] = labels
+        batch[bs.ITM_LABELS] = labels.numpy()
         positive = labels.bool()
-    batch[bs.POSITIVE] = positive
-
-    if spec_of_task.modality == "text":   # example batches: any word stands for an object word
-        words = text_mask.clone()
-        words[:, 0] = False
-        words[torch.arange(b), lengths - 1] = False
-        masked = _pick(words, 0.15, g)
-        batch[bs.MLM_LABELS] = torch.where(masked, ids, -100)
-        draw = torch.rand(b, t, generator=g)
-        random_ids = torch.randint(FIRST_WORD, spec.vocab_size, (b, t), generator=g)
-        ids = torch.where(masked & (draw < 0.8), MASK, ids)
-        ids = torch.where(masked & (draw >= 0.8) & (draw < 0.9), random_ids, ids)
-    batch[bs.INPUT_IDS], batch[bs.TEXT_MASK] = ids, text_mask.long()
+    batch[bs.POSITIVE] = positive.numpy()
+    batch[bs.INPUT_IDS], batch[bs.TEXT_MASK] = ids.numpy(), text_mask.long().numpy()
 
     if spec.input_kind == "regions":
         n, d, c = num_regions, spec.region_feat_dim, spec.num_classes
         counts = (torch.full((b,), n) if full_length
                   else torch.randint(max(2, n // 2), n + 1, (b,), generator=g))
         region_mask = torch.arange(n)[None] < counts[:, None]
-        raw = torch.relu(torch.randn(b, n, d, generator=g)) * region_mask[..., None]
-        feats = raw.clone()
-        batch[bs.REGION_LOC] = _location(_boxes((b, n), g), spec.location_kind) * region_mask[..., None]
-        batch[bs.REGION_MASK] = region_mask.long()
-        if spec_of_task.modality == "regions":
-            masked = _pick(region_mask & positive[:, None], 0.15, g)
-            zeroed = masked & (torch.rand(b, n, generator=g) < 0.9) if task == "moc" else masked
-            feats[zeroed] = 0.0
-            soft = torch.softmax(3 * torch.randn(b, n, c, generator=g), -1)
-            batch[bs.REGION_MASKED], batch[bs.REGION_ZEROED] = masked, zeroed
-            batch[bs.REGION_FEAT_TARGETS] = raw
-            batch[bs.REGION_SOFT_LABELS] = soft
-            batch[bs.REGION_CLASS_LABELS] = torch.where(masked, soft[..., 1:].argmax(-1) + 1, -100)
-            unmasked = region_mask & ~masked
-        else:
-            unmasked = region_mask
-        batch[bs.REGION_FEATS] = feats
-        if spec.needs_image_feat:  # whole image = mean of the regions left visible
-            weights = unmasked[..., None].float()
-            batch[bs.IMAGE_FEAT] = (raw * weights).sum(1) / weights.sum(1).clamp(min=1)
-        units = t + n
+        if policy.text_only:   # a text corpus batch: no image (batching.text_corpus)
+            region_mask = region_mask[:, :0]
+        feats = torch.relu(torch.randn(*region_mask.shape, d, generator=g)) * region_mask[..., None]
+        loc = _location(_boxes(tuple(region_mask.shape), g), spec.location_kind)
+        batch[bs.REGION_FEATS] = feats.numpy()
+        batch[bs.REGION_LOC] = (loc * region_mask[..., None]).numpy()
+        batch[bs.REGION_MASK] = region_mask.long().numpy()
+        if policy.needs_soft_labels:   # the detector's class distributions
+            soft = torch.softmax(3 * torch.randn(*region_mask.shape, c, generator=g), -1)
+            batch[SOFT_LABELS] = soft.numpy()
+        units = t + region_mask.shape[1]
     else:
         images = max(1, (b + 1) // 2)  # SOHO: each image serves two texts
         h, w = image_size or (spec.image_min_side, spec.image_min_side)
-        batch[bs.PIXELS] = torch.randn(images, 3, h, w, generator=g)
+        pixels = torch.randn(images, 3, h, w, generator=g)
         pixel_mask = torch.ones(images, h, w, dtype=torch.long)
         if images > 1 and not full_length:
             pixel_mask[-1, :, w * 3 // 4:] = 0  # one padded image
-            batch[bs.PIXELS][-1, :, :, w * 3 // 4:] = 0
-        batch[bs.PIXEL_MASK] = pixel_mask
-        batch[bs.IMAGE_INDEX] = torch.arange(b) % images
-        if spec_of_task.modality == "pixels":
-            batch[bs.MVM_APPLY] = torch.ones(images, dtype=torch.bool)
+            pixels[-1, :, :, w * 3 // 4:] = 0
+        batch[bs.PIXELS], batch[bs.PIXEL_MASK] = pixels.numpy(), pixel_mask.numpy()
+        batch[bs.IMAGE_INDEX] = (torch.arange(b) % images).numpy()
         units = t
-    if spec_of_task.text_only:   # a text corpus batch: no image (vlp.datasets.batching.text_corpus)
-        for k in (bs.REGION_FEATS, bs.REGION_LOC, bs.REGION_MASK):
-            batch[k] = batch[k][:, :0]
-        if bs.IMAGE_FEAT in batch:
-            batch[bs.IMAGE_FEAT] = torch.zeros_like(batch[bs.IMAGE_FEAT])
-        units = t
-    batch[bs.NUM_EXAMPLES] = torch.tensor(b)
-    batch[bs.INPUT_UNITS] = torch.tensor(b * units)
-    return batch
+
+    rng = np.random.default_rng(seed)
+    apply_masking(task, batch, rng, mask_context(spec.vocab_size), "conditional",
+                  spec.input_kind)
+    if spec.input_kind == "regions" and (spec.needs_image_feat or policy.image_feat):
+        batch[bs.IMAGE_FEAT] = (np.zeros((b, spec.region_feat_dim), np.float32)
+                                if policy.text_only else whole_image_feature(batch))
+    batch[bs.NUM_EXAMPLES] = np.array(b, np.int64)
+    batch[bs.INPUT_UNITS] = np.array(b * units if not policy.text_only else b * t, np.int64)
+    return to_torch(batch)

@@ -11,7 +11,8 @@ against the model registry, the Optuna sampler), ``replays`` (named grids: table
 ``sweep_config`` (the YAML config), ``trial_configs`` (point → pretraining / finetune configs),
 ``preflight`` (every check before the first trial), ``trial`` (the Tune trainable),
 ``tracking`` (MLflow parent and trial runs), ``callbacks`` (progress, run status,
-leaderboard refresh), ``run`` (Tuner set-up and restore).
+leaderboard refresh), ``asha`` (ASHA whose rungs survive a restore), ``run`` (Tuner set-up
+and restore).
 """
 
 from vlp.platform.sweep.sweep_config import SweepConfig, load_sweep_config

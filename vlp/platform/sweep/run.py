@@ -7,8 +7,8 @@ ASHA for a search, a grid over the named lines for a replay.
 
 Re-running the same sweep (same ``sweep.name`` and ``sweep.output_dir``) continues it with
 ``Tuner.restore(..., resume_errored=True)``: finished trials are kept, interrupted ones
-resume from their last finished stage, and Optuna goes on from its saved study. A finished
-sweep re-run just prints its leaderboard again.
+resume from their last finished stage, Optuna goes on from its saved study and ASHA from its
+saved rungs (``asha.py``). A finished sweep re-run just prints its leaderboard again.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from vlp.contract.config_loader import ConfigError, flatten, to_dict
 from vlp.platform.tracking.leaderboard import Leaderboard, load_leaderboard
 from vlp.platform.tracking.leaderboard_export import log_leaderboard
 from vlp.platform.cluster.ray_session import ensure_ray
+from vlp.platform.sweep.asha import STATE_FILE as ASHA_STATE_FILE
 from vlp.platform.sweep.callbacks import SweepProgress
 from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
@@ -100,6 +101,8 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0.01})   # it waits; its Train workers hold CPUs
     tune_path = sweep_dir / TUNE_DIR
+    if not resuming:   # ASHA's saved rungs belong to the Tune state they were saved beside
+        (sweep_dir / ASHA_STATE_FILE).unlink(missing_ok=True)
     if resuming:
         say(f"[sweep] resuming the sweep in {sweep_dir} (finished trials are kept)")
         tuner = ray.tune.Tuner.restore(str(tune_path), trainable=trainable,
@@ -147,7 +150,9 @@ def _param_space(plan: SweepPlan) -> dict[str, Any]:
 
 def _tune_config(cfg: SweepConfig, plan: SweepPlan, concurrency: int) -> Any:
     import ray.tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
+
+    from vlp.platform.sweep.asha import PersistentASHA
 
     stages = len(cfg.finetune.benchmarks)
     names = dict(trial_name_creator=tune_trial_name, trial_dirname_creator=tune_trial_dirname)
@@ -169,9 +174,9 @@ def _tune_config(cfg: SweepConfig, plan: SweepPlan, concurrency: int) -> Any:
     scheduler = FIFOScheduler()
     if cfg.sweep.scheduler == "asha" and stages > cfg.sweep.grace_period:
         # rungs at grace_period · rf^k finetune stages; stage 0 (pretraining) is never a rung
-        scheduler = ASHAScheduler(time_attr=TIME_ATTR, max_t=stages,
-                                  grace_period=cfg.sweep.grace_period,
-                                  reduction_factor=cfg.sweep.reduction_factor)
+        scheduler = PersistentASHA(str(cfg.sweep_dir / ASHA_STATE_FILE), time_attr=TIME_ATTR,
+                                   max_t=stages, grace_period=cfg.sweep.grace_period,
+                                   reduction_factor=cfg.sweep.reduction_factor)
     return ray.tune.TuneConfig(metric=METRIC, mode="max", search_alg=search,
                                scheduler=scheduler, num_samples=cfg.sweep.num_samples,
                                max_concurrent_trials=concurrency, **names)
