@@ -90,10 +90,23 @@ class RunStorage:
             return f.read().decode()
 
     def write_text(self, text: str, *parts: str) -> None:
+        """Atomic: written under a temporary name, then moved (a rename locally, a server-side
+        copy on S3), so a reader never finds a half-written file under the final name (a
+        stream closed by an error would otherwise publish what it had)."""
         path = self.fs_path(*parts)
         self.fs.create_dir(posixpath.dirname(path), recursive=True)
-        with self.fs.open_output_stream(path) as f:
-            f.write(text.encode())
+        tmp = posixpath.join(posixpath.dirname(path),
+                             f".{posixpath.basename(path)}.{os.getpid()}.part")
+        try:
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(text.encode())
+            self.fs.move(tmp, path)
+        except BaseException:
+            try:
+                self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
 
     def subfolders(self, *parts: str) -> list[str]:
         """Names of the folders directly under ``parts`` ([] when it does not exist)."""
