@@ -93,13 +93,25 @@ class RunStorage:
         """Atomic: written under a temporary name, then moved (a rename locally, a server-side
         copy on S3), so a reader never finds a half-written file under the final name (a
         stream closed by an error would otherwise publish what it had)."""
+        data = text.encode()
+        self._publish(lambda out: out.write(data), *parts)
+
+    def upload(self, local: str | Path, *parts: str) -> None:
+        """The local file ``local`` copied in, atomically (see ``write_text``)."""
+        def copy(out: Any) -> None:
+            with open(local, "rb") as src:
+                while chunk := src.read(1 << 22):
+                    out.write(chunk)
+        self._publish(copy, *parts)
+
+    def _publish(self, write: Any, *parts: str) -> None:
         path = self.fs_path(*parts)
         self.fs.create_dir(posixpath.dirname(path), recursive=True)
         tmp = posixpath.join(posixpath.dirname(path),
                              f".{posixpath.basename(path)}.{os.getpid()}.part")
         try:
             with self.fs.open_output_stream(tmp) as f:
-                f.write(text.encode())
+                write(f)
             self.fs.move(tmp, path)
         except BaseException:
             try:

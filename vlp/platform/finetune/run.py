@@ -73,11 +73,12 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
                           output_dir: str = "runs", parent_run_id: str | None = None,
                           overrides: Iterable[str] = (), seed: int = 0,
                           num_workers: int = 1, tracking_uri: str = "",
-                          mlflow: bool = True) -> DownstreamReport:
+                          mlflow: bool = True, storage: str = "") -> DownstreamReport:
     """The sweep's entry point: finetune ``checkpoint`` (None = a fresh random init) on each
     of ``benchmarks`` and evaluate it; per-benchmark scores and Meta-Sum. ``overrides`` are
-    ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``)."""
-    data = {"run": {"name": run_name, "output_dir": output_dir, "storage": output_dir,
+    ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``);
+    ``storage``: the runs' folder or URI ("" = ``output_dir``)."""
+    data = {"run": {"name": run_name, "output_dir": output_dir, "storage": storage or output_dir,
                     "seed": seed},
             "model": {"family": family, "init": "checkpoint" if checkpoint else "random",
                       "checkpoint": checkpoint or ""},
