@@ -92,7 +92,6 @@ def make_world(world: Path, scale: str, seed: int) -> None:
 
 
 def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
-
     from vlp.commands.sweep import report
     from vlp.platform.cluster import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
