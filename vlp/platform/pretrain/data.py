@@ -69,7 +69,7 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     # D and C do not change what the pipeline is asked for: plan first, then size the model
     spec = preprocess_spec(family, tasks, 0, 0)
     problems: list[tuple[str, str]] = []
-    if cfg.model.init_path and not Path(cfg.model.init_path).expanduser().exists():
+    if cfg.model.init_path and not _exists(cfg.model.init_path):
         problems.append(("model.init_path", f"{cfg.model.init_path}: no such file (the "
                                             f"weights of model.init {cfg.model.init!r})"))
     problems += cnn_problems(cfg, family)
@@ -174,3 +174,15 @@ def _experiment_key(pipeline_key: str, mix_key: str) -> str:
 def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Stages that share a source report its problem once."""
     return list(dict.fromkeys(problems))
+
+
+def _exists(path: str) -> bool:
+    """A local path, or a URI in shared storage (``s3://bucket/weights.pt``)."""
+    from vlp.platform.cluster.run_storage import StorageError, is_uri, open_location
+
+    if not is_uri(path):
+        return Path(path).expanduser().exists()
+    try:
+        return open_location(path).exists()
+    except (OSError, StorageError):
+        return False
