@@ -6,11 +6,10 @@
     storage.latest_checkpoint_meta("pretrain-tiny")          # resume discovery
 
 A location is a local path (made absolute) or any URI ``pyarrow.fs.FileSystem.from_uri``
-resolves (``s3://``, ``gs://``, ``hdfs://``, ...). Endpoints and credentials come only from
-the standard environment (``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``,
-``AWS_ACCESS_KEY_ID``, ... or the node's instance profile): pyarrow's S3 client reads the
-keys but not the endpoint variable, so the endpoint is passed here, and a URI that carries
-credentials is refused (they would land in configs, logs and MLflow params).
+resolves (``s3://``, ``gs://``, ``hdfs://``, ...), opened by ``vlp.contract.uri_files``
+(endpoints and credentials only from the standard AWS environment or the node's instance
+profile); a URI that carries credentials is refused (they would land in configs, logs and
+MLflow params).
 
 A run is found again by storage root + run name: the same root and name resume the same run,
 whatever working folder the job was started from (``ray job submit`` unpacks every upload
@@ -31,18 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlp.contract.uri_files import UriError, filesystem, is_uri
+
 STORAGE_ENV = "VLP_STORAGE"
 TRAINER_META = "vlp_trainer.json"     # vlp/platform/training/checkpointing.py META_FILE
 
 
 class StorageError(ValueError):
     """A run location that cannot be used; the message names it and what to set."""
-
-
-def is_uri(where: str) -> bool:
-    """``s3://b/x`` yes; ``/abs``, ``rel/x``, ``file:///abs`` no (local)."""
-    scheme = urllib.parse.urlparse(where).scheme
-    return "://" in where and len(scheme) > 1 and scheme != "file"
 
 
 def storage_root(configured: str, output_dir: str) -> str:
@@ -165,24 +160,11 @@ def open_location(where: str) -> RunStorage:
             f"not belong in a URI (they would reach configs, logs and MLflow); set "
             f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the node's instance profile)")
     root = where.rstrip("/")
-    fs, path = _filesystem(root, parsed)
-    return RunStorage(root, where, fs, path.rstrip("/"))
-
-
-def _filesystem(uri: str, parsed: urllib.parse.ParseResult) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if parsed.scheme == "s3" and endpoint and not parsed.query:
-        ep = urllib.parse.urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        fs = pafs.S3FileSystem(endpoint_override=ep.netloc, scheme=ep.scheme,
-                               **({"region": region} if region else {}))
-        return fs, f"{parsed.netloc}{parsed.path}"
     try:
-        return pafs.FileSystem.from_uri(uri)
-    except Exception as e:  # pyarrow: ArrowInvalid / OSError with the scheme named
-        raise StorageError(f"run storage {uri}: pyarrow cannot open it ({e})") from None
+        fs, path = filesystem(root)
+    except UriError as e:
+        raise StorageError(f"run storage {e}") from None
+    return RunStorage(root, where, fs, path.rstrip("/"))
 
 
 # ---- multi-node rules -------------------------------------------------------------------
