@@ -61,7 +61,8 @@ def test_init_weights_are_read_from_s3_on_the_driver_and_the_workers(node_env, b
         model.state_dict()["backbone.text_embeddings.word_embeddings.weight"], theirs[key])
 
 
-def test_a_misfit_or_missing_init_file_in_s3_fails_in_one_line_naming_it(node_env, base):  # noqa: F811
+def test_a_misfit_or_missing_init_file_in_s3_fails_in_one_line_naming_it(
+        node_env, base):  # noqa: F811
     uri = f"s3://{BUCKET}/uniter/width32.pt"
     with pytest.raises(ConfigError) as e:
         prepare(config(base, uri))
