@@ -323,13 +323,19 @@ def _resume_state(checkpoint: Any, trial_dir: str, seeds: list[int]) -> TrialSta
     folder = open_location(trial_dir)
     if folder.exists(REPLICATES_FILE):
         saved = TrialState.from_json(json.loads(folder.read_text(REPLICATES_FILE)))
-        if sum(r.done for r in saved.replicates) > sum(r.done for r in state.replicates):
+        if _progress(saved.replicates) > _progress(state.replicates):
             state.replicates = saved.replicates
     have = {r.seed for r in state.replicates}
     state.replicates += [Replicate(seed) for seed in seeds if seed not in have]
     state.replicates = [r for r in state.replicates if r.seed in seeds]
     state.gather()
     return state
+
+
+def _progress(replicates: list[Replicate]) -> int:
+    """Stages finished, summed over the replicates (an absent replicate has finished none:
+    one replicate done with stage 0 is further on than no Tune checkpoint at all)."""
+    return sum(r.done + 1 for r in replicates)
 
 
 def _save_replicates(trial_dir: str, state: TrialState) -> None:
