@@ -75,3 +75,17 @@ def test_a_missing_folder_or_mixed_storages_are_named(node_env, folders):
                                 SourceConfig("cc", f"s3://{BUCKET}/world/cc")))
     with pytest.raises(DataConfigError, match="sources mix storages"):
         plan_data(mixed, TASKS)
+
+
+def test_a_pretraining_job_plans_its_stages_from_s3_shards(node_env):
+    from vlp.platform.pretrain.data import prepare
+    from vlp.platform.pretrain.job import load_pretrain_config, resolved
+
+    uri = f"s3://{BUCKET}/world/coco"
+    cfg = resolved(load_pretrain_config(data={
+        "run": {"name": "s3-data"}, "model": {"family": "uniter-tiny"}, "tasks": TASKS,
+        "data": {"sources": {"coco": {"path": uri}}}, "train": {"steps": 4},
+        "optimizer": {"warmup_steps": 1}, "mlflow": {"enabled": False}}))
+    assert cfg.data.sources["coco"].path == uri          # not <cwd>/s3:/...
+    plan = prepare(cfg).stages[0].plan
+    assert plan.files and all(f.startswith(uri + "/") for f in plan.files)

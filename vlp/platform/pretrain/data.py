@@ -150,7 +150,7 @@ def stage_data_config(cfg: ExperimentConfig, stage: StageSection, spec: Preproce
                       ) -> DataConfig:
     """The pipeline config of one stage: the ``data`` section, its sources, the run seed
     and what the model decides."""
-    sources = tuple(SourceConfig(n, str(Path(cfg.data.sources[n].path).expanduser().resolve()),
+    sources = tuple(SourceConfig(n, _absolute(cfg.data.sources[n].path),
                                  cfg.data.sources[n].weight) for n in stage.sources)
     options = cfg.data.pipeline_options()
     if options["tokenizer_path"] is None:     # the model's vocabulary
@@ -174,6 +174,13 @@ def _experiment_key(pipeline_key: str, mix_key: str) -> str:
 def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Stages that share a source report its problem once."""
     return list(dict.fromkeys(problems))
+
+
+def _absolute(path: str) -> str:
+    """A local path made absolute; a URI (``s3://bucket/shards``) as it is."""
+    from vlp.platform.cluster.run_storage import is_uri
+
+    return path if is_uri(path) else str(Path(path).expanduser().resolve())
 
 
 def _exists(path: str) -> bool:
