@@ -3,11 +3,14 @@ cluster of a head and two worker nodes (`ray start --head`, `ray start --address
 own raylet with a custom resource), moto's S3 server as the only shared storage, a real
 `mlflow server` whose artifact root is in that bucket, and jobs sent with `ray job submit`.
 
-One pretraining job (2 workers spread over the nodes, storage s3://) loses a worker node
-(`kill -9` of its raylet) after its first checkpoint and must resume from the S3 checkpoint
-on the remaining nodes, end at exactly its configured step with one MLflow run, and leave no
-run files under the job's working folder. Resubmitting it after a code edit (a new
-_ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint.
+One pretraining job (2 workers spread over the nodes, storage and shards in s3://) loses a
+worker node (`kill -9` of its raylet) after its first checkpoint and must resume from the S3
+checkpoint on the remaining nodes, end at exactly its configured step with one MLflow run,
+and leave no run files under the job's working folder. Resubmitting it after a code edit (a
+new _ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint. A
+tiny sweep in the same bucket is stopped after its first trial checkpoint (SIGUSR1, as
+Ctrl-C); a second submission completes it with Tuner.restore from S3, the trial resuming
+from its Tune checkpoint there.
 
 The nodes' environment holds the S3 endpoint and test keys (what an instance profile gives a
 cloud node); jobs get only VLP_STORAGE and MLFLOW_TRACKING_URI. The cluster is this file's
@@ -38,6 +41,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "vlp-multinode"
 RUN = "mn-pretrain"
+SHARDS = "world/images"        # the pretraining shards' folder in the bucket
 STEPS, INTERVAL = 24, 4
 JOB_TIMEOUT_S = 900
 
@@ -92,17 +96,22 @@ class Cluster:
         self.port, dash = free_local_port(), free_local_port()
         self.address = f"http://127.0.0.1:{dash}"
         self.groups: list[int] = []
-        self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
-                     "--dashboard-port", str(dash), "--ray-client-server-port",
-                     str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "1",
-                     "--resources", json.dumps({"head_node": 1})])
-        wait_http(f"{self.address}/api/version", 300,
-                  {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
-        for name in ("node_b", "node_c"):
-            # a temp dir of its own: the default /tmp/ray is shared with every other Ray
-            # on the machine (unpacked job packages included)
-            self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
-                         "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})])
+        try:
+            self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
+                         "--dashboard-port", str(dash), "--ray-client-server-port",
+                         str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "1",
+                         "--resources", json.dumps({"head_node": 1})])
+            wait_http(f"{self.address}/api/version", 300,
+                      {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
+            for name in ("node_b", "node_c"):
+                # a temp dir of its own: the default /tmp/ray is shared with every other Ray
+                # on the machine (unpacked job packages included)
+                self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
+                             "--temp-dir", str(temp / name),
+                             "--resources", json.dumps({name: 1})])
+        except BaseException:       # interrupted or failed while starting: stop what runs
+            self.stop()
+            raise
 
     def _start(self, args: list[str]) -> None:
         cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
@@ -165,15 +174,20 @@ def cluster(node_env, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def workdir(tiny_world, tmp_path_factory) -> Path:
+def workdir(tiny_world, s3, tmp_path_factory) -> Path:
     """What a user uploads with --working-dir: the code and a config naming the data by
-    absolute path (shared by every node of this one-machine cluster)."""
+    URI: the pretraining shards are in the bucket (every node reads them from there)."""
     d = tmp_path_factory.mktemp("work")
     for part in ("vlp", "jobs"):
         shutil.copytree(ROOT / part, d / part, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = yaml.safe_load((ROOT / "jobs/configs/pretrain-tiny.yaml").read_text())
+    fs = s3.filesystem()
     for name, src in cfg["data"]["sources"].items():
-        src["path"] = str(Path(tiny_world) / "images" / name)
+        for f in (Path(tiny_world) / "images" / name).rglob("*.parquet"):
+            rel = f.relative_to(Path(tiny_world) / "images")
+            with fs.open_output_stream(f"{BUCKET}/{SHARDS}/{rel}") as out:
+                out.write(f.read_bytes())
+        src["path"] = f"s3://{BUCKET}/{SHARDS}/{name}"
     cfg["run"].update(name=RUN, max_failures=2)
     cfg["train"].update(steps=STEPS, log_every=2)
     cfg["checkpoint"] = {"interval": INTERVAL, "keep": 2}
@@ -278,6 +292,7 @@ def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
     steps = sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")})
     assert steps == list(range(1, STEPS + 1))
     assert runs[0].data.tags["vlp.checkpoint_step"] == str(STEPS)
+    assert runs[0].data.params["data.sources.coco.path"] == f"s3://{BUCKET}/{SHARDS}/coco"
     assert not [p for p in files if p.endswith("tracking-undelivered.jsonl")]
 
     # nothing of the run under the job's working folder on the head
@@ -324,3 +339,99 @@ def test_a_finetune_reads_the_s3_checkpoint(killed_job, cluster, mlflow_server, 
     ft = [c for c in children if c.info.run_name == "mn-ft-retrieval"]
     assert ft and ft[0].data.params["finetune.checkpoint"] == f"s3://{BUCKET}/vlp/{RUN}"
     assert ft[0].data.params["finetune.checkpoint_step"] == str(STEPS)
+
+
+# ---- a sweep in S3, interrupted and restored by a second submission ------------------------
+
+SWEEP = "mn-sweep"
+SWEEP_ENTRY = '''"""Test entry: the sweep of mn-sweep.yaml; --interrupt stops it (SIGUSR1,
+Tune's stop signal, as Ctrl-C) once its first trial checkpoint is saved. The callback is
+pickled with the Tune state and restored with it: the marker keeps the restored copy from
+firing again."""
+import os
+import signal
+import sys
+
+import ray
+import ray.tune
+
+
+class Interrupt(ray.tune.Callback):
+    def __init__(self, marker):
+        self.marker = marker
+
+    def on_trial_save(self, iteration, trials, trial, **info):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").write(trial.trial_id)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+if __name__ == "__main__":
+    from mn_sweep import Interrupt      # pickled by its module's name, not __main__
+    from vlp.platform.sweep import load_sweep_config, run_sweep
+
+    ray.init()
+    marker = sys.argv[2] if sys.argv[1] == "--interrupt" else ""
+    r = run_sweep(load_sweep_config("mn-sweep.yaml"),
+                  callbacks=[Interrupt(marker)] if marker else [])
+    print(f"interrupted {r.interrupted} trials {r.trials} errors {r.errors}")
+    print(f"sweep_dir {r.sweep_dir} trials_dir {r.trials_dir}")
+    for row in r.leaderboard.rows:
+        print(f"row {row.trial} {row.state}")
+'''
+
+
+@pytest.fixture(scope="module")
+def sweep_workdir(workdir, tiny_world) -> Path:
+    """The tiniest sweep that still has a trial to resume: one trial (no pretraining), one
+    finetune stage (retrieval, 2 steps). Stopped once its first report's checkpoint is saved
+    (stage 0, no compute), it must resume from that Tune checkpoint in S3 and run the
+    finetune. Its storage is the
+    job's VLP_STORAGE (s3://), its tracking the job's MLFLOW_TRACKING_URI."""
+    cfg = yaml.safe_load((ROOT / "jobs/configs/sweep-tiny.yaml").read_text())
+    cfg["sweep"].update(name=SWEEP, num_samples=1, include=["none"], max_concurrent=1,
+                        scheduler="fifo")
+    cfg["world"] = str(tiny_world)
+    cfg["space"]["init"] = ["random"]
+    cfg["finetune"]["benchmarks"] = ["retrieval"]
+    (workdir / "mn-sweep.yaml").write_text(yaml.safe_dump(cfg))
+    (workdir / "mn_sweep.py").write_text(SWEEP_ENTRY)
+    return workdir
+
+
+def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(
+        cluster, s3, mlflow_server, sweep_workdir, tmp_path):
+    t0 = time.monotonic()
+    marker = tmp_path / "interrupted"
+    job = f"vlp-mn-sweep-{uuid.uuid4().hex[:8]}"
+    first = finish(cluster.submit(sweep_workdir, job, ["mn_sweep.py", "--interrupt",
+                                                       str(marker)], job_env(mlflow_server),
+                                  tmp_path / "sweep1.log"), tmp_path / "sweep1.log", cluster,
+                   job)
+    t1 = time.monotonic()
+    assert marker.exists() and "interrupted True" in first, first[-4000:]
+    assert f"sweep_dir s3://{BUCKET}/vlp/{SWEEP} trials_dir s3://{BUCKET}/vlp/{SWEEP}/trials-" \
+        in first
+    job = f"vlp-mn-sweep-again-{uuid.uuid4().hex[:8]}"
+    second = finish(cluster.submit(sweep_workdir, job, ["mn_sweep.py", "--resume"],
+                                   job_env(mlflow_server), tmp_path / "sweep2.log"),
+                    tmp_path / "sweep2.log", cluster, job)
+    print(f"sweep: interrupted job {t1 - t0:.0f} s, restoring job {time.monotonic() - t1:.0f} s")
+    assert f"resuming the sweep in s3://{BUCKET}/vlp/{SWEEP}" in second, second[-4000:]
+    assert "t001 resumes after stage 0/1" in second, second[-4000:]
+    assert "interrupted False trials 1 errors 0" in second and "row t001 completed" in second
+
+    files = s3_files(s3, f"vlp/{SWEEP}/")
+    root = f"{BUCKET}/vlp/{SWEEP}/"
+    trials = {p[len(root):].split("/")[0] for p in files if p[len(root):].startswith("trials-")}
+    assert len(trials) == 1, trials                     # one instance: restored, not restarted
+    tdir = root + trials.pop()
+    with s3.filesystem().open_input_stream(f"{tdir}/t001/attempts.jsonl") as f:
+        attempts = [json.loads(line) for line in f.read().decode().splitlines()]
+    assert [a["resumed_after_stage"] for a in attempts] == [-1, 0]
+    assert any(p.startswith(f"{root}tune/") for p in files)             # Tune's state
+    assert any(p.startswith(f"{tdir}/t001/t001-ft-retrieval/predictions/retrieval-")
+               for p in files)
+    # nothing of the sweep under the jobs' working folders
+    for pkg in cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"):
+        assert not list(pkg.rglob("trials-*")) and not list(pkg.rglob("tuner.pkl")), pkg

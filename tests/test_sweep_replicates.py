@@ -133,6 +133,21 @@ def test_restore_after_an_interrupted_replicate_reruns_only_that_replicate(setup
     assert [json.loads(a)["resumed_after_stage"] for a in attempts] == [-1, 0]
 
 
+def test_a_stage_finished_after_tunes_last_checkpoint_is_not_run_again(setup, monkeypatch):
+    """Stopped after stage 0 finished but before Tune saved its report's checkpoint (a
+    Ctrl-C between the two): the replicates file holds stage 0, and the restored trial goes
+    on from there."""
+    ctx, tune = setup
+    first = Stages(fail_at=("retrieval", 0))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run_with(first, ctx, monkeypatch)
+    tune.checkpoint = None                              # the stage-0 save never happened
+    second = Stages()
+    run_with(second, ctx, monkeypatch)
+    assert second.calls == [("retrieval", 0), ("retrieval", 1), ("retrieval", 2),
+                            ("vqa", 0), ("vqa", 1), ("vqa", 2)]     # no pretraining again
+
+
 def test_include_seeds_replicate_the_named_include_points_only(tmp_path):
     from vlp.contract.config_loader import ConfigError
     from vlp.platform.sweep.preflight import SweepPlan

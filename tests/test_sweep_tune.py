@@ -115,7 +115,7 @@ def test_asha_keeps_its_rungs_across_a_restore(tmp_path):
 
     cfg = load_sweep_config(CONFIGS / "sweep-tiny.yaml", [f"sweep.output_dir={tmp_path}"])
     asha = _tune_config(cfg, SweepPlan(), concurrency=1).scheduler
-    assert asha.state_file == str(cfg.sweep_dir / STATE_FILE)
+    assert asha.storage.root == cfg.sweep_storage().root
     asha.set_search_properties("score", "max")
     at_start = pickle.dumps(asha)              # what Tuner.restore unpickles
     first, second = SimpleNamespace(trial_id="a"), SimpleNamespace(trial_id="b")
@@ -126,3 +126,4 @@ def test_asha_keeps_its_rungs_across_a_restore(tmp_path):
     restored.on_trial_add(None, second)
     assert restored.on_trial_result(None, second, {"stage": 1, "score": 10.0}) == \
         TrialScheduler.STOP
+    assert cfg.sweep_storage().exists(STATE_FILE)

@@ -92,8 +92,6 @@ def make_world(world: Path, scale: str, seed: int) -> None:
 
 
 def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
-    import shutil
-
     from vlp.commands.sweep import report
     from vlp.platform.cluster import console
     from vlp.platform.sweep import load_sweep_config, run_sweep
@@ -103,9 +101,15 @@ def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
     if args.trials:
         overrides.append(f"sweep.num_samples={args.trials}")
     cfg = load_sweep_config(args.config, overrides + list(args.set))
-    if args.fresh and cfg.resolved().sweep_dir.exists():
-        print(f"  --fresh: removing the previous sweep {cfg.resolved().sweep_dir}")
-        shutil.rmtree(cfg.resolved().sweep_dir)
+    if args.fresh:
+        from vlp.platform.cluster.run_storage import open_location
+
+        resolved = cfg.resolved()           # its storage ($VLP_STORAGE) and its local folder
+        for where in dict.fromkeys([resolved.sweep_uri, str(resolved.sweep_dir)]):
+            folder = open_location(where)
+            if folder.exists():
+                print(f"  --fresh: removing the previous sweep {where}")
+                folder.fs.delete_dir(folder.fs_root)
     result = run_sweep(cfg)
     status = report(result)
     print(pretraining_verdict(result.leaderboard), flush=True)

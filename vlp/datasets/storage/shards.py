@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlp.contract.atomic_write import atomic_path
+from vlp.contract.uri_files import UriError, filesystem, is_uri, open_input
 from vlp.datasets.storage.shard_checks import validate_image_table
 from vlp.datasets.storage.shard_format import (BOX_TOLERANCE, FORMAT_VERSION, IMAGE_REQUIRED,
                                                IMAGE_SCHEMA, META_PREFIX, ShardError, ShardInfo)
@@ -181,10 +182,10 @@ def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
 def shard_info(path: str | os.PathLike, schema: pa.Schema | None = None,
                num_rows: int | None = None) -> ShardInfo:
     """Metadata of a shard (reads only the footer when schema is not given)."""
-    path = Path(path)
+    path = str(path) if is_uri(path) else Path(path)
     if schema is None:
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(open_input(path))
         except (pa.ArrowInvalid, OSError) as e:
             raise ShardError(path, f"not a readable Parquet file (truncated or corrupt?): "
                                    f"{str(e).splitlines()[0]}") from None
@@ -206,8 +207,11 @@ def decode_features(blob: bytes, dim: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- a data folder
 
-def list_shards(folder: str | os.PathLike) -> list[Path]:
-    """The finished Parquet files under ``folder`` (temporary names are skipped), sorted."""
+def list_shards(folder: str | os.PathLike) -> list[Path] | list[str]:
+    """The finished Parquet files under ``folder`` (temporary names are skipped), sorted: paths
+    for a local folder, URIs for a folder given by URI (``s3://bucket/world/images/coco``)."""
+    if is_uri(folder):
+        return _list_shards_at(str(folder).rstrip("/"))
     folder = Path(folder)
     if not folder.is_dir():
         raise ShardError(folder, "no such folder")
@@ -215,3 +219,25 @@ def list_shards(folder: str | os.PathLike) -> list[Path]:
     files = sorted(p for p in folder.rglob("*.parquet")
                    if not any(part.startswith(".") for part in p.relative_to(folder).parts))
     return files
+
+
+def _list_shards_at(uri: str) -> list[str]:
+    """``list_shards`` of a folder in object storage (``vlp.contract.uri_files``)."""
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    try:
+        fs, root = filesystem(uri)
+        is_dir = fs.get_file_info(root).type == pafs.FileType.Directory
+    except (UriError, OSError) as e:
+        raise ShardError(uri, f"cannot read it ({str(e).splitlines()[0]})") from None
+    if not is_dir:
+        raise ShardError(uri, "no such folder")
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        rel = posixpath.relpath(info.path, root)
+        if (info.type == pafs.FileType.File and rel.endswith(".parquet")
+                and not any(part.startswith(".") for part in rel.split("/"))):
+            found.append(f"{uri}/{rel}")
+    return sorted(found)

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from vlp.contract.uri_files import is_uri, open_input
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError
 from vlp.datasets.stream.location import LOCATION_FEATURES
 from vlp.tasks import TASKS, task_names, visual_problem
@@ -102,14 +103,19 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
         problems.append(("tokenizer_path", str(e)))
         tokenizer_path = ""
 
+    schemes = {s.path.split("://")[0] if is_uri(s.path) else "local" for s in config.sources}
+    if len(schemes) > 1:   # one reader (Ray Data's read_parquet) takes one filesystem
+        problems.append(("sources", f"sources mix storages ({', '.join(sorted(schemes))}): "
+                                    f"keep every source's shards in one (all local folders, "
+                                    f"or all s3:// URIs)"))
     files_of: dict[str, list[Path]] = {}
     dims: dict[str, tuple[int | None, int | None]] = {}
     for s in config.sources:
         key = f"sources.{s.name}.path"
         try:
             files = list_shards(s.path)
-        except ShardError:
-            problems.append((key, f"{s.path}: no such folder"))
+        except ShardError as e:
+            problems.append((key, f"{s.path}: {e.problem}"))
             continue
         if not files:
             problems.append((key, f"{s.path}: holds no Parquet shards"))
@@ -166,7 +172,8 @@ def whole_image_column(config: DataConfig, files_of: dict[str, list[Path]]) -> t
     uses the mean of the visible regions instead. (Rows with a null entry fall back one by
     one, with a warning from the batcher.)"""
     lacking = [name for name, files in files_of.items()
-               if any("image_feature" not in pq.read_schema(f).names for f in files)]
+               if any("image_feature" not in pq.read_schema(open_input(f)).names
+                      for f in files)]
     if not lacking:
         return ("image_feature",)
     log.warning("VL-BERT's whole-image feature: the shards of source(s) %s have no "
@@ -180,6 +187,8 @@ def world_class_names(config: DataConfig) -> tuple[str, ...]:
     """The detector class names (background excluded) from the manifest of the world the
     sources sit in (``<world>/images/<source>/``), or () when there is none."""
     for s in config.sources:
+        if is_uri(s.path):      # a world's manifest is looked for beside local folders only
+            continue
         for root in Path(s.path).resolve().parents[:2]:
             try:
                 names = load_manifest(root, check_files=False).class_names
@@ -237,7 +246,7 @@ def _check_footers(name: str, files: list[Path], config: DataConfig, needs_soft:
 
 def _has_values(path: Path, column: str) -> bool:
     """Whether a column holds any non-null value, from the row-group statistics."""
-    md = pq.ParquetFile(path).metadata
+    md = pq.ParquetFile(open_input(path)).metadata
     names = [md.schema.column(i).name for i in range(md.num_columns)]
     if column not in names:
         return False
@@ -254,7 +263,7 @@ def _count_examples(files: list[Path], config: DataConfig) -> int:
     """Pairs (regions) or captioned images (pixels) of the configured split."""
     n = 0
     for f in files:
-        t = pq.read_table(f, columns=["split", "captions"])
+        t = pq.read_table(open_input(f), columns=["split", "captions"])
         if config.split is not None:
             t = t.filter(pc.equal(t.column("split"), config.split))
         lens = pc.fill_null(pc.list_value_length(t.column("captions")), 0)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlp.contract.uri_files import open_input
 from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.stream.image_rows import ImageRowTransform
 from vlp.datasets.batching.pretrain_batches import PretrainBatches
@@ -27,7 +28,8 @@ def local_blocks(plan: DataPlan, shard_index: int = 0, num_shards: int = 1
     source_of = plan.source_of_file()
     files = plan.files
     chunks = [(f, start) for f in files
-              for start in range(0, pq.ParquetFile(f).metadata.num_rows, cfg.read_rows)]
+              for start in range(0, pq.ParquetFile(open_input(f)).metadata.num_rows,
+                                 cfg.read_rows)]
 
     def epoch_blocks(epoch: int) -> Iterator[pa.Table]:
         rng = np.random.default_rng([cfg.seed, epoch, 0xF11E])
@@ -36,7 +38,7 @@ def local_blocks(plan: DataPlan, shard_index: int = 0, num_shards: int = 1
         for f, start in mine:
             by_file.setdefault(f, []).append(start)
         for f in sorted(by_file, key=lambda f: rng.random()):
-            table = pq.read_table(f, columns=list(plan.read_columns))
+            table = pq.read_table(open_input(f), columns=list(plan.read_columns))
             for start in by_file[f]:
                 out = transform(table.slice(start, cfg.read_rows), source_index=source_of[f])
                 if out.num_rows:

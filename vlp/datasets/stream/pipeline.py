@@ -37,6 +37,7 @@ from ray.data.collate_fn import ArrowBatchCollateFn
 from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.batching.image_block import ImageBlock
+from vlp.contract.uri_files import filesystem, is_uri, open_input
 from vlp.datasets.stream.image_rows import PATH_COLUMN, ImageRowTransform
 from vlp.datasets.batching.task_batch import mask_context, task_batch
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
@@ -61,7 +62,11 @@ def build_dataset(plan: DataPlan, *, reshuffle_files: bool = True) -> ray.data.D
     all the randomness is worker-side."""
     cfg = plan.config
     shuffle = ray.data.FileShuffleConfig(seed=cfg.seed, reseed_after_execution=reshuffle_files)
-    ds = ray.data.read_parquet(plan.files, include_paths=True, shuffle=shuffle)
+    files, fs = plan.files, None
+    if files and is_uri(files[0]):   # s3://...: our filesystem (endpoint from the environment)
+        fs, _ = filesystem(files[0])
+        files = [filesystem(f)[1] for f in files]
+    ds = ray.data.read_parquet(files, include_paths=True, shuffle=shuffle, filesystem=fs)
     # projection is pushed down into the Parquet read: unused columns (pixels) are not read
     ds = ds.select_columns([*plan.read_columns, PATH_COLUMN])
     ds = ds.map_batches(ImageRowTransform(plan), batch_format="pyarrow", batch_size=None,
@@ -71,7 +76,7 @@ def build_dataset(plan: DataPlan, *, reshuffle_files: bool = True) -> ray.data.D
     if _should_cache(plan):
         # small corpora arrive as one block (Ray bins small files into one read task):
         # blocks of ~CACHE_BLOCK_ROWS images give the per-epoch block shuffle something to do
-        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in plan.files)
+        rows = sum(pq.ParquetFile(open_input(f)).metadata.num_rows for f in plan.files)
         ds = ds.repartition(max(1, -(-rows // CACHE_BLOCK_ROWS))).materialize()
         if reshuffle_files:
             ds = ds.randomize_block_order()
@@ -83,16 +88,23 @@ def _should_cache(plan: DataPlan) -> bool:
     if mode != "auto":
         return mode == "always"
     if plan.config.visual == "regions":   # selected regions: at most the stored features
-        size = sum(os.path.getsize(f) for f in plan.files)
+        size = sum(_size(f) for f in plan.files)
     else:                                   # decoded, resized pixels
         px = plan.config.pixels
-        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in plan.files)
+        rows = sum(pq.ParquetFile(open_input(f)).metadata.num_rows for f in plan.files)
         size = rows * px.shorter_side * px.longer_max * 3
     store = ray.cluster_resources().get("object_store_memory", 0)
     cache = size < 0.25 * store
     log.info("data cache: rows ~%.1f MB, object store %.1f MB → %s", size / 2**20,
              store / 2**20, "cached after the first pass" if cache else "streamed every epoch")
     return cache
+
+
+def _size(f: str) -> int:
+    if not is_uri(f):
+        return os.path.getsize(f)
+    fs, path = filesystem(f)
+    return fs.get_file_info(path).size
 
 
 def shard_blocks(shard, plan: DataPlan):

@@ -6,11 +6,10 @@
     storage.latest_checkpoint_meta("pretrain-tiny")          # resume discovery
 
 A location is a local path (made absolute) or any URI ``pyarrow.fs.FileSystem.from_uri``
-resolves (``s3://``, ``gs://``, ``hdfs://``, ...). Endpoints and credentials come only from
-the standard environment (``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``,
-``AWS_ACCESS_KEY_ID``, ... or the node's instance profile): pyarrow's S3 client reads the
-keys but not the endpoint variable, so the endpoint is passed here, and a URI that carries
-credentials is refused (they would land in configs, logs and MLflow params).
+resolves (``s3://``, ``gs://``, ``hdfs://``, ...), opened by ``vlp.contract.uri_files``
+(endpoints and credentials only from the standard AWS environment or the node's instance
+profile); a URI that carries credentials is refused (they would land in configs, logs and
+MLflow params).
 
 A run is found again by storage root + run name: the same root and name resume the same run,
 whatever working folder the job was started from (``ray job submit`` unpacks every upload
@@ -31,18 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlp.contract.uri_files import UriError, filesystem, is_uri
+
 STORAGE_ENV = "VLP_STORAGE"
 TRAINER_META = "vlp_trainer.json"     # vlp/platform/training/checkpointing.py META_FILE
 
 
 class StorageError(ValueError):
     """A run location that cannot be used; the message names it and what to set."""
-
-
-def is_uri(where: str) -> bool:
-    """``s3://b/x`` yes; ``/abs``, ``rel/x``, ``file:///abs`` no (local)."""
-    scheme = urllib.parse.urlparse(where).scheme
-    return "://" in where and len(scheme) > 1 and scheme != "file"
 
 
 def storage_root(configured: str, output_dir: str) -> str:
@@ -86,14 +81,48 @@ class RunStorage:
         return self.fs.get_file_info(self.fs_path(*parts)).type != pafs.FileType.NotFound
 
     def read_text(self, *parts: str) -> str:
+        return self.read_bytes(*parts).decode()
+
+    def read_bytes(self, *parts: str) -> bytes:
         with self.fs.open_input_stream(self.fs_path(*parts)) as f:
-            return f.read().decode()
+            return f.read()
+
+    def delete(self, *parts: str) -> None:
+        self.fs.delete_file(self.fs_path(*parts))
 
     def write_text(self, text: str, *parts: str) -> None:
+        """Atomic: written under a temporary name, then moved (a rename locally, a server-side
+        copy on S3), so a reader never finds a half-written file under the final name (a
+        stream closed by an error would otherwise publish what it had)."""
+        self.write_bytes(text.encode(), *parts)
+
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """Atomic, as ``write_text``."""
+        self._publish(lambda out: out.write(data), *parts)
+
+    def upload(self, local: str | Path, *parts: str) -> None:
+        """The local file ``local`` copied in, atomically (see ``write_text``)."""
+        def copy(out: Any) -> None:
+            with open(local, "rb") as src:
+                while chunk := src.read(1 << 22):
+                    out.write(chunk)
+        self._publish(copy, *parts)
+
+    def _publish(self, write: Any, *parts: str) -> None:
         path = self.fs_path(*parts)
         self.fs.create_dir(posixpath.dirname(path), recursive=True)
-        with self.fs.open_output_stream(path) as f:
-            f.write(text.encode())
+        tmp = posixpath.join(posixpath.dirname(path),
+                             f".{posixpath.basename(path)}.{os.getpid()}.part")
+        try:
+            with self.fs.open_output_stream(tmp) as f:
+                write(f)
+            self.fs.move(tmp, path)
+        except BaseException:
+            try:
+                self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
 
     def subfolders(self, *parts: str) -> list[str]:
         """Names of the folders directly under ``parts`` ([] when it does not exist)."""
@@ -140,24 +169,11 @@ def open_location(where: str) -> RunStorage:
             f"not belong in a URI (they would reach configs, logs and MLflow); set "
             f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the node's instance profile)")
     root = where.rstrip("/")
-    fs, path = _filesystem(root, parsed)
-    return RunStorage(root, where, fs, path.rstrip("/"))
-
-
-def _filesystem(uri: str, parsed: urllib.parse.ParseResult) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if parsed.scheme == "s3" and endpoint and not parsed.query:
-        ep = urllib.parse.urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        fs = pafs.S3FileSystem(endpoint_override=ep.netloc, scheme=ep.scheme,
-                               **({"region": region} if region else {}))
-        return fs, f"{parsed.netloc}{parsed.path}"
     try:
-        return pafs.FileSystem.from_uri(uri)
-    except Exception as e:  # pyarrow: ArrowInvalid / OSError with the scheme named
-        raise StorageError(f"run storage {uri}: pyarrow cannot open it ({e})") from None
+        fs, path = filesystem(root)
+    except UriError as e:
+        raise StorageError(f"run storage {e}") from None
+    return RunStorage(root, where, fs, path.rstrip("/"))
 
 
 # ---- multi-node rules -------------------------------------------------------------------

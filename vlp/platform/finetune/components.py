@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,8 +135,8 @@ class FinetuneComponents:
         out = {"metrics": result.metrics, "eval_split": self.ctx.eval_split,
                "eval_examples": len(data), "predictions": None}
         if self.predictions_dir:
-            out["predictions"] = write_json(
-                Path(self.predictions_dir) / f"{bench.task}-{self.ctx.eval_split}.json",
+            out["predictions"] = write_predictions(
+                self.predictions_dir, f"{bench.task}-{self.ctx.eval_split}.json",
                 {"benchmark": self.benchmark, "split": self.ctx.eval_split,
                  "metrics": result.metrics, "predictions": result.predictions})
         return out
@@ -148,11 +145,13 @@ class FinetuneComponents:
         return dataclasses.replace(self, **changes)
 
 
-def write_json(path: Path, obj: Any) -> str:
-    """Atomic: a finished-looking file is always complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-    return str(path)
+def write_predictions(folder: str, name: str, obj: Any) -> str:
+    """``obj`` as JSON in ``folder`` (a local folder or a storage URI: the run's storage, which
+    the driver can read whichever node rank 0 ran on); atomic, so a finished-looking file is
+    always complete. Returns the file's path or URI."""
+    from vlp.platform.cluster.run_storage import open_location
+
+    text = json.dumps(obj)          # before anything is written: a bad value writes nothing
+    storage = open_location(folder)
+    storage.write_text(text, name)
+    return storage.uri(name)

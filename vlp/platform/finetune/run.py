@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from vlp.benchmarks import BenchmarkContext, get_benchmark, task_id
@@ -74,11 +73,12 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
                           output_dir: str = "runs", parent_run_id: str | None = None,
                           overrides: Iterable[str] = (), seed: int = 0,
                           num_workers: int = 1, tracking_uri: str = "",
-                          mlflow: bool = True) -> DownstreamReport:
+                          mlflow: bool = True, storage: str = "") -> DownstreamReport:
     """The sweep's entry point: finetune ``checkpoint`` (None = a fresh random init) on each
     of ``benchmarks`` and evaluate it; per-benchmark scores and Meta-Sum. ``overrides`` are
-    ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``)."""
-    data = {"run": {"name": run_name, "output_dir": output_dir, "storage": output_dir,
+    ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``);
+    ``storage``: the runs' folder or URI ("" = ``output_dir``)."""
+    data = {"run": {"name": run_name, "output_dir": output_dir, "storage": storage or output_dir,
                     "seed": seed},
             "model": {"family": family, "init": "checkpoint" if checkpoint else "random",
                       "checkpoint": checkpoint or ""},
@@ -163,8 +163,13 @@ def components_for(cfg: FinetuneConfig, name: str, prepared: Prepared, batch_siz
     return FinetuneComponents(
         benchmark=name, ctx=ctx, init=cfg.model.init, checkpoint=cfg.model.checkpoint,
         batch_size=batch_size, eval_batch_size=cfg.eval.batch_size, dropout=cfg.train.dropout,
-        predictions_dir=str(Path(cfg.run.output_dir) / run_name(cfg, name) / "predictions"),
-        zero_shot=zero_shot)
+        predictions_dir=predictions_folder(cfg, run_name(cfg, name)), zero_shot=zero_shot)
+
+
+def predictions_folder(cfg: FinetuneConfig, run: str) -> str:
+    """Where rank 0 writes a run's predictions: in the run's storage (a URI on a cluster),
+    never a folder local to whichever node rank 0 lands on."""
+    return run_storage.resolve(cfg.run.storage, cfg.run.output_dir).uri(run, "predictions")
 
 
 def loop_config(cfg: FinetuneConfig, name: str, steps: int, lr: float,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from vlp.platform.cluster.run_storage import is_uri, open_location
@@ -109,7 +110,22 @@ def log_benchmark(uri: str, run_id: str, params: dict[str, str], metrics: dict[s
     run.log_metrics(metrics, step=0)
     run.set_tags({"vlp.job": "finetune"})
     if predictions:
+        log_predictions(run, predictions)
+
+
+def log_predictions(run: Any, predictions: str) -> None:
+    """The predictions file (a local path, or a URI in the run's storage: fetched into a
+    temporary folder first, MLflow uploads local files) as the run's artifact."""
+    from vlp.platform.cluster.run_storage import local_copy
+
+    if not is_uri(predictions):
         run.log_artifact(predictions, "predictions")
+        return
+    import tempfile
+
+    folder, name = predictions.rstrip("/").rsplit("/", 1)
+    with tempfile.TemporaryDirectory(prefix="vlp-predictions-") as tmp:
+        run.log_artifact(str(local_copy(folder, [name], cache=tmp) / name), "predictions")
 
 
 def log_summary(parent: Parent, scores: dict[str, float], meta_sum: float | None) -> None:

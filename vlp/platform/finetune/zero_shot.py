@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
+from vlp.platform.cluster import run_storage
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.finetune_config import FinetuneConfig
 from vlp.platform.finetune.preflight import prepare
 from vlp.platform.cluster.ray_session import ensure_ray
-from vlp.platform.finetune.run import BenchmarkReport, components_for, run_name
+from vlp.platform.finetune.run import (BenchmarkReport, components_for, predictions_folder,
+                                       run_name)
+from vlp.platform.training import launch
+from vlp.platform.training.failures import setup_phase
+from vlp.platform.training.loop_config import LoopScaling, project
 from vlp.platform.training.protocols import WorkerInfo
 
 ZERO_SHOT_BENCHMARKS = ("retrieval",)
@@ -27,9 +31,11 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict | None:
 
     components = config["components"]
     ctx = ray.train.get_context()
-    device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
-    torch.manual_seed(config["seed"])
-    model = components.build_model(None, []).to(device)
+    # the model and its checkpoint: an error here fails every attempt alike (not retried)
+    with setup_phase(f"rank {ctx.get_world_rank()} set-up"):
+        device = ray.train.torch.get_device() if config["use_gpu"] else torch.device("cpu")
+        torch.manual_seed(config["seed"])
+        model = components.build_model(None, []).to(device)
     info = WorkerInfo(ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank(),
                       device, config["seed"])
     return components.after_training(None, model, info)
@@ -38,7 +44,6 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict | None:
 def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     """Zero-shot scores of ``cfg.model.checkpoint`` on ``cfg.benchmarks`` (retrieval)."""
     import ray.train
-    from ray.train.torch import TorchTrainer
 
     from vlp.platform.finetune.run import with_tracking_env
     from vlp.platform.tracking.choice import check_tracking_shared
@@ -51,7 +56,10 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     if cfg.model.init != "checkpoint":
         raise ValueError("zero-shot evaluation needs a pretrained checkpoint (--checkpoint)")
     prepared = prepare(cfg)
+    storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
+    storage.create_root()
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
+    run_storage.check_shared(storage)      # needs the cluster's node count
     parent = None
     if cfg.mlflow.enabled:
         parent = tracking.resolve_parent(
@@ -62,33 +70,31 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     out = {}
     for name in cfg.benchmarks:
         _, batch_size, _, options = cfg.settings_for(name)
-        components = components_for(cfg, name, prepared, batch_size, options, zero_shot=True)
-        components = dataclasses.replace(components, predictions_dir=str(
-            Path(cfg.run.output_dir) / f"{run_name(cfg, 'zero-shot-' + name)}" / "predictions"))
-        s = cfg.scaling
+        run = run_name(cfg, "zero-shot-" + name)
+        components = dataclasses.replace(
+            components_for(cfg, name, prepared, batch_size, options, zero_shot=True),
+            predictions_dir=predictions_folder(cfg, run))
         start = time.perf_counter()
-        result = TorchTrainer(
-            eval_loop_per_worker,
-            train_loop_config={"components": components, "use_gpu": s.use_gpu,
+        # the launch path of every job: a set-up error in a worker fails once
+        result = launch.fit_once(dict(
+            train_loop_per_worker=eval_loop_per_worker,
+            train_loop_config={"components": components, "use_gpu": cfg.scaling.use_gpu,
                                "seed": cfg.run.seed},
-            scaling_config=ray.train.ScalingConfig(
-                num_workers=s.num_workers, use_gpu=s.use_gpu,
-                resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu
-                                                                   else {})}),
-            run_config=ray.train.RunConfig(name=f"{run_name(cfg, 'zero-shot-' + name)}",
-                                           storage_path=cfg.run.output_dir),
-        ).fit()
+            scaling_config=launch.scaling_config(project(LoopScaling, cfg.scaling)),
+            run_config=ray.train.RunConfig(
+                name=run, **storage.ray_storage(),
+                failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures))),
+            storage.uri(run))
         value = result.return_value or {}
         report = BenchmarkReport(f"{name}-zero-shot", dict(value["metrics"]), 0,
-                                 time.perf_counter() - start, str(Path(cfg.run.output_dir)),
+                                 time.perf_counter() - start, storage.uri(run),
                                  predictions=value.get("predictions"),
                                  eval_split=value.get("eval_split", ""),
                                  eval_examples=value.get("eval_examples", 0))
         if parent is not None:
             from vlp.platform.tracking.mlflow_run import MlflowRun
 
-            child = MlflowRun.open(parent.tracking_uri, parent.experiment,
-                                   run_name=f"{run_name(cfg, 'zero-shot-' + name)}",
+            child = MlflowRun.open(parent.tracking_uri, parent.experiment, run_name=run,
                                    parent_run_id=parent.run_id)
             tracking.log_benchmark(parent.tracking_uri, child.run_id, {
                 "zero_shot.benchmark": name, "zero_shot.checkpoint": cfg.model.checkpoint,

@@ -69,7 +69,7 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
     # D and C do not change what the pipeline is asked for: plan first, then size the model
     spec = preprocess_spec(family, tasks, 0, 0)
     problems: list[tuple[str, str]] = []
-    if cfg.model.init_path and not Path(cfg.model.init_path).expanduser().exists():
+    if cfg.model.init_path and not _exists(cfg.model.init_path):
         problems.append(("model.init_path", f"{cfg.model.init_path}: no such file (the "
                                             f"weights of model.init {cfg.model.init!r})"))
     problems += cnn_problems(cfg, family)
@@ -150,7 +150,7 @@ def stage_data_config(cfg: ExperimentConfig, stage: StageSection, spec: Preproce
                       ) -> DataConfig:
     """The pipeline config of one stage: the ``data`` section, its sources, the run seed
     and what the model decides."""
-    sources = tuple(SourceConfig(n, str(Path(cfg.data.sources[n].path).expanduser().resolve()),
+    sources = tuple(SourceConfig(n, _absolute(cfg.data.sources[n].path),
                                  cfg.data.sources[n].weight) for n in stage.sources)
     options = cfg.data.pipeline_options()
     if options["tokenizer_path"] is None:     # the model's vocabulary
@@ -174,3 +174,22 @@ def _experiment_key(pipeline_key: str, mix_key: str) -> str:
 def _unique(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Stages that share a source report its problem once."""
     return list(dict.fromkeys(problems))
+
+
+def _absolute(path: str) -> str:
+    """A local path made absolute; a URI (``s3://bucket/shards``) as it is."""
+    from vlp.platform.cluster.run_storage import is_uri
+
+    return path if is_uri(path) else str(Path(path).expanduser().resolve())
+
+
+def _exists(path: str) -> bool:
+    """A local path, or a URI in shared storage (``s3://bucket/weights.pt``)."""
+    from vlp.platform.cluster.run_storage import StorageError, is_uri, open_location
+
+    if not is_uri(path):
+        return Path(path).expanduser().exists()
+    try:
+        return open_location(path).exists()
+    except (OSError, StorageError):
+        return False

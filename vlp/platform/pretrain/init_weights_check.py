@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from vlp.contract.config_loader import ConfigError
+from vlp.platform.cluster.run_storage import is_uri
 from vlp.platform.pretrain.experiment_config import ExperimentConfig, ModelSection
+from vlp.platform.training.pretrained_weights import local_weights
 
 NEEDS_A_FILE = ("minilm", "bert", "uniter")     # inits that read weights
 
@@ -23,7 +25,12 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
     (``PretrainComponents.build_model``) and what the driver checks here."""
     p = model.dropout
     vocab = setup.vocab_size if setup.vocab_size != setup.preprocess.vocab_size else None
-    return dict(family=setup.family, tasks=list(setup.tasks), init=model.init_spec(),
+    init = model.init_spec()
+    if model.init_path and is_uri(model.init_path):
+        # each node reads the weights from the storage into its own cache (pretrained_weights'
+        # reader: the endpoint and keys from the standard AWS environment)
+        init = f"{model.init}:{local_weights(model.init_path)}"
+    return dict(family=setup.family, tasks=list(setup.tasks), init=init,
                 region_feat_dim=setup.feature_dim or 2048,
                 num_classes=setup.num_classes or 1601, vocab_size=vocab,
                 overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vlp.platform.cluster.run_storage import is_uri
 from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
 from vlp.platform.pretrain.run import PretrainResult, launch_pretraining, preflight, resolve
 from vlp.platform.pretrain.components import PretrainComponents
@@ -66,8 +67,8 @@ def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
     """``pretrain.resolve`` (runs folder, tracking URI) plus the data and weight paths
     resolved against this process's cwd: workers run elsewhere, and the MLflow params then
     name the files actually read."""
-    def absolute(path: str) -> str:
-        return str(Path(path).expanduser().resolve()) if path else path
+    def absolute(path: str) -> str:     # a URI (s3://...) stays as it is
+        return str(Path(path).expanduser().resolve()) if path and not is_uri(path) else path
 
     cfg = resolve(cfg)
     sources = {n: s.model_copy(update=dict(path=absolute(s.path)))

@@ -4,25 +4,28 @@ Tune pickles the scheduler once, with the Tuner, and never saves it with the exp
 state (Ray 2.60 calls ``TrialScheduler.save`` nowhere), so a restored sweep would start
 with empty rungs: a trial after the restore is compared only with the trials that reach the
 rung after it, and one below every trial before the interrupt goes on to the end. This
-scheduler writes itself to a file in the sweep folder whenever it records a result, and
-reads that file back before its first decision after a restore.
+scheduler writes its state to a file in the sweep's storage (local or a URI: a resubmitted
+driver on another node finds it) whenever it records a result, and reads that file back
+before its first decision after a restore.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from ray.tune.schedulers import ASHAScheduler
 
-from vlp.contract.atomic_write import atomic_path
+from vlp.platform.cluster.run_storage import RunStorage
 
 STATE_FILE = "asha_state.pkl"
+_NOT_STATE = ("storage", "_read")     # where the state lives is not part of it
 
 
 class PersistentASHA(ASHAScheduler):
-    def __init__(self, state_file: str, **kwargs: Any):
+    def __init__(self, storage: RunStorage, **kwargs: Any):
         super().__init__(**kwargs)
-        self.state_file = state_file
+        self.storage = storage
         self._read = True             # a new sweep: nothing to read
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -34,14 +37,12 @@ class PersistentASHA(ASHAScheduler):
         if self._read:
             return
         self._read = True
-        try:
-            self.restore(self.state_file)   # the saved __dict__, read flag set
-        except FileNotFoundError:     # interrupted before any result was recorded
-            pass
+        if self.storage.exists(STATE_FILE):   # else interrupted before any result
+            self.__dict__.update(pickle.loads(self.storage.read_bytes(STATE_FILE)))
 
     def _write(self) -> None:
-        with atomic_path(self.state_file) as tmp:
-            self.save(str(tmp))
+        state = {k: v for k, v in self.__dict__.items() if k not in _NOT_STATE}
+        self.storage.write_bytes(pickle.dumps(state), STATE_FILE)
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         self._read_once()

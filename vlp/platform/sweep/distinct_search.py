@@ -9,7 +9,7 @@ the region as unpromising and moves on) and the study is asked again. When
 ends (Tune's ``Searcher.FINISHED``) and says so in a marker file the driver reads.
 
     search = DistinctPointSearch(space=SpaceSampler(space), metric="score", mode="max",
-                                 sampler=sampler, exhausted_marker=str(sweep_dir / "exhausted"))
+                                 sampler=sampler, exhausted_marker=storage.uri("exhausted"))
 
 The trials are numbered by distinct point (``trial_number`` 0, 1, 2, ... → t001, t002, ...),
 whatever the study's own numbers are after redraws. Everything here is pickled with the
@@ -18,7 +18,6 @@ searcher's state (``Tuner.restore``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ray.tune.search import Searcher
@@ -50,14 +49,21 @@ class DistinctPointSearch(OptunaSearch):
             self._ot_study.tell(self._ot_trials.pop(trial_id), state=TrialState.PRUNED)
             self.redraws += 1
         if self._exhausted_marker:
-            Path(self._exhausted_marker).parent.mkdir(parents=True, exist_ok=True)
-            Path(self._exhausted_marker).write_text(
-                f"{len(self._point_trials)} distinct points; the next {self._max_redraws + 1} "
-                f"proposals were all repeats\n")
+            folder, name = _split(self._exhausted_marker)
+            folder.write_text(f"{len(self._point_trials)} distinct points; the next "
+                              f"{self._max_redraws + 1} proposals were all repeats\n", name)
         return Searcher.FINISHED
 
 
-def space_exhausted(marker: str | Path) -> str:
+def space_exhausted(marker: str) -> str:
     """The marker's text ('' when the search did not run out of new points)."""
-    path = Path(marker)
-    return path.read_text().strip() if path.is_file() else ""
+    folder, name = _split(marker)
+    return folder.read_text(name).strip() if folder.exists(name) else ""
+
+
+def _split(marker: str):
+    """The marker (a path or a URI in the sweep's storage) as (its folder's storage, name)."""
+    from vlp.platform.cluster.run_storage import open_location
+
+    folder, name = str(marker).rstrip("/").rsplit("/", 1)
+    return open_location(folder), name

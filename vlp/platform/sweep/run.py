@@ -5,17 +5,19 @@ ASHA for a search, a grid over the named lines for a replay.
     result = run_sweep(cfg)              # checks everything first, then runs the trials
     print(result.leaderboard.markdown())
 
-Re-running the same sweep (same ``sweep.name`` and ``sweep.output_dir``) continues it with
-``Tuner.restore(..., resume_errored=True)``: finished trials are kept, interrupted ones
-resume from their last finished stage, Optuna goes on from its saved study and ASHA from its
-saved rungs (``asha.py``). A finished sweep re-run just prints its leaderboard again.
+Re-running the same sweep (same ``sweep.name`` and storage: ``sweep.storage``, else
+$VLP_STORAGE, else ``sweep.output_dir``) continues it with ``Tuner.restore(...,
+resume_errored=True)``: finished trials are kept, interrupted ones resume from their last
+finished stage, Optuna goes on from its saved study and ASHA from its saved rungs
+(``asha.py``, in the storage). A finished sweep re-run just prints its leaderboard again. The sweep's folder may be a URI (``s3://bucket/vlp``): Tune's state,
+the trials' folders and their runs are all read and written through ``run_storage``, so a
+sweep driver resubmitted with ``ray job submit`` (a new working folder) restores it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import yaml
@@ -30,20 +32,20 @@ from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.space import SpaceSampler
-from vlp.platform.cluster.run_storage import check_shared, open_location
+from vlp.platform.cluster.run_storage import RunStorage, check_shared
 from vlp.platform.sweep.trial_configs import resolve_text_init
 from vlp.platform.tracking.choice import check_tracking_shared
 from vlp.platform.sweep.tracking import open_parent_run
 from vlp.platform.sweep.trial import TrialContext, run_trial
-from vlp.contract.atomic_write import write_text_atomic
 
 CONFIG_FILE = "sweep.yaml"
 INSTANCE_FILE = "instance"
 TUNE_DIR = "tune"
 EXHAUSTED_FILE = "space_exhausted"   # the search ran out of new points (distinct_search.py)
 METRIC, TIME_ATTR = "score", "stage"
-# may change between a sweep and its resumption; everything else must match
-RESUMABLE_CHANGES = ("sweep.max_concurrent", "sweep.trial_retries")
+# may change between a sweep and its resumption; everything else must match (output_dir is
+# local scratch once the storage is elsewhere: a resubmitted job resolves it in a new folder)
+RESUMABLE_CHANGES = ("sweep.max_concurrent", "sweep.trial_retries", "sweep.output_dir")
 
 
 @dataclass
@@ -71,17 +73,18 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     start = time.perf_counter()
     cfg = cfg.resolved()
     plan = check_sweep(cfg)                    # every bad input fails here, before Ray
-    sweep_dir = cfg.sweep_dir
-    resuming, instance = _check_resume(cfg, sweep_dir)
+    sweep_dir = cfg.sweep_dir                  # local: Ray's log
+    storage = cfg.sweep_storage()              # Tune's state, the trials' folders
+    resuming, instance = _check_resume(cfg, storage)
     # after the resume check: the saved config keeps "auto", trials get the weights' path
     cfg = resolve_text_init(cfg, [p for _, p in plan.lines + plan.first] or
                             ([TrialPoint(init="text")] if "text" in cfg.space.init else []),
                             say=lambda line: say(f"[sweep] {line}"))
-    trials_dir = sweep_dir / f"trials-{instance}"
+    trials_dir = storage.uri(f"trials-{instance}")
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent), dashboard=True)
     # a multi-node cluster: the sweep folder and the MLflow store must reach every node
-    check_shared(open_location(cfg.sweep.output_dir))
+    check_shared(storage)
     check_tracking_shared(cfg.mlflow.tracking_uri)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
     from vlp.platform.cluster.console import RAY_LOG, log_to
@@ -95,24 +98,24 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     if ray_log is not None:
         say(f"[sweep] Ray's own output (Train/Tune logs, workers' prints) → {ray_log} "
             f"(--verbose prints it here)")
-    ctx = TrialContext(cfg, parent.run_id, instance, str(trials_dir), lines,
+    ctx = TrialContext(cfg, parent.run_id, instance, trials_dir, lines,
                        include_seeds={p.key(): cfg.sweep.include_seeds[n]
                                       for n, p in plan.first if n in cfg.sweep.include_seeds})
     trainable = ray.tune.with_resources(ray.tune.with_parameters(run_trial, ctx=ctx),
                                         {"CPU": 0.01})   # it waits; its Train workers hold CPUs
-    tune_path = sweep_dir / TUNE_DIR
-    if not resuming:   # ASHA's saved rungs belong to the Tune state they were saved beside
-        (sweep_dir / ASHA_STATE_FILE).unlink(missing_ok=True)
+    tune_path, tune_fs = tune_location(storage)
+    if not resuming and storage.exists(ASHA_STATE_FILE):
+        storage.delete(ASHA_STATE_FILE)   # saved rungs belong to the Tune state beside them
     if resuming:
-        say(f"[sweep] resuming the sweep in {sweep_dir} (finished trials are kept)")
-        tuner = ray.tune.Tuner.restore(str(tune_path), trainable=trainable,
-                                       resume_errored=True)
+        say(f"[sweep] resuming the sweep in {storage.root} (finished trials are kept)")
+        tuner = ray.tune.Tuner.restore(tune_path, trainable=trainable, resume_errored=True,
+                                       storage_filesystem=tune_fs)
     else:
         tuner = ray.tune.Tuner(
             trainable, param_space=_param_space(plan),
             tune_config=_tune_config(cfg, plan, concurrency),
             run_config=ray.tune.RunConfig(
-                name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0,
+                name=TUNE_DIR, **storage.ray_storage(), verbose=0,
                 failure_config=ray.tune.FailureConfig(max_failures=cfg.sweep.trial_retries,
                                                       fail_fast=False),
                 checkpoint_config=ray.tune.CheckpointConfig(num_to_keep=2),
@@ -123,17 +126,17 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     errors = sum(r.error is not None for r in grid)
     from vlp.platform.sweep.distinct_search import space_exhausted
 
-    exhausted = space_exhausted(sweep_dir / EXHAUSTED_FILE)
+    exhausted = space_exhausted(storage.uri(EXHAUSTED_FILE))
     if exhausted:
         say(f"[sweep] the search ran out of new points ({exhausted}): it ends early")
-    interrupted = _interrupted(tune_path, total, bool(exhausted))
+    interrupted = _interrupted(storage, total, bool(exhausted))
     board = load_leaderboard(cfg.mlflow.tracking_uri, parent.run_id)
     log_leaderboard(cfg.mlflow.tracking_uri, board)
     parent.log_metrics({"trials": len(statuses), "trial_errors": errors,
                         "sweep_seconds": time.perf_counter() - start}, step=0)
     parent.set_tags({"vlp.state": "interrupted" if interrupted else "completed"})
     parent.finish("KILLED" if interrupted else "FINISHED")
-    return SweepResult(board, str(sweep_dir), str(trials_dir), cfg.mlflow.tracking_uri,
+    return SweepResult(board, storage.root, trials_dir, cfg.mlflow.tracking_uri,
                        parent.run_id, len(statuses), errors, interrupted,
                        time.perf_counter() - start)
 
@@ -170,11 +173,11 @@ def _tune_config(cfg: SweepConfig, plan: SweepPlan, concurrency: int) -> Any:
     search = DistinctPointSearch(
         space=SpaceSampler(cfg.space), metric=METRIC, mode="max", sampler=sampler,
         points_to_evaluate=[cfg.space.params_for(p) for _, p in plan.first],
-        exhausted_marker=str(cfg.sweep_dir / EXHAUSTED_FILE))
+        exhausted_marker=cfg.sweep_storage().uri(EXHAUSTED_FILE))
     scheduler = FIFOScheduler()
     if cfg.sweep.scheduler == "asha" and stages > cfg.sweep.grace_period:
         # rungs at grace_period · rf^k finetune stages; stage 0 (pretraining) is never a rung
-        scheduler = PersistentASHA(str(cfg.sweep_dir / ASHA_STATE_FILE), time_attr=TIME_ATTR,
+        scheduler = PersistentASHA(cfg.sweep_storage(), time_attr=TIME_ATTR,
                                    max_t=stages, grace_period=cfg.sweep.grace_period,
                                    reduction_factor=cfg.sweep.reduction_factor)
     return ray.tune.TuneConfig(metric=METRIC, mode="max", search_alg=search,
@@ -196,14 +199,25 @@ def tune_trial_dirname(trial: Any) -> str:
     return f"{tune_trial_name(trial)}_{trial.trial_id}"
 
 
-def _interrupted(tune_path: Path, expected: int, exhausted: bool = False) -> bool:
+def tune_location(storage: RunStorage) -> tuple[str, Any]:
+    """(path, filesystem) of the sweep's Tune experiment for ``Tuner.restore`` /
+    ``can_restore`` / ``ExperimentAnalysis``: a local path as it is; in a URI's storage the
+    path inside our filesystem (its endpoint from the environment, which Ray's own URI
+    resolution does not read)."""
+    if storage.is_local:
+        return storage.uri(TUNE_DIR), None
+    return storage.fs_path(TUNE_DIR), storage.fs
+
+
+def _interrupted(storage: RunStorage, expected: int, exhausted: bool = False) -> bool:
     """Whether the sweep stopped short (Tune returns normally after SIGINT/SIGUSR1): a trial
     left unfinished, or fewer trials than planned (Tune creates them as slots free up) unless
     the search ran out of new points."""
     from ray.tune import ExperimentAnalysis
 
+    path, fs = tune_location(storage)
     try:
-        trials = ExperimentAnalysis(str(tune_path)).trials
+        trials = ExperimentAnalysis(path, storage_filesystem=fs).trials
     except Exception:
         return False
     return ((len(trials) < expected and not exhausted)
@@ -254,41 +268,45 @@ def auto_concurrency(per_trial_cpus: float, per_trial_gpus: float = 0.0) -> int:
 
 # ---- the sweep folder ------------------------------------------------------------------------
 
-def _check_resume(cfg: SweepConfig, sweep_dir: Path) -> tuple[bool, str]:
-    """(resuming, instance). Resuming when the folder holds this sweep's Tune state (then
-    the configs must agree). A fresh start writes the config and a new instance id: MLflow
-    runs and trial folders are keyed by it, so a folder emptied and reused for a new sweep
-    never re-attaches to the old sweep's runs."""
+def _check_resume(cfg: SweepConfig, storage: RunStorage) -> tuple[bool, str]:
+    """(resuming, instance). Resuming when the sweep's folder holds this sweep's Tune state
+    (then the configs must agree). A fresh start writes the config and a new instance id:
+    MLflow runs and trial folders are keyed by it, so a folder emptied and reused for a new
+    sweep never re-attaches to the old sweep's runs."""
     import uuid
 
     import ray.tune
 
-    saved = sweep_dir / CONFIG_FILE
-    tune_path = sweep_dir / TUNE_DIR
-    instance_file = sweep_dir / INSTANCE_FILE
-    if not ray.tune.Tuner.can_restore(str(tune_path)) or not instance_file.is_file():
-        if tune_path.exists():
-            raise ConfigError([("sweep.name", f"{sweep_dir} holds an unfinished sweep that "
+    where = storage.root
+    tune_path, tune_fs = tune_location(storage)
+    if (not ray.tune.Tuner.can_restore(tune_path, storage_filesystem=tune_fs)
+            or not storage.exists(INSTANCE_FILE)):
+        if storage.exists(TUNE_DIR):
+            raise ConfigError([("sweep.name", f"{where} holds an unfinished sweep that "
                                               f"cannot be resumed (no Tune state or no "
                                               f"{INSTANCE_FILE}): use another sweep.name or "
                                               f"remove the folder")])
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        storage.create_root()
         instance = uuid.uuid4().hex[:8]
-        write_text_atomic(saved, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        write_text_atomic(instance_file, instance + "\n")
+        storage.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), CONFIG_FILE)
+        storage.write_text(instance + "\n", INSTANCE_FILE)
         return False, instance
-    if saved.is_file():
+    if storage.exists(CONFIG_FILE):
         from vlp.platform.sweep.sweep_config import load_sweep_config
 
-        before = flatten(load_sweep_config(saved))
+        saved = load_sweep_config(data=yaml.safe_load(storage.read_text(CONFIG_FILE)))
+        if not saved.sweep.storage:     # saved before sweep.storage: its output_dir held it
+            saved = saved.model_copy(update=dict(sweep=saved.sweep.model_copy(
+                update=dict(storage=saved.sweep.output_dir))))
+        before = flatten(saved)
         now = flatten(cfg)
         changed = sorted(k for k in set(before) | set(now)
                          if before.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
         if changed:
-            raise ConfigError([(k, f"differs from the sweep already in {sweep_dir} "
+            raise ConfigError([(k, f"differs from the sweep already in {where} "
                                    f"({before.get(k)!r} there): to resume it keep its config; "
                                    f"for a new sweep use another sweep.name") for k in changed])
-    return True, instance_file.read_text().strip()
+    return True, storage.read_text(INSTANCE_FILE).strip()
 
 
 def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: int,
@@ -296,7 +314,7 @@ def _summary(cfg: SweepConfig, plan: SweepPlan, per_trial: float, concurrency: i
     import ray
 
     stages = ", ".join(cfg.finetune.benchmarks)
-    lines = [f"{cfg.sweep.name} ({cfg.mode}) → {cfg.sweep_dir}; MLflow "
+    lines = [f"{cfg.sweep.name} ({cfg.mode}) → {cfg.sweep_uri}; MLflow "
              f"{cfg.mlflow.tracking_uri} experiment {cfg.mlflow.experiment}, parent run "
              f"{parent_run_id}",
              f"model {cfg.model.family}; world {cfg.world}; stages: pretrain, then finetune "

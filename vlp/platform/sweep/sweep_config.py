@@ -14,8 +14,9 @@ before any trial starts.
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 from pydantic import Field
 
@@ -24,9 +25,12 @@ from vlp.contract.config_loader import ConfigModel, load_config
 from vlp.platform.pretrain.experiment_config import name_and_folder_problems
 from vlp.platform.sweep.space import SearchSpace
 
+if TYPE_CHECKING:
+    from vlp.platform.cluster.run_storage import RunStorage
+
 # keys of ``pretrain`` that the sweep decides per trial (a user value would be ignored)
 OWNED_BY_SWEEP = {
-    "run": ("name", "output_dir", "seed"),
+    "run": ("name", "output_dir", "storage", "seed"),
     "model": ("family", "init", "init_path"),
     "data": ("sources", "masking"),
     "tasks": None, "stages": None, "mlflow": None,
@@ -39,7 +43,11 @@ TEXT_INITS = ("auto", "minilm", "world-text")
 
 class SweepSection(ConfigModel):
     name: str = "sweep"              # the sweep's folder and MLflow parent run
-    output_dir: str = "runs/sweeps"  # runs root: <output_dir>/<name>/, MLflow store beside it
+    output_dir: str = "runs/sweeps"  # local root: <output_dir>/<name>/ (Ray's log), MLflow store
+    # where the sweep's folder lives (Tune's state, trials' runs and checkpoints): a folder or a
+    # URI (s3://bucket/vlp); "" = $VLP_STORAGE, else output_dir. Trials on other nodes write
+    # there, and a restore reads it: a multi-node cluster needs a URI or a shared mount
+    storage: str = ""
     seed: int = Field(0, ge=0)     # Optuna's TPE seed and the first replicate's training seed
     # replicates: every point trains and finetunes `seeds` times, with training seeds
     # seed, seed+1, ... (the world stays fixed); Optuna and ASHA see the replicates' mean
@@ -145,17 +153,32 @@ class SweepConfig(ConfigModel):
         tracking URI filled in."""
         from vlp.platform.tracking.mlflow_run import embedded_tracking_uri
 
+        from vlp.platform.cluster.run_storage import resolve
+
         root = str(Path(self.sweep.output_dir).expanduser().resolve())
+        storage = resolve(self.sweep.storage, root).root
         uri = (self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                or embedded_tracking_uri(root))
         return self.model_copy(update=dict(
             world=str(Path(self.world).expanduser().resolve()),
-            sweep=self.sweep.model_copy(update=dict(output_dir=root)),
+            sweep=self.sweep.model_copy(update=dict(output_dir=root, storage=storage)),
             mlflow=self.mlflow.model_copy(update=dict(tracking_uri=uri))))
 
     @property
     def sweep_dir(self) -> Path:
+        """The sweep's local folder (Ray's log, text-init weights made on the driver)."""
         return Path(self.sweep.output_dir) / self.sweep.name
+
+    @property
+    def sweep_uri(self) -> str:
+        """The sweep's folder in its storage (resolved config): Tune's state, the trials'
+        runs; the same as ``sweep_dir`` unless ``sweep.storage`` / $VLP_STORAGE is set."""
+        return posixpath.join(self.sweep.storage or str(self.sweep_dir.parent), self.sweep.name)
+
+    def sweep_storage(self) -> "RunStorage":
+        from vlp.platform.cluster.run_storage import open_location
+
+        return open_location(self.sweep_uri)
 
     @property
     def mode(self) -> str:
@@ -164,6 +187,7 @@ class SweepConfig(ConfigModel):
 
 def _owned_message(key: str) -> str:
     where = {"run.name": "sweep.name", "run.output_dir": "sweep.output_dir",
+             "run.storage": "sweep.storage",
              "run.seed": "sweep.seed", "model.family": "model.family",
              "model.init": "space.init", "data.sources": "space.data (the world's domains)",
              "data.masking": "space.masking", "tasks": "space.tasks / space.ratios",

@@ -37,7 +37,7 @@ def open_parent_run(cfg: SweepConfig, instance: str) -> MlflowRun:
     """``instance``: the id of this sweep's folder contents (a folder emptied and reused for a
     new sweep gets a new one, so its runs are not confused with the old sweep's)."""
     run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name=cfg.sweep.name,
-                         key=run_key(str(cfg.sweep_dir), instance, SWEEP_JOB),
+                         key=run_key(cfg.sweep_uri, instance, SWEEP_JOB),
                          tags={"vlp.job": SWEEP_JOB, "vlp.sweep.mode": cfg.mode,
                                "vlp.model_family": cfg.model.family},
                          artifact_location=artifact_location(cfg.mlflow.tracking_uri))
@@ -50,7 +50,7 @@ def open_trial_run(cfg: SweepConfig, parent_run_id: str, instance: str, name: st
                    point: TrialPoint, fresh: bool) -> MlflowRun:
     run = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment,
                          run_name=f"{name} {point.mix_label()}",
-                         key=run_key(str(cfg.sweep_dir), instance, TRIAL_JOB, name),
+                         key=run_key(cfg.sweep_uri, instance, TRIAL_JOB, name),
                          parent_run_id=parent_run_id,
                          tags={"vlp.job": TRIAL_JOB, "vlp.sweep.trial": name, **point.tags()},
                          artifact_location=artifact_location(cfg.mlflow.tracking_uri))

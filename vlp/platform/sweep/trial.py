@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,7 @@ from typing import Any
 from vlp.benchmarks.meta_sum import complete, meta_sum, metric_key, parts_of
 from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.point import TrialPoint
-from vlp.contract.atomic_write import write_text_atomic
+from vlp.platform.cluster.run_storage import open_location
 
 STATE_FILE = "sweep_trial.json"
 REPLICATES_FILE = "replicates.json"  # per-replicate progress, written after each (replicate, stage)
@@ -51,7 +52,7 @@ class TrialContext:
     cfg: SweepConfig                  # resolved (absolute paths, tracking URI)
     parent_run_id: str
     instance: str                     # this sweep's id (see run._check_resume)
-    trials_dir: str                   # <sweep_dir>/trials-<instance>: one folder per trial
+    trials_dir: str                   # <sweep storage>/trials-<instance>: a folder per trial
     lines: dict[str, dict[str, Any]] = field(default_factory=dict)   # replay: line → point params
     # search: point key → replicates of the include points named in sweep.include_seeds
     include_seeds: dict[str, int] = field(default_factory=dict)
@@ -124,8 +125,9 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
 
     name, point = trial_identity(config, ctx)
     cfg = ctx.cfg
-    trial_dir = str(Path(ctx.trials_dir) / name)
-    Path(trial_dir).mkdir(parents=True, exist_ok=True)
+    # a path or a URI in the sweep's storage: trials run on any node of the cluster
+    trial_dir = posixpath.join(ctx.trials_dir, name)
+    open_location(trial_dir).create_root()
     state = _resume_state(ray.tune.get_checkpoint(), trial_dir, ctx.seeds_for(point))
     _log_attempt(trial_dir, state)
     benchmarks = list(cfg.finetune.benchmarks)
@@ -318,10 +320,10 @@ def _resume_state(checkpoint: Any, trial_dir: str, seeds: list[int]) -> TrialSta
     """The state of Tune's last checkpoint, or the replicates file when it is further on
     (replicates finished after the last report); replicates missing from both start fresh."""
     state = _load_state(checkpoint, seeds[0])
-    path = Path(trial_dir) / REPLICATES_FILE
-    if path.is_file():
-        saved = TrialState.from_json(json.loads(path.read_text()))
-        if sum(r.done for r in saved.replicates) > sum(r.done for r in state.replicates):
+    folder = open_location(trial_dir)
+    if folder.exists(REPLICATES_FILE):
+        saved = TrialState.from_json(json.loads(folder.read_text(REPLICATES_FILE)))
+        if _progress(saved.replicates) > _progress(state.replicates):
             state.replicates = saved.replicates
     have = {r.seed for r in state.replicates}
     state.replicates += [Replicate(seed) for seed in seeds if seed not in have]
@@ -330,14 +332,24 @@ def _resume_state(checkpoint: Any, trial_dir: str, seeds: list[int]) -> TrialSta
     return state
 
 
+def _progress(replicates: list[Replicate]) -> int:
+    """Stages finished, summed over the replicates (an absent replicate has finished none:
+    one replicate done with stage 0 is further on than no Tune checkpoint at all)."""
+    return sum(r.done + 1 for r in replicates)
+
+
 def _save_replicates(trial_dir: str, state: TrialState) -> None:
-    write_text_atomic(Path(trial_dir) / REPLICATES_FILE, json.dumps(asdict(state)))
+    open_location(trial_dir).write_text(json.dumps(asdict(state)), REPLICATES_FILE)
 
 
 def _log_attempt(trial_dir: str, state: TrialState) -> None:
-    with open(Path(trial_dir) / ATTEMPTS_FILE, "a") as f:
-        f.write(json.dumps({"time": time.time(), "pid": os.getpid(),
-                            "resumed_after_stage": state.done}) + "\n")
+    """One line more in the attempts file (rewritten whole: object stores cannot append; one
+    attempt of a trial runs at a time)."""
+    folder = open_location(trial_dir)
+    before = folder.read_text(ATTEMPTS_FILE) if folder.exists(ATTEMPTS_FILE) else ""
+    folder.write_text(before + json.dumps({"time": time.time(), "pid": os.getpid(),
+                                           "resumed_after_stage": state.done}) + "\n",
+                      ATTEMPTS_FILE)
 
 
 # ---- MLflow -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ trial starts.
 from __future__ import annotations
 
 import copy
+import posixpath
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,10 +43,10 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
     if not point.pretrains:
         raise ValueError(f"trial {trial}: the point {point.describe()} does not pretrain")
     data = copy.deepcopy(cfg.pretrain)
-    # storage: the trial's own folder, never $VLP_STORAGE's root (trial names repeat across
-    # sweeps, and the same storage + name resumes a run)
-    data["run"] = {**data.get("run", {}), "name": f"{trial}-pretrain", "output_dir": trial_dir,
-                   "storage": trial_dir,
+    # storage: the trial's own folder (in the sweep's storage), never $VLP_STORAGE's root
+    # (trial names repeat across sweeps, and the same storage + name resumes a run)
+    data["run"] = {**data.get("run", {}), "name": f"{trial}-pretrain",
+                   "output_dir": local_dir(cfg, trial_dir), "storage": trial_dir,
                    "seed": cfg.sweep.seed if seed is None else seed}
     data["model"] = {**data.get("model", {}), "family": cfg.model.family, **model_init(cfg, point)}
     data["data"] = {**data.get("data", {}), "sources": data_sources(cfg.world, point.data),
@@ -55,6 +56,18 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
                       "experiment": cfg.mlflow.experiment,
                       "check_timeout_s": cfg.mlflow.check_timeout_s}
     return load_pretrain_config(data=data)
+
+
+def local_dir(cfg: SweepConfig, trial_dir: str) -> str:
+    """A trial's local folder (``run.output_dir``: an embedded MLflow store's place, unused
+    with the sweep's tracking URI): the trial's own folder when it is local, else one under
+    the sweep's local folder."""
+    from vlp.platform.cluster.run_storage import is_uri
+
+    if not is_uri(trial_dir):
+        return trial_dir
+    return str(cfg.sweep_dir / posixpath.basename(posixpath.dirname(trial_dir.rstrip("/")))
+               / posixpath.basename(trial_dir.rstrip("/")))
 
 
 def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
@@ -99,18 +112,19 @@ def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> 
 
 
 def text_init_checkpoint(cfg: SweepConfig) -> str:
-    """A ``bert:<path>`` text init as a model state-dict file, written once per sweep: the
-    finetune job loads checkpoints (and the packaged MiniLM), not BERT folders."""
-    import os
+    """A ``bert:<path>`` text init as a model state-dict file, written once per sweep into
+    its storage (finetune workers on any node read it there): the finetune job loads
+    checkpoints (and the packaged MiniLM), not BERT folders."""
+    import tempfile
 
     import torch
 
     from vlp.datasets.storage.world import load_manifest
     from vlp.models import create_model
 
-    out = cfg.sweep_dir / "text-init" / "model.pt"
-    if out.is_file():
-        return str(out)
+    storage = cfg.sweep_storage()
+    if storage.exists("text-init", "model.pt"):
+        return storage.uri("text-init", "model.pt")
     m = load_manifest(cfg.world, check_files=False)
     try:
         model = create_model(cfg.model.family, ["mlm"], init=cfg.model.text_init,
@@ -118,11 +132,11 @@ def text_init_checkpoint(cfg: SweepConfig) -> str:
     except Exception as e:      # the loader's message may not name the file
         raise RuntimeError(f"text init {cfg.model.text_init} (model.text_init): "
                            f"{type(e).__name__}: {e}") from e
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".model.pt.{os.getpid()}")
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, out)     # concurrent trials may both write it: same bytes, atomic
-    return str(out)
+    with tempfile.TemporaryDirectory(prefix="vlp-text-init-") as tmp:
+        torch.save(model.state_dict(), f"{tmp}/model.pt")
+        # concurrent trials may both write it: same bytes, each write atomic
+        storage.upload(f"{tmp}/model.pt", "text-init", "model.pt")
+    return storage.uri("text-init", "model.pt")
 
 
 def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
@@ -141,7 +155,8 @@ def finetune_kwargs(cfg: SweepConfig, point: TrialPoint, checkpoint: str | None,
     if cfg.finetune.use_gpu:
         overrides.append("scaling.use_gpu=true")
     return dict(checkpoint=checkpoint, benchmarks=[benchmark], world=cfg.world,
-                family=cfg.model.family, run_name=f"{trial}-ft", output_dir=trial_dir,
+                family=cfg.model.family, run_name=f"{trial}-ft",
+                output_dir=local_dir(cfg, trial_dir), storage=trial_dir,
                 parent_run_id=parent_run_id, overrides=overrides,
                 seed=cfg.sweep.seed if seed is None else seed,
                 num_workers=cfg.finetune.num_workers, tracking_uri=cfg.mlflow.tracking_uri,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from vlp.platform.cluster import run_storage
 from vlp.platform.tracking.mlflow_run import (embedded_artifact_location, embedded_tracking_uri,
                                               run_key)
 from vlp.platform.training import checkpointing
-from vlp.platform.training.loop_config import LoopConfig
+from vlp.platform.training.loop_config import LoopConfig, LoopScaling
 from vlp.platform.training.engine import deepspeed_config
 from vlp.platform.training.loop import train_loop_per_worker
 from vlp.platform.training.protocols import Components
@@ -84,23 +84,13 @@ def run_loop(loop: LoopConfig, components: Components, tracking: dict[str, Any],
     ``ray.train.UserCallback``s (e.g. Tune's ``TuneReportCallback``)."""
     import ray.train
 
-    from vlp.platform.training.fail_once import FailOnceTorchTrainer
-    from vlp.platform.training.failures import remove_if_empty, setup_error_of
-
     storage = run_storage.open_location(loop.storage)
     run_dir = storage.uri(loop.name)
-    s = loop.scaling
-    # a set-up error in a worker (config, data, checkpoint) is raised at once, not retried
-    trainer = FailOnceTorchTrainer(
-        train_loop_per_worker,
+    result = fit_once(dict(
+        train_loop_per_worker=train_loop_per_worker,
         train_loop_config={"config": loop, "components": components, "tracking": tracking,
                            "run_dir": run_dir},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=s.num_workers, use_gpu=s.use_gpu,
-            placement_strategy=s.placement_strategy,
-            accelerator_type=s.accelerator_type or None,
-            resources_per_worker={"CPU": s.cpus_per_worker,
-                                  **({"GPU": 1} if s.use_gpu else {})}),
+        scaling_config=scaling_config(loop.scaling),
         run_config=ray.train.RunConfig(
             name=loop.name, **storage.ray_storage(),
             failure_config=ray.train.FailureConfig(max_failures=loop.max_failures),
@@ -110,16 +100,7 @@ def run_loop(loop: LoopConfig, components: Components, tracking: dict[str, Any],
         # optional Components.dataset_config(loop): Ray Train's ingest options (a
         # ray.train.DataConfig, e.g. preserve_order for deterministic streams)
         dataset_config=getattr(components, "dataset_config", lambda c: None)(loop),
-    )
-    try:
-        result = trainer.fit()
-    except BaseException as e:
-        _mark_failed(tracking)
-        remove_if_empty(run_dir)        # no checkpoint yet: leave no folder that looks like a run
-        cause = setup_error_of(e)
-        if cause is not None:
-            raise cause from None       # its one line, not Ray's per-rank report
-        raise
+    ), run_dir, on_failure=lambda: _mark_failed(tracking))
     value = result.return_value or {}
     return LoopResult(
         run_dir=run_dir,
@@ -133,6 +114,37 @@ def run_loop(loop: LoopConfig, components: Components, tracking: dict[str, Any],
         metrics=dict(result.metrics or {}),
         return_value=value,
     )
+
+
+def scaling_config(s: LoopScaling) -> Any:
+    import ray.train
+
+    return ray.train.ScalingConfig(
+        num_workers=s.num_workers, use_gpu=s.use_gpu, placement_strategy=s.placement_strategy,
+        accelerator_type=s.accelerator_type or None,
+        resources_per_worker={"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})})
+
+
+def fit_once(trainer_kwargs: dict[str, Any], run_dir: str,
+             on_failure: Callable[[], None] | None = None) -> Any:
+    """``FailOnceTorchTrainer(**trainer_kwargs).fit()``, the one way every vlp job starts Ray
+    Train workers: a set-up error in a worker (config, data, checkpoint) ends the run at once
+    and is raised as its one line, not retried; a run folder left without a checkpoint is
+    removed, so a run that never trained does not look like one."""
+    from vlp.platform.training.fail_once import FailOnceTorchTrainer
+    from vlp.platform.training.failures import remove_if_empty, setup_error_of
+
+    trainer = FailOnceTorchTrainer(**trainer_kwargs)
+    try:
+        return trainer.fit()
+    except BaseException as e:
+        if on_failure is not None:
+            on_failure()
+        remove_if_empty(run_dir)
+        cause = setup_error_of(e)
+        if cause is not None:
+            raise cause from None       # its one line, not Ray's per-rank report
+        raise
 
 
 def _mark_failed(spec: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ TRAINER_META = "vlp_trainer.json"       # vlp/platform/training/checkpointing.py
 MODEL_STATES = "mp_rank_00_model_states.pt"
 WORD_EMBEDDINGS = "backbone.text_embeddings.word_embeddings.weight"
 TYPE_TABLE = "backbone.text_embeddings.token_type_embeddings.weight"
+MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")   # a model folder's weights
 
 
 @dataclass
@@ -69,7 +70,7 @@ def resolve(path: str | Path) -> Path:
     found = sorted(c for c in p.glob("checkpoint_*") if (c / TRAINER_META).is_file())
     if found:
         return resolve(found[-1])
-    for name in ("model.safetensors", "pytorch_model.bin", "model.pt"):
+    for name in MODEL_FILES:
         if (p / name).is_file():
             return p / name
     raise CheckpointError(f"{p}: neither a vlp checkpoint (no {TRAINER_META}), a pretraining "
@@ -77,22 +78,37 @@ def resolve(path: str | Path) -> Path:
 
 
 def fetch(uri: str) -> Path:
-    """A local copy of what ``uri`` designates: a vlp checkpoint folder (its trainer meta and
-    model states), a run folder (its newest checkpoint) or a state-dict file."""
+    """A local copy of what ``uri`` designates: a state-dict file, a model folder (its
+    ``model.safetensors`` / ``pytorch_model.bin``), a vlp checkpoint folder (its trainer meta
+    and model states) or a run folder (its newest checkpoint). The one reader of weights by
+    URI: finetune and curation checkpoints, ``model.init_path``."""
+    import pyarrow.fs as pafs
+
     try:
         storage = open_location(uri)
-        if storage.exists(TRAINER_META):
-            tag = json.loads(storage.read_text(TRAINER_META))["tag"]
-            return local_copy(uri, [TRAINER_META, f"{tag}/{MODEL_STATES}"])
-        meta = storage.latest_checkpoint_meta()
-        if meta is not None:
-            return local_copy(meta["uri"], [TRAINER_META, f"{meta['tag']}/{MODEL_STATES}"])
-        if storage.exists():
+        kind = storage.fs.get_file_info(storage.fs_path()).type
+        if kind == pafs.FileType.File:
             parent, name = uri.rstrip("/").rsplit("/", 1)
             return local_copy(parent, [name]) / name
+        if kind == pafs.FileType.Directory:
+            if storage.exists(TRAINER_META):
+                tag = json.loads(storage.read_text(TRAINER_META))["tag"]
+                return local_copy(uri, [TRAINER_META, f"{tag}/{MODEL_STATES}"])
+            meta = storage.latest_checkpoint_meta()
+            if meta is not None:
+                return local_copy(meta["uri"], [TRAINER_META, f"{meta['tag']}/{MODEL_STATES}"])
+            for name in MODEL_FILES:
+                if storage.exists(name):
+                    return local_copy(uri, [name]) / name
     except (OSError, StorageError) as e:
         raise CheckpointError(f"{uri}: cannot read it ({e})") from None
-    raise CheckpointError(f"{uri}: no such checkpoint, run folder or file")
+    raise CheckpointError(f"{uri}: no such checkpoint, run folder, model folder or file")
+
+
+def local_weights(path: str) -> str:
+    """``path`` itself, or for a URI the local copy of the weights file it designates
+    (``fetch``): what ``create_model(init="bert:<path>")`` and the like can open."""
+    return str(resolve(path)) if path and is_uri(path) else path
 
 
 def read(path: str | Path) -> PretrainedWeights:

@@ -1,0 +1,75 @@
+"""``model.init_path`` by URI (s3://, moto's server here): the driver's preflight reads and
+checks the weights through the shared reader (pretrained_weights.fetch, the one curation's
+and finetune's --checkpoint use), refuses a misfit in one line naming the URI, and each
+worker loads the same weights from its node's cache. Endpoint and keys come only from the
+standard AWS environment. No Ray started."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cluster_helpers import S3Server
+from test_pretrain_fail_once import base, uniter_files  # noqa: F401  (fixtures)
+
+from vlp.contract.config_loader import ConfigError
+from vlp.platform.cluster import run_storage
+from vlp.platform.pretrain.job import load_pretrain_config, resolved
+from vlp.platform.pretrain.data import prepare
+
+BUCKET = "init-weights"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory, uniter_files):  # noqa: F811
+    server = S3Server(tmp_path_factory.mktemp("moto"))
+    server.create_bucket(BUCKET)
+    fs = server.filesystem()
+    for name in ("good.pt", "width32.pt"):
+        with fs.open_output_stream(f"{BUCKET}/uniter/{name}") as out:
+            out.write((uniter_files / name).read_bytes())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def node_env(s3, monkeypatch, tmp_path):
+    for k, v in s3.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    return s3
+
+
+def config(base, path):  # noqa: F811
+    return resolved(load_pretrain_config(data=base, overrides=[
+        "model.init=uniter", f"model.init_path={path}"]))
+
+
+def test_init_weights_are_read_from_s3_on_the_driver_and_the_workers(node_env, base,  # noqa: F811
+                                                                    uniter_files):  # noqa: F811
+    from vlp.models.checkpoints import read_state_dict
+    from vlp.platform.pretrain.components import PretrainComponents
+
+    uri = f"s3://{BUCKET}/uniter/good.pt"
+    cfg = config(base, uri)
+    assert cfg.model.init_path == uri                  # not <cwd>/s3:/...
+    setup = prepare(cfg)                                # the preflight: read and fitted
+    model = PretrainComponents(setup).build_model(None, list(setup.tasks))
+    theirs = read_state_dict(uniter_files / "good.pt")
+    key = "uniter.embeddings.word_embeddings.weight"
+    torch.testing.assert_close(
+        model.state_dict()["backbone.text_embeddings.word_embeddings.weight"], theirs[key])
+
+
+def test_a_misfit_or_missing_init_file_in_s3_fails_in_one_line_naming_it(
+        node_env, base):  # noqa: F811
+    uri = f"s3://{BUCKET}/uniter/width32.pt"
+    with pytest.raises(ConfigError) as e:
+        prepare(config(base, uri))
+    msg = str(e.value)
+    assert "\n" not in msg and f"model.init_path: {uri} does not fit uniter-tiny" in msg
+    assert "img_linear" in msg or "shape" in msg
+    missing = f"s3://{BUCKET}/uniter/nothing.pt"
+    with pytest.raises(ConfigError, match=f"model.init_path: {missing}: no such file"):
+        prepare(config(base, missing))
+    assert run_storage.is_uri(missing)
