@@ -149,6 +149,7 @@ def worker(gas: int, overflow_at: tuple[int, ...] = ()):
     w.stage_ends, w.stop_at, w.shape, w.overflow_skips = [10], 10, None, 0
     w.engine = DeepSpeedLikeEngine(ToyModel(list(MIX)), gas, overflow_at)
     w.prefetch = Prefetcher(*toy_pair(), depth=2, device=CPU)
+    w._step_end = time.perf_counter()
     return w
 
 
@@ -171,6 +172,8 @@ def test_one_stats_all_reduce_per_optimizer_step(one_rank, monkeypatch):
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert state.examples_seen == sum(r["global_batch_examples"] for r in records) > 0
     assert all(len(r["tasks"]) == 3 and r["data_wait_s"] >= 0 for r in records)
+    # each step's own wall time, measured on the worker (loop_overhead.py reads it)
+    assert all(r["data_wait_s"] <= r["step_time_s"] < 60 for r in records)
 
 
 def test_an_fp16_overflow_skip_moves_neither_the_step_nor_the_schedule(one_rank):
