@@ -149,7 +149,6 @@ def worker(gas: int, overflow_at: tuple[int, ...] = ()):
     w.stage_ends, w.stop_at, w.shape, w.overflow_skips = [10], 10, None, 0
     w.engine = DeepSpeedLikeEngine(ToyModel(list(MIX)), gas, overflow_at)
     w.prefetch = Prefetcher(*toy_pair(), depth=2, device=CPU)
-    w._step_end = time.perf_counter()
     return w
 
 

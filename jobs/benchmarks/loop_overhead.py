@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from vlp.platform.pretrain.job import load_pretrain_config, pretrain
+from vlp.platform.training.engine import zero_stage
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain-tiny.yaml"
 
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
     start_ray(cfg)
     print(f"# loop_overhead: {cfg.model.family}, {cfg.data.batch_input_units} input units per "
           f"micro-batch, mix {cfg.tasks}, precision {cfg.train.precision}, "
-          f"ZeRO-{cfg.train.zero_stage}, prefetch {cfg.train.prefetch_batches}; "
+          f"ZeRO-{zero_stage(cfg.train.zero_stage, 1)}, prefetch {cfg.train.prefetch_batches}; "
           f"{args.warmup} warm-up + {args.steps} measured steps; {args.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f}")
     bare = bare_loop(cfg, args.steps, args.warmup)

@@ -63,6 +63,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Worker:
+    # perf_counter at the end of the last step's record (None: no step yet)
+    _step_end: float | None = None
+
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         import ray.train
         import ray.train.torch
@@ -90,7 +93,6 @@ class _Worker:
         self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
         self.engine = self.sampler = self.source = self.prefetch = None
         self.reporter: Reporter | None = None
-        self._step_end = 0.0      # perf_counter at the end of the last step's record
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -237,6 +239,7 @@ class _Worker:
         """``grad_accum`` micro-batches and the update; the step's record, or None when
         DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
+        t0 = time.perf_counter()
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
@@ -281,7 +284,8 @@ class _Worker:
                   "data_wait_s": self.prefetch.wait_s - wait0}
         # since the last step's record: this step and the bookkeeping after the last one
         now = time.perf_counter()
-        record["step_time_s"], self._step_end = now - self._step_end, now
+        since = t0 if self._step_end is None else self._step_end
+        record["step_time_s"], self._step_end = now - since, now
         if self.shape is not None:
             record["model_flops"] = self.shape.train_flops(stats["examples"],
                                                           stats["input_units"])
