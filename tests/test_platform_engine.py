@@ -35,6 +35,19 @@ def test_cpu_config_uses_torch_adamw_and_the_recipe():
     assert "gradient_clipping" not in deepspeed_config(cfg_with("optimizer.grad_clip=0"), 1)
 
 
+def test_zero_auto_partitions_across_workers_only():
+    """One worker has nothing to partition: ZeRO would only copy gradients and weights."""
+    auto = cfg_with("train.steps=100")
+    assert auto.train.zero_stage == "auto"
+    assert deepspeed_config(auto, 1)["zero_optimization"] == {"stage": 0}
+    assert deepspeed_config(auto, 2)["zero_optimization"] == {"stage": 2}
+    assert deepspeed_config(auto, 2, num_parameters=8 << 20)["zero_optimization"][
+        "reduce_bucket_size"] == 1 << 20
+    # an explicit stage is what runs, also on one worker
+    assert deepspeed_config(cfg_with("train.zero_stage=1"), 1)["zero_optimization"] == {
+        "stage": 1}
+
+
 def test_gpu_config_uses_the_fused_optimizer_and_half_precision():
     ds = deepspeed_config(cfg_with("scaling.use_gpu=true", "train.precision=fp16"), 8)
     assert ds["optimizer"]["params"]["fused"] is True             # torch's fused AdamW
@@ -76,6 +89,13 @@ ENGINE_SCRIPT = textwrap.dedent("""
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}
+    reduces = []
+    real_all_reduce = dist.all_reduce
+
+    def counting_all_reduce(tensor, *a, **k):   # the largest tensor all-reduced
+        reduces.append(tensor.numel())
+        return real_all_reduce(tensor, *a, **k)
+    dist.all_reduce = counting_all_reduce
 
     def draws():
         import random, numpy as np
@@ -107,6 +127,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
         src, dtype = ToyBatchSource(16, 0, 0, 0), {"fp32": torch.float32,
                                                  "bf16": torch.bfloat16}[combo[0]]
         losses, lrs = [], []
+        reduces.clear()
         for step in range(6):
             lrs.append(engine.get_lr()[0])
             for _ in range(combo[2]):
@@ -117,6 +138,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
                 engine.step()
                 losses.append(loss.item())
         optimizer_steps = engine.global_steps
+        n_reduces = max(reduces, default=0)
         with tempfile.TemporaryDirectory() as d:
             st = checkpointing.TrainerState(step=6, world_size=1)
             checkpointing.seed_everything(5)         # the RNG state the checkpoint must keep
@@ -141,6 +163,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
             "differed": differed, "loaded": loaded, "rng": at_save == restored,
             "next_losses": nxt, "after_next": same_params(engine, fresh),
             "fresh_steps": fresh.global_steps, "fresh_lr": fresh.get_lr()[0],
+            "largest_all_reduce": n_reduces,
             "lr": engine.get_lr()[0]}
         engine.destroy()
         fresh.destroy()
@@ -191,7 +214,8 @@ def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
     AdamW: each runs 6 optimizer steps and follows the schedule; its checkpoint, loaded into a
     fresh engine built from other initial weights, gives back the weights, the RNG state,
     the step count and schedule, and Adam's moments (the next step's loss and weights are
-    the saving engine's, exactly). Then the loop's
+    the saving engine's, exactly). Without ZeRO on one worker, no gradient all-reduce
+    (it would be the identity). Then the loop's
     non-finite policy: raise names the step and task; skip drops the batch (no optimizer
     step for it) and gives up after max_nonfinite_skips in a row."""
     import socket
@@ -222,3 +246,7 @@ def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
         assert r["differed"] and r["loaded"] and r["rng"], name
         assert r["fresh_steps"] == 7 and r["fresh_lr"] == r["lr"], name
         assert r["next_losses"][0] == r["next_losses"][1] and r["after_next"], name
+        # one worker without ZeRO: no gradient all-reduce (it would be the identity), only
+        # gradient clipping's norm
+        if name.split("-")[1] == "0":
+            assert r["largest_all_reduce"] <= 1, name

@@ -9,22 +9,27 @@ loop's seeded sampler draws) and kept in memory; the loop is forward,
 backward, torch AdamW step, nothing else. (b) vlp: ``pretrain`` end to end on one Ray Train
 worker — Ray Data, the batch source with its masking on the prefetch thread, the DeepSpeed
 engine (ZeRO-2), the per-step statistics all-reduce, reports every step. Both run on
-``--threads`` torch threads (the worker gets that many CPUs). Step time of (b) is the time
-between consecutive reports (the loop's own bookkeeping included); the first ``--warmup``
-steps of each are not measured. The data-wait share is the loop's own ``data_wait_share``:
-the time it waited for its next batch over the step time.
+``--threads`` torch threads (the worker gets that many CPUs). Step time of (b) is the loop's
+own ``step_time_s``, measured on the worker: the time between consecutive steps' records,
+the reporting and bookkeeping between them included. (Not the time between reports as the
+driver sees them: Ray's controller collects reports when it polls the workers, every 2 s,
+which quantises that time.) The first ``--warmup`` steps of each are not measured. The
+data-wait share is the loop's own: the time it waited for its next batch over the step time.
+
+Budget batching fills each micro-batch up to ``--batch-units`` input units, and the two
+arms' batches differ (Ray Data's block order): besides the ratio of median step times,
+``vlp_over_bare_per_unit`` compares seconds per input unit over the measured steps.
 
 Batches: ``--batch-units`` input units per micro-batch (default 1792 = the standard 32 pairs
 × (20 tokens + 36 regions)) of the tiny synthetic world, or ``--world``.
 
 Prints a settings block, then one figure per line: ``bare/step_ms``, ``vlp/step_ms``,
-``vlp_over_bare``, ``vlp/data_wait_share``, ...
+``vlp_over_bare``, ``vlp_over_bare_per_unit``, ``vlp/data_wait_share``, ...
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,25 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import ray.train
 import torch
 
 from vlp.platform.pretrain.job import load_pretrain_config, pretrain
+from vlp.platform.training.engine import zero_stage
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain-tiny.yaml"
-
-
-class ReportLog(ray.train.UserCallback):
-    """(time, metrics) of every report, appended to a file (the callback runs in Ray Train's
-    controller, not in this process)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def after_report(self, run_context, metrics, checkpoint) -> None:
-        m = {k: v for k, v in metrics[0].items() if isinstance(v, (int, float))}
-        with open(self.path, "a") as f:
-            f.write(json.dumps([time.time(), m]) + "\n")
 
 
 def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
@@ -91,20 +83,21 @@ def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
             "mean_step_ms": 1e3 * statistics.mean(times), "input_units_per_step": units}
 
 
-def vlp_loop(cfg, out: Path, warmup: int) -> dict[str, float]:
-    """(b): the platform's loop end to end; reports every step."""
-    log = out / "reports.jsonl"
-    pretrain(cfg, callbacks=[ReportLog(str(log))], progress=False, say=lambda line: None)
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    # steps after the warm-up, but not the last (it also writes the checkpoint)
-    rows = rows[warmup:-1]
-    gaps = [b[0] - a[0] for a, b in zip(rows, rows[1:])]
-    waits = [b[1]["data_wait_share"] for b in rows[1:]]
-    units = [b[1]["input_units_seen"] - a[1]["input_units_seen"] for a, b in zip(rows, rows[1:])]
-    return {"step_ms": 1e3 * statistics.median(gaps),
-            "mean_step_ms": 1e3 * statistics.mean(gaps),
-            "data_wait_share": statistics.median(waits), "measured_steps": len(gaps),
-            "input_units_per_step": statistics.mean(units)}
+def vlp_loop(cfg, warmup: int) -> dict[str, float]:
+    """(b): the platform's loop end to end; reports every step. The steps of the last
+    attempt (a worker that Ray restarted starts the history again)."""
+    result = pretrain(cfg, progress=False, say=lambda line: None)
+    rows = result.history[warmup:]
+    if not rows:
+        raise RuntimeError(f"the run recorded {len(result.history)} steps, none after the "
+                           f"{warmup} warm-up steps (did a worker restart?)")
+    times = [r["step_time_s"] for r in rows]
+    return {"step_ms": 1e3 * statistics.median(times),
+            "mean_step_ms": 1e3 * statistics.mean(times),
+            "data_wait_share": sum(r["data_wait_s"] for r in rows) / sum(times),
+            "measured_steps": len(rows),
+            "input_units_per_step": statistics.mean(r["global_batch_input_units"]
+                                                    for r in rows)}
 
 
 def main(argv=None) -> int:
@@ -126,7 +119,7 @@ def main(argv=None) -> int:
         from vlp.datasets.synth import generate_world
 
         world = str(generate_world(out / "world", scale="tiny", seed=0))
-    total = args.steps + args.warmup + 2      # + the first report's gap + the checkpoint step
+    total = args.steps + args.warmup
     overrides = [f"run.output_dir={out / 'runs'}", "run.name=loop-overhead",
                  f"model.family={args.family}", f"train.steps={total}", "train.log_every=1",
                  "train.grad_accum=1", f"data.batch_input_units={args.batch_units}",
@@ -142,11 +135,11 @@ def main(argv=None) -> int:
     start_ray(cfg)
     print(f"# loop_overhead: {cfg.model.family}, {cfg.data.batch_input_units} input units per "
           f"micro-batch, mix {cfg.tasks}, precision {cfg.train.precision}, "
-          f"ZeRO-{cfg.train.zero_stage}, prefetch {cfg.train.prefetch_batches}; "
+          f"ZeRO-{zero_stage(cfg.train.zero_stage, 1)}, prefetch {cfg.train.prefetch_batches}; "
           f"{args.warmup} warm-up + {args.steps} measured steps; {args.threads} threads; "
           f"load average {os.getloadavg()[0]:.1f}")
     bare = bare_loop(cfg, args.steps, args.warmup)
-    vlp = vlp_loop(cfg, out, args.warmup)
+    vlp = vlp_loop(cfg, args.warmup)
     if not args.bare_once:      # (a) again after (b): the machine's load drifts
         again = bare_loop(cfg, args.steps, args.warmup)
         print(f"bare/step_ms_before {bare['step_ms']:.1f}")
@@ -161,6 +154,9 @@ def main(argv=None) -> int:
     print(f"vlp/measured_steps {vlp['measured_steps']}")
     print(f"vlp/data_wait_share {vlp['data_wait_share']:.3f}")
     print(f"vlp_over_bare {vlp['step_ms'] / bare['step_ms']:.3f}")
+    per_unit = ((vlp["mean_step_ms"] / vlp["input_units_per_step"])
+                / (bare["mean_step_ms"] / bare["input_units_per_step"]))
+    print(f"vlp_over_bare_per_unit {per_unit:.3f}")
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

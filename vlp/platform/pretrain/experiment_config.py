@@ -145,7 +145,8 @@ class TrainSection(ConfigModel):
     grad_accum: int = Field(1, gt=0)    # micro-batches per optimizer step (one task each)
     # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    zero_stage: Literal[0, 1, 2] = 2
+    # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO
+    zero_stage: Literal["auto", 0, 1, 2] = "auto"
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
     compile: bool = False                 # torch.compile the model (needs a compiler; opt-in)
     prefetch_batches: int = Field(2, ge=0)   # micro-batches built ahead on a thread; 0 = off

@@ -22,6 +22,7 @@ from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_exper
 from vlp.platform.pretrain.run import PretrainResult, launch_pretraining, preflight, resolve
 from vlp.platform.pretrain.components import PretrainComponents
 from vlp.platform.pretrain.data import PretrainSetup, prepare
+from vlp.platform.training.engine import zero_stage
 
 ESTIMATE_BATCHES = 8        # batches read on the driver to estimate examples per step
 
@@ -97,7 +98,7 @@ def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
         f"C={setup.num_classes} vocab {setup.vocab_size:,}",
         f"steps: {cfg.total_steps():,} in {len(setup.stages)} stage(s) ({stages}); "
         f"{workers} worker(s) × {gas} micro-batch(es) = {micro} micro-batches per step; "
-        f"{cfg.train.precision}, ZeRO-{cfg.train.zero_stage}",
+        f"{cfg.train.precision}, ZeRO-{zero_stage(cfg.train.zero_stage, workers)}",
         f"global batch: ≤ {budget:,} input units per step ({cfg.data.batch_input_units:,} per "
         f"micro-batch) ≈ {per_batch * micro:,.0f} examples per step (≈ {per_batch:,.1f} per "
         f"micro-batch, estimated from {ESTIMATE_BATCHES} batches; measured at step 1)",

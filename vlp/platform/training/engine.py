@@ -88,17 +88,28 @@ def zero_bucket_elements(num_parameters: int) -> int:
     return elements - elements % 1024
 
 
+def zero_stage(stage: str | int, world_size: int) -> int:
+    """``train.zero_stage`` (``stage``) with ``auto`` resolved: ZeRO-2 across several
+    workers; with one there is nothing to partition, and ZeRO would only copy every gradient
+    into its buckets and partition and every updated weight back (a large share of a CPU
+    step)."""
+    if stage == "auto":
+        return 2 if world_size > 1 else 0
+    return stage
+
+
 def deepspeed_config(cfg: LoopConfig, world_size: int, *,
                      device: torch.device | None = None,
                      num_parameters: int | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON config. Batches are variable-sized (filled to an input-unit
     budget), so DeepSpeed's batch fields count micro-batches: 1 per worker per micro-step."""
     gas = cfg.train.grad_accum
-    zero: dict[str, Any] = {"stage": cfg.train.zero_stage}
-    if num_parameters and cfg.train.zero_stage > 0:
+    stage = zero_stage(cfg.train.zero_stage, world_size)
+    zero: dict[str, Any] = {"stage": stage}
+    if num_parameters and stage > 0:
         bucket = zero_bucket_elements(num_parameters)
         zero.update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
-    if cfg.scaling.use_gpu and cfg.train.zero_stage > 0:
+    if cfg.scaling.use_gpu and stage > 0:
         zero["overlap_comm"] = True     # reduce on a side stream during the backward
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
@@ -177,6 +188,11 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
             lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)),
         config=ds_config,
     )
+    if world_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
+        # one rank: the gradient all-reduce is the identity, but DeepSpeed would still flatten
+        # every gradient into buckets, reduce and copy them back after each backward (the
+        # switch DeepSpeed itself turns off when it has no process group)
+        engine.enable_backward_allreduce = False
     return engine
 
 

@@ -11,7 +11,9 @@ sums; nothing in a micro-batch waits on the device. A non-finite loss raises bef
 update. With ``on_nonfinite: skip`` a small all-reduce before each backward decides instead
 whether to drop that micro-batch on every rank and draw another (a dropped batch must not
 reach the gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step:
-the step counter, the schedule and the stage boundaries do not move. Checkpoints carry the
+the step counter, the schedule and the stage boundaries do not move. Reports to Ray go through
+a thread (``reporter.Reporter``): the step does not wait for Ray's controller to collect a
+metrics report; a checkpoint report is waited for. Checkpoints carry the
 trainer state (step, examples seen, sampler, batch source, RNG), so a resumed run continues
 exactly.
 """
@@ -38,6 +40,7 @@ from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
+from vlp.platform.training.reporter import Reporter, ray_report
 from vlp.platform.tracking.rank_zero import RankZeroTracker
 from vlp.platform.training.step_stats import ReportWindow, check_tasks, reduce_step
 
@@ -60,6 +63,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Worker:
+    # perf_counter at the end of the last step's record (None: no step yet)
+    _step_end: float | None = None
+
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         import ray.train
         import ray.train.torch
@@ -86,6 +92,7 @@ class _Worker:
         self.tracker = RankZeroTracker(loop_config["tracking"], cfg) if self.rank == 0 else None
         self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
         self.engine = self.sampler = self.source = self.prefetch = None
+        self.reporter: Reporter | None = None
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -182,6 +189,9 @@ class _Worker:
         self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
                   f"{time.perf_counter() - t1:.1f} s")
         window = ReportWindow(self.peak, self.world)
+        self.reporter = Reporter(ray_report)
+        self._step_end = time.perf_counter()
+        ok = False
         try:
             while state.step < self.stop_at:
                 if state.step == self.stage_ends[state.stage]:
@@ -196,11 +206,15 @@ class _Worker:
                     if state.step == start_step + 1 and start_step == 0:
                         self._announce_measured(record)
                 self._maybe_report(state, window)
+            self.reporter.drain()
+            ok = True
         except BaseException:
             if self.tracker:
                 self.tracker.flush_quietly()
             raise
         finally:
+            # after a failure, a report stuck in Ray's cross-rank sync must not hold the exit
+            self.reporter.close(None if ok else 30.0)
             self._close_source()
         completed = state.step >= self.total
         after = self._after_training() if completed else None
@@ -225,6 +239,7 @@ class _Worker:
         """``grad_accum`` micro-batches and the update; the step's record, or None when
         DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
+        t0 = time.perf_counter()
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
@@ -267,6 +282,10 @@ class _Worker:
                   "lr": lr, "global_batch_examples": stats["examples"],
                   "global_batch_input_units": stats["input_units"],
                   "data_wait_s": self.prefetch.wait_s - wait0}
+        # since the last step's record: this step and the bookkeeping after the last one
+        now = time.perf_counter()
+        since = t0 if self._step_end is None else self._step_end
+        record["step_time_s"], self._step_end = now - since, now
         if self.shape is not None:
             record["model_flops"] = self.shape.train_flops(stats["examples"],
                                                           stats["input_units"])
@@ -305,8 +324,6 @@ class _Worker:
     # ---- reporting, checkpoints -------------------------------------------------------------
 
     def _maybe_report(self, state: TrainerState, window: ReportWindow) -> None:
-        import ray.train
-
         step = state.step
         at_stage_end = step in self.stage_ends
         save = step % self.cfg.checkpoint_interval == 0 or step == self.stop_at or at_stage_end
@@ -317,7 +334,7 @@ class _Worker:
         if not save:
             if self.tracker:
                 self.tracker.flush(metrics, step)
-            ray.train.report(metrics)
+            self.reporter.submit(metrics)      # Ray's report on its thread: no wait here
             return
         # the states before the first batch the prefetch thread built but the loop did not use
         resume = self.prefetch.state_dict()
@@ -328,8 +345,8 @@ class _Worker:
         with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
             checkpointing.save(self.engine, tmp, state, self.rank, resume["source"],
                                stages=self.cfg.stage_steps())
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=name)
+            self.reporter.submit(metrics, tmp, name)
+            self.reporter.drain()     # persisted (from tmp) before training goes on
         if self.tracker:
             self.tracker.flush(metrics, step, checkpoint=posixpath.join(self.run_dir, name))
 

@@ -30,7 +30,7 @@ class LoopStage:
 class LoopTrain:
     grad_accum: int = 1                   # micro-batches per optimizer step (one task each)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    zero_stage: Literal[0, 1, 2] = 2
+    zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: 2 with several workers, else 0
     activation_checkpointing: bool = False
     compile: bool = False
     prefetch_batches: int = 2             # micro-batches built ahead on a thread; 0 = off

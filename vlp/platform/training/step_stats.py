@@ -17,7 +17,8 @@ from vlp.platform.training.checkpointing import TrainerState
 
 # per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
 BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
-                         "global_batch_input_units", "data_wait_s", "model_flops"})
+                         "global_batch_input_units", "data_wait_s", "model_flops",
+                         "step_time_s"})
 
 
 def reduce_step(micro: list[tuple[str, dict[str, torch.Tensor], int, int]],
