@@ -21,7 +21,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.encoder_output import EncoderOutput
 from vlp.tasks.losses import accuracy, masked_regions, zero_loss
-from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
+from vlp.tasks.masking_visual import SOFT_LABELS, choose_regions, mask_with_hard_labels
 from vlp.tasks.mrc import classification_terms
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -50,6 +50,8 @@ class MaskedRoIClassification(Task):
     def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
         masked = choose_regions(batch, rng, ctx)
         mask_with_hard_labels(batch, masked, masked)
+        if SOFT_LABELS in batch:   # the reference's target: the detector's distribution
+            batch[bs.REGION_SOFT_LABELS] = batch[SOFT_LABELS]
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RoIClassifier(ctx)
