@@ -3,11 +3,13 @@ finetuning alike: it reads a ``LoopConfig`` only).
 
 Per optimizer step: ``grad_accum`` micro-batches, each of one task drawn by the seeded task
 sampler (the same draw on every rank: UNITER's conditional masking serves one task per
-batch). The micro-batches are built ahead on a thread (``prefetch.Prefetcher``) while the
-device computes. One all-reduce per optimizer step, after the last backward and before the
-update, carries the step's statistics: per micro-batch a non-finite-loss flag and the task
-drawn (so ranks that drew differently are caught), examples, input units and the outputs'
-sums; nothing in a micro-batch waits on the device. A non-finite loss raises before the
+batch), or under ``train.objective: summed`` each with every task's loss on one example set
+(``objective.py``: one backward per micro-batch either way). The micro-batches are built
+ahead on a thread (``prefetch.Prefetcher``) while the device computes. One all-reduce per
+optimizer step, after the last backward and before the update, carries the step's
+statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so ranks
+that drew differently are caught), examples, input units and the outputs' sums; nothing in a
+micro-batch waits on the device. A non-finite loss raises before the
 update. With ``on_nonfinite: skip`` a small all-reduce before each backward decides instead
 whether to drop that micro-batch on every rank and draw another (a dropped batch must not
 reach the gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step:
@@ -29,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from vlp.models.flops import EncoderShape, encoder_shape
-from vlp.platform.training import checkpointing
+from vlp.platform.training import checkpointing, objective
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.platform.training.device_peaks import device_name, peak_flops
 from vlp.platform.training.engine import (build_engine, compute_dtype, resolve_precision,
@@ -94,8 +96,9 @@ class _Worker:
         self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
                                    stage_index=k)
         # the same sampler seed on every rank → the same task draws; a new stream per stage
-        self.sampler = self.components.build_task_sampler(dict(stage.tasks),
-                                                          self.cfg.seed * 1009 + k)
+        self.sampler = objective.build_sampler(self.components, dict(stage.tasks),
+                                               self.cfg.seed * 1009 + k,
+                                               self.cfg.train.objective)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
         # started at its first next(), after a resume has loaded the sampler and the source
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
@@ -232,10 +235,7 @@ class _Worker:
         while done < gas:
             item = self.prefetch.next(needed - done - 1)
             task = item.task
-            out = self.engine(item.batch, task=task)
-            if "loss" not in out:
-                raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
-                               "entry (the total) is required")
+            out = objective.forward(self.engine, item.batch, task)
             if cfg.on_nonfinite == "skip" and not self._finite_everywhere(task, out, state):
                 state.skipped_batches += 1
                 skips += 1
@@ -285,7 +285,7 @@ class _Worker:
         rank's ``*loss`` is finite (and that every rank drew the same task)."""
         losses = torch.stack([v.detach().float().reshape(()) for k, v in out.items()
                               if k.endswith("loss")])
-        idx = float(self.task_ids[task])
+        idx = float(objective.task_id(task, self.task_ids))
         head = torch.stack([(~torch.isfinite(losses)).any().double(),
                             torch.tensor(idx, dtype=torch.float64, device=losses.device),
                             torch.tensor(idx * idx, dtype=torch.float64, device=losses.device)])

@@ -35,7 +35,7 @@ BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS)
 
 @dataclass
 class Prefetched:
-    task: str
+    task: str | tuple[str, ...]      # a tuple: every task on one example set (summed objective)
     batch: dict[str, Any]            # on the loop's device, floating tensors in its dtype
     examples: int                    # host integers: no device read to count them
     input_units: int
@@ -76,8 +76,8 @@ class Prefetcher:
         if item.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(item.ready)
-            for v in item.batch.values():
-                if isinstance(v, torch.Tensor) and v.is_cuda:
+            for v in _tensors(item.batch):
+                if v.is_cuda:
                     v.record_stream(stream)   # the copy stream's memory now serves this one
         self._consumed += 1
         self.wait_s += time.perf_counter() - t0
@@ -155,21 +155,29 @@ class Prefetcher:
 
     def _to_device(self, host: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         if self.device.type == "cpu":
-            return {k: self._cast(k, v) for k, v in host.items()}, None
+            return self._copy(host), None
         stream = self._stream
-        out: dict[str, Any] = {}
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for k, v in host.items():
-                if isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
-                    if self.cuda and not v.is_pinned():
-                        v = v.pin_memory()
-                    v = self._cast(k, v.to(self.device, non_blocking=True))
-                out[k] = v
+            out = self._copy(host)
             ready = None
             if stream is not None:
                 ready = torch.cuda.Event()
                 ready.record(stream)
         return out, ready
+
+    def _copy(self, host: dict[str, Any]) -> dict[str, Any]:
+        """To the device and dtype; a nested dict (the summed objective's batch per task,
+        ``TASK_BATCHES``) likewise."""
+        out: dict[str, Any] = {}
+        for k, v in host.items():
+            if isinstance(v, dict):
+                v = self._copy(v)
+            elif isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
+                if self.cuda and not v.is_pinned():
+                    v = v.pin_memory()
+                v = self._cast(k, v.to(self.device, non_blocking=True))
+            out[k] = v
+        return out
 
     def _cast(self, key: str, v: Any) -> Any:
         if (isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != self.dtype
@@ -183,3 +191,11 @@ def _leading_dim(batch: dict[str, Any]) -> int:
         if isinstance(v, torch.Tensor) and v.ndim > 0:
             return int(v.shape[0])
     return 0
+
+
+def _tensors(batch: dict[str, Any]):
+    for v in batch.values():
+        if isinstance(v, dict):
+            yield from _tensors(v)
+        elif isinstance(v, torch.Tensor):
+            yield v
