@@ -277,3 +277,15 @@ def test_the_ray_data_collate_builds_a_batch_per_task_of_the_same_pairs(tiny_wor
         assert int(b[K.NUM_EXAMPLES]) == int(single[K.NUM_EXAMPLES]), t
     assert (per_task["mlm"][K.MLM_LABELS] != -100).any() and K.ITM_LABELS in per_task["itm"]
     assert per_task["mrfr"][K.REGION_MASKED].any()
+
+
+@pytest.mark.parametrize("name, paper", [("imagebert-base-two-stage.yaml", "summed"),
+                                         ("soho-r18-l3.yaml", "summed"),
+                                         ("uniter-base-indomain.yaml", "sampled"),
+                                         ("vlbert-base.yaml", "sampled")])
+def test_the_shipped_configs_train_at_their_papers_objective_without_saying_it(name, paper):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "jobs" / "configs" / name
+    cfg = load_experiment_config(path)
+    assert cfg.train.objective == "" and objective_of(cfg) == paper
