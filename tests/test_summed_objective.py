@@ -289,3 +289,14 @@ def test_the_shipped_configs_train_at_their_papers_objective_without_saying_it(n
     path = Path(__file__).resolve().parents[1] / "jobs" / "configs" / name
     cfg = load_experiment_config(path)
     assert cfg.train.objective == "" and objective_of(cfg) == paper
+
+
+def test_model_flops_count_every_tasks_forward_of_the_set(tiny_world):
+    mix = {"mlm": 1, "mvm": 1, "itm": 1}
+    _, src = summed_source(tiny_world, "soho-tiny", mix)
+    item = Prefetcher(SummedTasks(mix), src, depth=0, device=CPU).next()
+    src.close()
+    units = {t: int(b[K.INPUT_UNITS]) for t, b in item.batch[K.TASK_BATCHES].items()}
+    assert item.input_units == units["itm"]                        # the set, counted once
+    assert item.passes == pytest.approx(sum(units.values()) / units["itm"])
+    assert 1.5 < item.passes < 2.5      # ITM on the whole set, MLM and MVM on its half

@@ -231,7 +231,7 @@ class _Worker:
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
-        done, skips, micro = 0, 0, []
+        done, skips, micro, passes = 0, 0, [], 0.0
         while done < gas:
             item = self.prefetch.next(needed - done - 1)
             task = item.task
@@ -251,6 +251,7 @@ class _Worker:
             self.engine.backward(out["loss"])
             micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
                           item.input_units))
+            passes += item.passes / gas
             done += 1
             if done == gas:   # before the update: a non-finite loss must not reach the weights
                 stats = self._reduce_step(micro, state)
@@ -268,8 +269,9 @@ class _Worker:
                   "global_batch_input_units": stats["input_units"],
                   "data_wait_s": self.prefetch.wait_s - wait0}
         if self.shape is not None:
-            record["model_flops"] = self.shape.train_flops(stats["examples"],
-                                                          stats["input_units"])
+            # summed objective: every task's forward of the set (this rank's ratio)
+            record["model_flops"] = passes * self.shape.train_flops(stats["examples"],
+                                                                   stats["input_units"])
         record.update(stats["means"])
         record["loss"] = stats["loss_sum"] / gas
         return record
@@ -343,6 +345,7 @@ class _Worker:
             f"trainable); tasks {', '.join(self.task_ids)}",
             f"steps: {self.total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
             f"micro-batch(es) × {self.world} worker(s) = {micro} per step",
+            objective.describe(c.train.objective, [dict(s.tasks) for s in plan]),
         ]
         if budget:   # budget batching (pretraining); finetunes count examples per batch
             lines.append(f"global batch: ≤ {budget:,} input units per step "

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 
 from vlp.contract.batch_spec import TASK_BATCHES
-from vlp.datasets.batching.task_sampler import SummedTasks
+from vlp.datasets.batching.task_sampler import SummedTasks, loss_weights
 
 OBJECTIVES = ("sampled", "summed")
 
@@ -30,6 +30,16 @@ def build_sampler(components: Any, mix: dict[str, float], seed: int, objective: 
     if objective == "summed":
         return SummedTasks(mix, seed, known=list(mix))
     raise ValueError(f"train.objective={objective!r}: expected one of {', '.join(OBJECTIVES)}")
+
+
+def describe(objective: str, mixes: list[dict[str, float]]) -> str:
+    """One log line: what a micro-batch trains, and the loss weights of each stage."""
+    if objective != "summed":
+        return "objective sampled: one task per micro-batch, drawn by mix ratio"
+    weights = "; ".join(", ".join(f"{t} {w:.3g}" for t, w in loss_weights(m).items())
+                        for m in mixes)
+    return (f"objective summed: every task's loss on each micro-batch's examples, one "
+            f"backward; loss weights {weights}")
 
 
 def task_id(task: str | tuple[str, ...], task_ids: Mapping[str, int]) -> int:

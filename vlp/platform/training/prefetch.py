@@ -31,6 +31,7 @@ import torch
 
 NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/contract/batch_spec.py
 BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS)
+TASK_BATCHES = "task_batches"   # the summed objective's batch per task (batch_spec)
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Prefetched:
     batch: dict[str, Any]            # on the loop's device, floating tensors in its dtype
     examples: int                    # host integers: no device read to count them
     input_units: int
+    # forward passes' input units per input unit counted (summed objective: every task's
+    # batch of the set runs through the model; 1 otherwise): for the model FLOPs
+    passes: float = 1.0
     before: dict[str, Any] = field(repr=False, default_factory=dict)   # states before drawing
     ready: Any = field(repr=False, default=None)   # CUDA event of the copy, else None
 
@@ -150,8 +154,12 @@ class Prefetcher:
         examples = (int(host[NUM_EXAMPLES]) if NUM_EXAMPLES in host
                     else _leading_dim(host))
         units = int(host[INPUT_UNITS]) if INPUT_UNITS in host else 0
+        passes = 1.0
+        if TASK_BATCHES in host and units:
+            passes = sum(int(b[INPUT_UNITS]) for b in host[TASK_BATCHES].values()
+                         if INPUT_UNITS in b) / units
         batch, ready = self._to_device(host)
-        return Prefetched(task, batch, examples, units, before, ready)
+        return Prefetched(task, batch, examples, units, passes, before, ready)
 
     def _to_device(self, host: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         if self.device.type == "cpu":
