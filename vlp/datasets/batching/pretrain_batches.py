@@ -7,6 +7,11 @@ for a batch masked for it::
     task = sampler.next()
     batch = batches.next(task)                   # dict[str, torch.Tensor], see batch_spec
 
+Under the ``summed`` objective the loop passes every task at once (a ``TaskSet``) and gets
+one example set with a batch per task (``summed_batch``)::
+
+    batch = batches.next(SummedTasks(mix).next())   # {TASK_BATCHES: {task: batch}, ...}
+
 ``blocks`` comes from a Ray Data shard (``vlp.datasets.stream.pipeline.shard_blocks``) or from the
 plain local reader (``vlp.datasets.stream.local_stream.local_batches``). Batches are formed before
 the task is known (bucketing by input units does not depend on it); the task decides the ITM
