@@ -251,7 +251,7 @@ class _Worker:
             self.engine.backward(out["loss"])
             micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
                           item.input_units))
-            passes += item.passes / gas
+            passes += item.passes
             done += 1
             if done == gas:   # before the update: a non-finite loss must not reach the weights
                 stats = self._reduce_step(micro, state)
@@ -270,8 +270,8 @@ class _Worker:
                   "data_wait_s": self.prefetch.wait_s - wait0}
         if self.shape is not None:
             # summed objective: every task's forward of the set (this rank's ratio)
-            record["model_flops"] = passes * self.shape.train_flops(stats["examples"],
-                                                                   stats["input_units"])
+            record["model_flops"] = passes / gas * self.shape.train_flops(
+                stats["examples"], stats["input_units"])
         record.update(stats["means"])
         record["loss"] = stats["loss_sum"] / gas
         return record
@@ -345,8 +345,9 @@ class _Worker:
             f"trainable); tasks {', '.join(self.task_ids)}",
             f"steps: {self.total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
             f"micro-batch(es) × {self.world} worker(s) = {micro} per step",
-            objective.describe(c.train.objective, [dict(s.tasks) for s in plan]),
         ]
+        if c.job == "pretrain":
+            lines.append(objective.describe(c.train.objective, [dict(s.tasks) for s in plan]))
         if budget:   # budget batching (pretraining); finetunes count examples per batch
             lines.append(f"global batch: ≤ {budget:,} input units per step "
                          f"({c.batch_input_units:,} per micro-batch); examples per step are "
