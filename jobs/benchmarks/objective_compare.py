@@ -39,8 +39,10 @@ def figure(name: str, value: float, unit: str = "") -> None:
     print(f"{name} {value:.2f}{' ' + unit if unit else ''}", flush=True)
 
 
-def examples_seen(checkpoint: str) -> int:
-    return int(json.loads((Path(checkpoint) / "vlp_trainer.json").read_text())["examples_seen"])
+def examples_seen(checkpoint: str) -> float:
+    """From a platform checkpoint's trainer state; NaN for a local run's state-dict file."""
+    state = Path(checkpoint) / "vlp_trainer.json"
+    return json.loads(state.read_text())["examples_seen"] if state.is_file() else float("nan")
 
 
 def main() -> int:
@@ -56,7 +58,9 @@ def main() -> int:
     p.add_argument("--pretrain-lr", type=float, default=1e-3)
     p.add_argument("--finetune-steps", type=int, default=300, help="each benchmark's steps")
     p.add_argument("--finetune-lr", type=float, default=1e-3)
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--pretrain-mode", choices=["platform", "local"], default="platform",
+                   help="local: a single-process loop without Ray (vlp.testing.calibration)")
+    p.add_argument("--workers", type=int, default=1, help="finetune workers")
     p.add_argument("--set", action="append", default=[], help="finetune config override")
     args = p.parse_args()
 
@@ -80,7 +84,7 @@ def main() -> int:
                 ckpt = pretrain(str(world), str(out), f"pre-{arm}-{budget}-s{seed}",
                                 family=family, tasks=MIXES[family], steps=args.pretrain_steps,
                                 lr=args.pretrain_lr, batch_units=args.pretrain_units,
-                                seed=seed, mode="platform", objective=objective,
+                                seed=seed, mode=args.pretrain_mode, objective=objective,
                                 say=lambda s: None)
                 figure(f"{arm}.s{seed}.pretrain_s", time.perf_counter() - t, "s")
                 figure(f"{arm}.s{seed}.examples_seen", examples_seen(ckpt))
