@@ -49,6 +49,7 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
                    objective: str = "", say=print, every: int = 0, on_every=None) -> str:
     """``on_every(step, model, spec)`` (``spec``: ``create_model``'s) runs after every
     ``every``-th step (e.g. a probe), in eval mode; training resumes in train mode after it."""
+    from vlp.datasets.storage.world import load_manifest
     from vlp.datasets.stream.data_config import DataConfig, SourceConfig
     from vlp.datasets.stream.data_plan import plan_data
     from vlp.datasets.stream.local_stream import local_batches
@@ -62,11 +63,14 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
         return out
     torch.manual_seed(seed)
     sources = tuple(SourceConfig(s, f"{world}/images/{s}") for s in SOURCES)
-    plan = plan_data(DataConfig(sources=sources, batch_units=batch_units, seed=seed), tasks)
-    model, spec, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
-                                  num_classes=plan.num_classes or 1601,
+    m = load_manifest(world, check_files=False)
+    model, spec, _ = create_model(family, list(tasks), region_feat_dim=m.feature_dim,
+                                  num_classes=m.num_classes or 1601,
                                   overrides={"transformer.hidden_dropout": dropout,
                                              "transformer.attention_dropout": dropout})
+    # the model's preprocessing decides the input (ImageBERT's 5-d locations, SOHO's pixels)
+    plan = plan_data(DataConfig.for_model(spec, sources, batch_units=batch_units, seed=seed),
+                     tasks, model=spec)
     summed = (objective or get_family(family).objective) == "summed"
     batches = local_batches(plan)
     sampler = SummedTasks(tasks, seed) if summed else TaskSampler(tasks, seed)
