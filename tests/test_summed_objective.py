@@ -300,3 +300,18 @@ def test_model_flops_count_every_tasks_forward_of_the_set(tiny_world):
     assert item.input_units == units["itm"]                        # the set, counted once
     assert item.passes == pytest.approx(sum(units.values()) / units["itm"])
     assert 1.5 < item.passes < 2.5      # ITM on the whole set, MLM and MVM on its half
+
+
+def test_a_checkpoint_with_a_0d_buffer_loads_strictly():
+    """SOHO's ResNet has BatchNorm's 0-d ``num_batches_tracked``: finetuning a soho-tiny
+    checkpoint (objective_compare.py) failed on it with an IndexError."""
+    from torch import nn
+
+    from vlp.models.checkpoints.state_dict_io import LoadReport, assign_strict
+
+    src, dst = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    src.num_batches_tracked.fill_(7)
+    src.running_mean.fill_(0.5)
+    tensors = [(k, k, v) for k, v in src.state_dict().items()]
+    assign_strict(dst, tensors, lambda k: k, LoadReport("test"))
+    assert int(dst.num_batches_tracked) == 7 and torch.equal(dst.running_mean, src.running_mean)
