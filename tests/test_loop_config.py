@@ -22,7 +22,11 @@ def test_loop_sections_are_projections_of_the_experiment_sections(loop_cls, sect
     """Every loop field is read from the same-named experiment field (``project``), and an
     unset finetune value trains as a pretraining default would."""
     section = section_cls()
-    own = {"cold_start_steps": pretrain_config.ModelSection().cold_start_steps}
+    from vlp.models.families import FAMILIES
+
+    # train.objective "" means the family's: the default family's is what the loop gets
+    own = {"cold_start_steps": pretrain_config.ModelSection().cold_start_steps,
+           "objective": FAMILIES[pretrain_config.ModelSection().family].objective}
     for f in dataclasses.fields(loop_cls):
         expected = own[f.name] if f.name in own else getattr(section, f.name)
         assert getattr(loop_cls(), f.name) == expected, f.name

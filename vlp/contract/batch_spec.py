@@ -63,6 +63,11 @@ NUM_EXAMPLES = "num_examples"      # long [] examples in the batch
 INPUT_UNITS = "input_units"        # long [] B × max_b(text_len_b + regions_b): UNITER's batch unit,
                                    #   the packed row the model computes on (pixels: B × (T + V))
 
+# ---- the summed objective (ImageBERT, SOHO) -------------------------------------------
+TASK_BATCHES = "task_batches"      # {task: batch}: one example set, a batch per task (its own
+                                   #   masking and ITM negatives); beside it the set's
+                                   #   NUM_EXAMPLES and INPUT_UNITS, counted once
+
 TEXT_KEYS = (INPUT_IDS, TEXT_MASK)
 REGION_KEYS = (REGION_FEATS, REGION_LOC, REGION_MASK)
 PIXEL_KEYS = (PIXELS, PIXEL_MASK, IMAGE_INDEX)

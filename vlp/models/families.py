@@ -40,14 +40,14 @@ FAMILIES: dict[str, FamilyConfig] = {f.name: f for f in (
     FamilyConfig("vlbert-base", _with_types(BASE, 3), VLBertVisualConfig()),
     FamilyConfig("vlbert-minilm", _with_types(MINILM, 3), VLBertVisualConfig()),
     FamilyConfig("vlbert-tiny", _with_types(TINY, 3), VLBertVisualConfig(geometry_dim=64)),
-    FamilyConfig("imagebert-base", BASE, ImageBertVisualConfig()),
-    FamilyConfig("imagebert-minilm", MINILM, ImageBertVisualConfig()),
-    FamilyConfig("imagebert-tiny", TINY, ImageBertVisualConfig()),
+    FamilyConfig("imagebert-base", BASE, ImageBertVisualConfig(), objective="summed"),
+    FamilyConfig("imagebert-minilm", MINILM, ImageBertVisualConfig(), objective="summed"),
+    FamilyConfig("imagebert-tiny", TINY, ImageBertVisualConfig(), objective="summed"),
     FamilyConfig("soho-r18-l3", TransformerConfig(**{**BASE.__dict__, "num_layers": 3}),
-                 SohoVisualConfig(resnet=RESNET18)),
-    FamilyConfig("soho-r101-l12", BASE, SohoVisualConfig(resnet=RESNET101)),
-    FamilyConfig("soho-r18-minilm", MINILM, SohoVisualConfig(resnet=RESNET18)),
-    FamilyConfig("soho-tiny", TINY, _SOHO_TINY),
+                 SohoVisualConfig(resnet=RESNET18), objective="summed"),
+    FamilyConfig("soho-r101-l12", BASE, SohoVisualConfig(resnet=RESNET101), objective="summed"),
+    FamilyConfig("soho-r18-minilm", MINILM, SohoVisualConfig(resnet=RESNET18), objective="summed"),
+    FamilyConfig("soho-tiny", TINY, _SOHO_TINY, objective="summed"),
 )}
 
 

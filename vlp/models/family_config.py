@@ -19,6 +19,7 @@ from transformers import BertConfig
 from vlp.tasks.registry import family_tasks
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+OBJECTIVES = ("sampled", "summed")   # how a family's pretraining combines its tasks
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,15 @@ class FamilyConfig:
     name: str
     transformer: TransformerConfig
     visual: VisualConfig
+    # the paper's pretraining objective (the experiment's train.objective default): sampled =
+    # one task per micro-batch drawn by mix ratio (UNITER, VL-BERT); summed = every task's
+    # loss on the same examples (ImageBERT: "four tasks simultaneously"; SOHO Eq. 9)
+    objective: str = "sampled"
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"family {self.name!r}: objective={self.objective!r}: expected "
+                             f"one of {', '.join(OBJECTIVES)}")
 
     @property
     def tasks(self) -> tuple[str, ...]:

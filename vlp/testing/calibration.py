@@ -17,8 +17,9 @@ SOURCES = ("coco", "vg", "cc", "sbu")
 
 def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[str, float],
              steps: int, lr: float, batch_units: int, seed: int, mode: str = "auto",
-             dropout: float = 0.1, say=print) -> str:
-    """Pretrain and return the checkpoint path (reused when it exists already)."""
+             dropout: float = 0.1, objective: str = "", say=print) -> str:
+    """Pretrain and return the checkpoint path (reused when it exists already).
+    ``objective``: ``train.objective`` ("" = the family's paper's)."""
     if mode in ("auto", "platform"):
         try:
             from vlp.platform.pretrain.job import load_pretrain_config, pretrain as run_job
@@ -32,25 +33,29 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
                 "model": {"family": family, "dropout": dropout},
                 "data": {"sources": {s: {"path": f"{world}/images/{s}"} for s in SOURCES},
                          "batch_input_units": batch_units},
-                "tasks": tasks, "train": {"steps": steps, "log_every": max(1, steps // 10)},
+                "tasks": tasks, "train": {"steps": steps, "log_every": max(1, steps // 10),
+                                          "objective": objective},
                 "optimizer": {"lr": lr, "warmup_steps": max(1, steps // 10)},
                 "scaling": {"num_workers": 1}, "checkpoint": {"interval": steps},
                 "mlflow": {"enabled": False}})
             return run_job(cfg, progress=False, say=say).checkpoint_path
     return local_pretrain(world, str(Path(out_dir) / f"{name}.pt"), family=family, tasks=tasks,
                           steps=steps, lr=lr, batch_units=batch_units, seed=seed,
-                          dropout=dropout, say=say)
+                          dropout=dropout, objective=objective, say=say)
 
 
 def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float], steps: int,
                    lr: float, batch_units: int, seed: int, dropout: float = 0.1,
-                   say=print, every: int = 0, on_every=None) -> str:
+                   objective: str = "", say=print, every: int = 0, on_every=None) -> str:
     """``on_every(step, model, spec)`` (``spec``: ``create_model``'s) runs after every
     ``every``-th step (e.g. a probe), in eval mode; training resumes in train mode after it."""
+    from vlp.datasets.storage.world import load_manifest
     from vlp.datasets.stream.data_config import DataConfig, SourceConfig
     from vlp.datasets.stream.data_plan import plan_data
     from vlp.datasets.stream.local_stream import local_batches
-    from vlp.datasets.batching.task_sampler import TaskSampler
+    from vlp.datasets.batching.task_sampler import SummedTasks, TaskSampler
+    from vlp.models.families import get_family
+    from vlp.platform.training import objective as objectives
     from vlp.models import create_model
     from vlp.platform.training.engine import WarmupLinearDecay, param_groups
 
@@ -58,12 +63,17 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
         return out
     torch.manual_seed(seed)
     sources = tuple(SourceConfig(s, f"{world}/images/{s}") for s in SOURCES)
-    plan = plan_data(DataConfig(sources=sources, batch_units=batch_units, seed=seed), tasks)
-    model, spec, _ = create_model(family, list(tasks), region_feat_dim=plan.feature_dim,
-                                  num_classes=plan.num_classes or 1601,
+    m = load_manifest(world, check_files=False)
+    model, spec, _ = create_model(family, list(tasks), region_feat_dim=m.feature_dim,
+                                  num_classes=m.num_classes or 1601,
                                   overrides={"transformer.hidden_dropout": dropout,
                                              "transformer.attention_dropout": dropout})
-    batches, sampler = local_batches(plan), TaskSampler(tasks, seed)
+    # the model's preprocessing decides the input (ImageBERT's 5-d locations, SOHO's pixels)
+    plan = plan_data(DataConfig.for_model(spec, sources, batch_units=batch_units, seed=seed),
+                     tasks, model=spec)
+    summed = (objective or get_family(family).objective) == "summed"
+    batches = local_batches(plan)
+    sampler = SummedTasks(tasks, seed) if summed else TaskSampler(tasks, seed)
     # the platform's recipe: AdamW (0.9, 0.98), no decay on biases/norms, warm-up + linear
     opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupLinearDecay(max(1, steps // 10), steps))
@@ -71,7 +81,7 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
     try:
         for step in range(1, steps + 1):
             task = sampler.next()
-            out_ = model(batches.next(task), task=task)
+            out_ = objectives.forward(model, batches.next(task), task)
             opt.zero_grad()
             out_["loss"].backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)

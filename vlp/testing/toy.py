@@ -83,7 +83,7 @@ class ToyBatchSource:
         self.fail_at_call, self.fail_rank, self.fail_marker = fail_at_call, fail_rank, fail_marker
         self.nan_at_call, self.nan_rank = nan_at_call, nan_rank
 
-    def next(self, task: str) -> dict[str, torch.Tensor]:
+    def next(self, task: str | tuple[str, ...]) -> dict[str, Any]:
         self.calls += 1
         if (self.fail_at_call and self.calls == self.fail_at_call and self.rank == self.fail_rank
                 and not Path(self.fail_marker).exists()):
@@ -94,8 +94,12 @@ class ToyBatchSource:
         x = torch.randn(n, self.dim, generator=self.gen)
         if self.nan_at_call and self.calls == self.nan_at_call and self.rank == self.nan_rank:
             x[0, 0] = float("nan")
-        return {"x": x, "y_cls": (x @ self.a).argmax(-1), "y_reg": x @ self.b,
-                bs.NUM_EXAMPLES: torch.tensor(n), bs.INPUT_UNITS: torch.tensor(n * length)}
+        batch = {"x": x, "y_cls": (x @ self.a).argmax(-1), "y_reg": x @ self.b,
+                 bs.NUM_EXAMPLES: torch.tensor(n), bs.INPUT_UNITS: torch.tensor(n * length)}
+        if isinstance(task, tuple):   # the summed objective: every task on the same examples
+            return {bs.TASK_BATCHES: {t: batch for t in task},
+                    bs.NUM_EXAMPLES: batch[bs.NUM_EXAMPLES], bs.INPUT_UNITS: batch[bs.INPUT_UNITS]}
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         return {"gen": self.gen.get_state(), "calls": self.calls}

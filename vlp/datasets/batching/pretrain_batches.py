@@ -7,6 +7,11 @@ for a batch masked for it::
     task = sampler.next()
     batch = batches.next(task)                   # dict[str, torch.Tensor], see batch_spec
 
+Under the ``summed`` objective the loop passes every task at once (a ``TaskSet``) and gets
+one example set with a batch per task (``summed_batch``)::
+
+    batch = batches.next(SummedTasks(mix).next())   # {TASK_BATCHES: {task: batch}, ...}
+
 ``blocks`` comes from a Ray Data shard (``vlp.datasets.stream.pipeline.shard_blocks``) or from the
 plain local reader (``vlp.datasets.stream.local_stream.local_batches``). Batches are formed before
 the task is known (bucketing by input units does not depend on it); the task decides the ITM
@@ -46,6 +51,7 @@ from vlp.datasets.batching.block_reader import BLOCK, EPOCH_END, ERROR, BlockRea
 from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.batching.example_window import ExampleWindow
 from vlp.datasets.batching.image_block import ImageBlock
+from vlp.datasets.batching.summed_batch import summed_batch
 from vlp.datasets.batching.task_batch import mask_context, task_batch
 from vlp.datasets.batching.text_corpus import TextCorpusBatches
 from vlp.datasets.batching.window_collate import collate_window
@@ -54,7 +60,6 @@ from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.tasks import get_task, visual_problem
 
 log = logging.getLogger(__name__)
-
 
 
 class PretrainBatches:
@@ -83,6 +88,7 @@ class PretrainBatches:
         self._reading_epoch = 0
         self._epoch_examples = 0
         self._warned_sources: set = set()
+        self._batch_key: list[int] = []   # the last batch's generator key (_take)
         self.text: TextCorpusBatches | None = None   # mlm-text's own stream (VL-BERT)
         if any(get_task(t).text_only for t in plan.tasks):
             self.text = TextCorpusBatches(
@@ -92,29 +98,47 @@ class PretrainBatches:
 
     # ---- the train loop's API ---------------------------------------------------------------
 
-    def next(self, task: str) -> dict[str, torch.Tensor]:
-        """The next batch, masked for ``task``."""
+    def next(self, task: str | tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The next batch, masked for ``task``; for a tuple of tasks (the ``summed``
+        objective), the next example set with a batch per task (``summed_batch``)."""
+        if isinstance(task, tuple):
+            return self._next_summed(task)
         policy = get_task(task)
         problem = visual_problem(task, self.cfg.visual, "the pipeline")
         if problem:
             raise ValueError(problem)
         if policy.text_only:
-            if self.text is None:
-                raise ValueError(f"task {task!r} reads the text corpus; this loader was "
-                                 f"planned for tasks {list(self.plan.tasks)}")
-            batch = self.text.next()
-            self.stats["text_only_batches"] += 1
-            return batch
-        self._skip_served()
-        if self._sync is not None and self._sync(self._epoch_exhausted()):
-            self.stats["epoch_tail_dropped"] += self._finish_epoch()
-        refs, blocks, rng, collated = self._take()
+            return self._text_batch(task)
+        refs, blocks, rng, collated = self._take_synced()
         batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, rng,
                            self.stats, with_ids=self._with_ids, collated=collated)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
         return batch
+
+    def _next_summed(self, tasks: tuple[str, ...]) -> dict:
+        for task in tasks:
+            problem = visual_problem(task, self.cfg.visual, "the pipeline")
+            if problem:
+                raise ValueError(problem)
+        refs, blocks, rng, collated = self._take_synced()
+        key = self._batch_key   # each task's generator: the set's key and the task's place
+        batch = summed_batch(self.plan, self.tok, self.ctx, blocks, refs, tasks,
+                             lambda i: np.random.default_rng([*key, 1 + i]), self.stats,
+                             with_ids=self._with_ids, collated=collated,
+                             text_only=self._text_batch)
+        self.stats["batches"] += 1
+        self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
+        self.stats["input_units"] += int(batch[K.INPUT_UNITS])
+        return batch
+
+    def _text_batch(self, task: str) -> dict[str, torch.Tensor]:
+        if self.text is None:
+            raise ValueError(f"task {task!r} reads the text corpus; this loader was "
+                             f"planned for tasks {list(self.plan.tasks)}")
+        self.stats["text_only_batches"] += 1
+        return self.text.next()
 
     def __iter__(self):
         raise TypeError("PretrainBatches needs the task of each step: call next(task) with "
@@ -172,6 +196,14 @@ class PretrainBatches:
     def _window_rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.cfg.seed, self.rank, 0x5EED, epoch])
 
+    def _take_synced(self) -> tuple[ExampleRefs, dict[int, ImageBlock], np.random.Generator,
+                                    dict | None]:
+        """``_take`` after a restore's skipping and the ranks' epoch agreement."""
+        self._skip_served()
+        if self._sync is not None and self._sync(self._epoch_exhausted()):
+            self.stats["epoch_tail_dropped"] += self._finish_epoch()
+        return self._take()
+
     def _take(self) -> tuple[ExampleRefs, dict[int, ImageBlock], np.random.Generator,
                              dict | None]:
         """The next batch's refs, the blocks they index, the generator for its ITM
@@ -180,8 +212,8 @@ class PretrainBatches:
         refs, blocks, epoch, collated = self._next_refs()
         if epoch != self.epoch:
             self.epoch, self.served_in_epoch = epoch, 0
-        rng = np.random.default_rng([self.cfg.seed, self.rank, 0xBA7C, epoch,
-                                     self.served_in_epoch])
+        self._batch_key = [self.cfg.seed, self.rank, 0xBA7C, epoch, self.served_in_epoch]
+        rng = np.random.default_rng(self._batch_key)
         self.served_in_epoch += 1
         return refs, blocks, rng, collated
 

@@ -1,4 +1,6 @@
-"""One pretraining task per step, drawn from the mix ratios (UNITER's meta-loader).
+"""What each micro-batch trains, from the mix ratios: one task drawn per micro-batch
+(``TaskSampler``, UNITER's meta-loader: the ``sampled`` objective) or every task of the mix on
+the same examples (``SummedTasks``, ImageBERT and SOHO: the ``summed`` objective).
 
 The draw for step ``s`` is a pure function of ``(seed, s)``: every rank draws the same task
 without communicating, and resuming needs only the step counter, so a restored sampler
@@ -88,8 +90,72 @@ class TaskSampler:
         return {"step": self.step, "seed": self.seed, "mix": dict(self.mix)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _check_objective(state, "sampled")
         if int(state["seed"]) != self.seed or dict(state["mix"]) != self.mix:
             raise ValueError(f"task sampler state is for seed {state['seed']} and mix "
                              f"{dict(state['mix'])}, this sampler has seed {self.seed} and mix "
                              f"{self.mix}: resuming would draw a different task sequence")
         self.step = int(state["step"])
+
+
+def loss_weights(mix: Mapping[str, float]) -> dict[str, float]:
+    """The ``summed`` objective's loss weights: the positive mix ratios scaled to a mean of 1
+    (equal ratios → weight 1 each, the papers' objective; 2:2:1:1 → 4/3, 4/3, 2/3, 2/3), so
+    that a mix means the same under either objective: ratios are relative in both."""
+    on = {t: float(r) for t, r in mix.items() if r > 0}
+    total = sum(on.values())
+    return {t: r * len(on) / total for t, r in on.items()}
+
+
+class TaskSet(tuple):
+    """The ``summed`` objective's draw: every task of the mix (a tuple of names, what the batch
+    source reads) with its loss weight (what the loop reads)."""
+
+    weights: dict[str, float]
+
+    def __new__(cls, weights: Mapping[str, float]) -> "TaskSet":
+        obj = super().__new__(cls, weights)
+        obj.weights = dict(weights)
+        return obj
+
+    def __getnewargs__(self):   # pickle and copy rebuild it from the weights
+        return (self.weights,)
+
+
+class SummedTasks:
+    """The ``summed`` objective's sampler: ``next()`` → every task with a positive ratio, as a
+    tuple (the same each micro-batch): the batch source builds each task's batch from one
+    example set and the loop sums ``weights[t] · loss_t``."""
+
+    def __init__(self, mix: Mapping[str, float], seed: int = 0,
+                 known: Iterable[str] | None = None):
+        self.mix = validate_mix(mix, known)
+        self.seed = int(seed)
+        self.step = 0
+        self.weights = loss_weights(self.mix)
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.weights)
+
+    def next(self) -> TaskSet:
+        self.step += 1
+        return TaskSet(self.weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "seed": self.seed, "mix": dict(self.mix),
+                "objective": "summed"}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        _check_objective(state, "summed")
+        if dict(state["mix"]) != self.mix:
+            raise ValueError(f"summed-objective state is for mix {dict(state['mix'])}, this "
+                             f"run's mix is {self.mix}: the loss weights would change")
+        self.step = int(state["step"])
+
+
+def _check_objective(state: Mapping[str, Any], mine: str) -> None:
+    saved = state.get("objective", "sampled")   # states before the objective existed: sampled
+    if saved != mine:
+        raise ValueError(f"the checkpoint's task sampler is for train.objective={saved}, this "
+                         f"run has train.objective={mine}: resume with the same objective")

@@ -39,6 +39,7 @@ from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.contract.uri_files import filesystem, is_uri, open_input
 from vlp.datasets.stream.image_rows import PATH_COLUMN, ImageRowTransform
+from vlp.datasets.batching.summed_batch import summed_batch
 from vlp.datasets.batching.task_batch import mask_context, task_batch
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 
@@ -123,9 +124,11 @@ def shard_blocks(shard, plan: DataPlan):
 
 class TaskCollateFn(ArrowBatchCollateFn):
     """Fixed-size batches for ``iter_torch_batches``: every (image, caption) pair of the
-    batch's image rows, masked for one task (no bucketing: evaluation and debugging)."""
+    batch's image rows, masked for one task, or for a tuple of tasks (the ``summed``
+    objective) a batch per task of those pairs (``summed_batch``; no bucketing: evaluation and
+    debugging)."""
 
-    def __init__(self, plan: DataPlan, task: str, seed: int = 0):
+    def __init__(self, plan: DataPlan, task: str | tuple[str, ...], seed: int = 0):
         self.plan, self.task = plan, task
         self.rng = np.random.default_rng([plan.config.seed, seed, 0xC011])
         self._ctx = None   # built on first use, in the process that collates
@@ -141,5 +144,9 @@ class TaskCollateFn(ArrowBatchCollateFn):
         caps = np.arange(len(rows)) - np.repeat(block.cap_start[:-1], n)
         zeros = np.zeros(len(rows), np.int64)
         refs = ExampleRefs(zeros, rows, caps, zeros, rows, np.ones(len(rows), bool))
+        if isinstance(self.task, tuple):
+            rngs = self.rng.spawn(len(self.task))
+            return summed_batch(self.plan, tok, self._ctx, {0: block}, refs, self.task,
+                                rngs.__getitem__, Counter())
         return task_batch(self.plan, tok, self._ctx, {0: block}, refs, self.task, self.rng,
                           Counter())

@@ -113,8 +113,8 @@ def assign_strict(model: nn.Module, tensors: Iterable[tuple[str, str, torch.Tens
         if earlier is not None and not torch.equal(earlier[1], value):
             raise CheckpointError(f"checkpoint key {ckpt_key!r} should be tied to "
                                   f"{earlier[0]!r} but holds different values")
-        with torch.no_grad():
-            target[: value.shape[0]].copy_(value)
+        with torch.no_grad():   # a 0-d buffer (BatchNorm's num_batches_tracked) has no rows
+            (target[: value.shape[0]] if value.dim() else target).copy_(value)
         written[id(target)] = (ckpt_key, value)
         report.loaded.append(ckpt_key)
     for our_key, target in ours.items():

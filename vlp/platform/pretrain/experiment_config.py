@@ -142,7 +142,12 @@ class OptimizerSection(ConfigModel):
 
 class TrainSection(ConfigModel):
     steps: int = Field(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
-    grad_accum: int = Field(1, gt=0)    # micro-batches per optimizer step (one task each)
+    grad_accum: int = Field(1, gt=0)    # micro-batches per optimizer step
+    # how a micro-batch trains the mix: "sampled" = one task drawn by mix ratio (UNITER,
+    # VL-BERT); "summed" = every task's loss on the same examples, one backward (ImageBERT,
+    # SOHO Eq. 9), the ratios as loss weights scaled to a mean of 1 (equal ratios: weight 1
+    # each, the papers'; 2:2:1:1 → 4/3, 4/3, 2/3, 2/3); "" = the model family's paper's
+    objective: Literal["", "sampled", "summed"] = ""
     # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO

@@ -19,9 +19,11 @@ from typing import Any
 
 from vlp.platform.cluster.run_storage import is_uri
 from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
-from vlp.platform.pretrain.run import PretrainResult, launch_pretraining, preflight, resolve
+from vlp.platform.pretrain.run import (PretrainResult, launch_pretraining, objective_of,
+                                       preflight, resolve)
 from vlp.platform.pretrain.components import PretrainComponents
 from vlp.platform.pretrain.data import PretrainSetup, prepare
+from vlp.platform.training import objective
 from vlp.platform.training.engine import zero_stage
 
 ESTIMATE_BATCHES = 8        # batches read on the driver to estimate examples per step
@@ -103,6 +105,7 @@ def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
         f"micro-batch) ≈ {per_batch * micro:,.0f} examples per step (≈ {per_batch:,.1f} per "
         f"micro-batch, estimated from {ESTIMATE_BATCHES} batches; measured at step 1)",
     ]
+    lines.append(objective.describe(objective_of(cfg), [st.tasks for st in cfg.stage_plan()]))
     for s, st in zip(setup.stages, cfg.stage_plan()):
         mix = ", ".join(f"{t}:{r:g}" for t, r in st.tasks.items() if r > 0)
         lines.append(f"stage {s.name}: tasks {mix}; {s.plan.summary()}")

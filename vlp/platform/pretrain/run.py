@@ -47,8 +47,18 @@ def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     if mlflow.enabled:
         check_tracking_shared(mlflow.tracking_uri)
     train = cfg.train.model_copy(update=dict(
-        extensions_dir=extensions_dir(cfg.train.extensions_dir)))
+        extensions_dir=extensions_dir(cfg.train.extensions_dir), objective=objective_of(cfg)))
     return cfg.model_copy(update=dict(run=run, mlflow=mlflow, train=train))
+
+
+def objective_of(cfg: ExperimentConfig) -> str:
+    """``train.objective``, or the model family's paper's where it is "" (the default)."""
+    if cfg.train.objective:
+        return cfg.train.objective
+    from vlp.models.families import FAMILIES
+
+    family = FAMILIES.get(cfg.model.family)   # an unknown family is the preflight's to name
+    return family.objective if family is not None else "sampled"
 
 
 def loop_config(cfg: ExperimentConfig) -> LoopConfig:
@@ -59,7 +69,7 @@ def loop_config(cfg: ExperimentConfig) -> LoopConfig:
         stages=tuple(LoopStage(s.name, s.steps, dict(s.tasks)) for s in cfg.stage_plan()),
         checkpoint_interval=cfg.checkpoint.interval, checkpoint_keep=cfg.checkpoint.keep,
         family=cfg.model.family, batch_input_units=cfg.data.batch_input_units,
-        train=project(LoopTrain, cfg.train),
+        train=project(LoopTrain, cfg.train, objective=objective_of(cfg)),
         optimizer=project(LoopOptimizer, cfg.optimizer,
                           cold_start_steps=cfg.model.cold_start_steps),
         scaling=project(LoopScaling, cfg.scaling))

@@ -1,4 +1,7 @@
-"""A point of the pretraining search space: which tasks in which mix, masking, data, init.
+"""A point of the pretraining search space: which tasks in which mix, masking, data, init,
+and (where the space varies it) the objective: ``sampled`` draws one task per micro-batch by
+mix ratio, ``summed`` sums every task's loss on the same examples with the ratios as loss
+weights (scaled to a mean of 1); "" is the model family's paper's.
 
     p = TrialPoint.of({"mlm": 2, "itm": 2, "mrc-kl": 1, "mrfr": 1})
     p.mix_label()          # 'MLM+ITM+MRC-kl+MRFR'   (Table 3's order)
@@ -32,6 +35,7 @@ class TrialPoint:
     masking: str = "conditional"
     data: str = "in"
     init: str = "random"
+    objective: str = ""       # "" = the family's (train.objective); sampled | summed
 
     @classmethod
     def of(cls, mix: Mapping[str, float], **kw: Any) -> "TrialPoint":
@@ -72,25 +76,33 @@ class TrialPoint:
         """One line for logs: ``MLM+ITM (2:2) · In-domain · init random``."""
         if not self.pretrains:
             return f"no pretraining · init {self.init_label()}"
-        return (f"{self.mix_label()} ({self.ratio_label()}) · {self.data_label()} · "
-                f"init {self.init_label()}")
+        weights = " loss weights" if self.objective == "summed" else ""
+        objective = f" · {self.objective}" if self.objective else ""
+        return (f"{self.mix_label()} ({self.ratio_label()}{weights}) · {self.data_label()} · "
+                f"init {self.init_label()}{objective}")
 
     # ---- plain dicts (Tune configs, MLflow params) ------------------------------------------
 
     def to_params(self) -> dict[str, Any]:
-        return {"tasks": {t: r for t, r in self.tasks}, "masking": self.masking,
-                "data": self.data, "init": self.init}
+        p = {"tasks": {t: r for t, r in self.tasks}, "masking": self.masking,
+             "data": self.data, "init": self.init}
+        if self.objective:   # only when set: the keys of points without one stay as they were
+            p["objective"] = self.objective
+        return p
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> "TrialPoint":
         return cls.of(dict(params.get("tasks") or {}), masking=params.get("masking", "conditional"),
-                      data=params.get("data", "in"), init=params.get("init", "random"))
+                      data=params.get("data", "in"), init=params.get("init", "random"),
+                      objective=params.get("objective", ""))
 
     def mlflow_params(self) -> dict[str, str]:
         out = {"point.pretrains": str(self.pretrains), "point.init": self.init}
         if self.pretrains:
             out.update({"point.masking": self.masking, "point.data": self.data,
                         **{f"point.ratio.{t}": f"{r:g}" for t, r in self.tasks}})
+            if self.objective:
+                out["point.objective"] = self.objective
         return out
 
     def key(self) -> str:
@@ -101,6 +113,9 @@ class TrialPoint:
         return hashlib.sha1(json.dumps(p, sort_keys=True).encode()).hexdigest()[:16]
 
     def tags(self) -> dict[str, str]:
-        return {"mix": self.mix_label(), "mix_ratios": self.ratio_label(),
+        tags = {"mix": self.mix_label(), "mix_ratios": self.ratio_label(),
                 "pretraining_data": self.data_label(), "init": self.init,
                 "vlp.point_key": self.key()}
+        if self.objective:
+            tags["objective"] = self.objective
+        return tags

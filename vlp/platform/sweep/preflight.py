@@ -76,7 +76,8 @@ def _points(cfg: SweepConfig) -> tuple[SweepPlan, list[tuple[str, str]]]:
         if name not in NAMED_POINTS:
             problems.append((key, f"unknown point {name!r}; known: {', '.join(NAMED_POINTS)}"))
             continue
-        point = named_point(name, cfg.space.init[0] if cfg.space.init else "random")
+        point = cfg.space.with_objective(
+            named_point(name, cfg.space.init[0] if cfg.space.init else "random"))
         why = cfg.space.problems_with(point, f"point {name!r} ({point.describe()})")
         problems += [(key, f"contradicts the space: {w}") for w in why]
         first.append((name, point))
@@ -88,8 +89,9 @@ def _probe_points(cfg: SweepConfig) -> list[TrialPoint]:
     the first choice), plus the no-pretraining point per init when the space has it."""
     s = cfg.space
     mix = {t: float(s.ratios[0]) for t in s.tasks}
-    out = [TrialPoint.of(mix, masking=m, data=d, init=i)
-           for d, m, i in itertools.product(s.data, s.masking, s.init)] if mix else []
+    out = [TrialPoint.of(mix, masking=m, data=d, init=i, objective=o)
+           for d, m, i, o in itertools.product(s.data, s.masking, s.init, s.objective or [""])
+           ] if mix else []
     if s.no_pretraining:
         out += [TrialPoint(init=i) for i in s.init]
     return out

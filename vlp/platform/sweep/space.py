@@ -15,6 +15,7 @@ needs SOHO); the text-only MiniLM init needs a family sized like MiniLM.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Annotated, Any, Literal
 
@@ -38,10 +39,14 @@ class SearchSpace(ConfigModel):
     # text: the text-only weights named by model.text_init (Table 3 lines 2-13 start there)
     init: list[Literal["random", "text"]] = Field(default_factory=lambda: ["random"])
     no_pretraining: bool = True        # the empty task set (finetune the init only) is a point
+    # [] = the family's paper's objective for every point; else each point picks one: sampled
+    # (one task per micro-batch, drawn by ratio) or summed (every task's loss on the same
+    # examples, the ratios as loss weights scaled to a mean of 1)
+    objective: list[Literal["sampled", "summed"]] = Field(default_factory=list)
 
     def validate(self):
         """Structure only; which tasks fit which family is ``check_space``."""
-        for name in ("tasks", "ratios", "masking", "data", "init"):
+        for name in ("tasks", "ratios", "masking", "data", "init", "objective"):
             values = getattr(self, name)
             dup = sorted({str(v) for v in values if values.count(v) > 1})
             if dup:
@@ -76,6 +81,9 @@ class SearchSpace(ConfigModel):
                 out.append(f"{what} uses {point.masking} masking, not in space.masking")
             if point.data not in self.data:
                 out.append(f"{what} pretrains on data {point.data!r}, not in space.data")
+            if point.objective and point.objective not in (self.objective or [point.objective]):
+                out.append(f"{what} uses the {point.objective} objective, not in "
+                           f"space.objective")
         if point.init not in self.init:
             out.append(f"{what} starts from init {point.init!r}, not in space.init")
         return out
@@ -92,12 +100,19 @@ class SearchSpace(ConfigModel):
         if len(self.ratios) > 1:
             params.update({f"ratio.{t}": float(on[t]) for t in tasks if t in on})
         if point.pretrains:
-            for name in ("masking", "data"):
+            for name in ("masking", "data", "objective"):
                 if len(getattr(self, name)) > 1:
                     params[name] = getattr(point, name)
         if len(self.init) > 1:
             params["init"] = point.init
         return params
+
+    def with_objective(self, point: TrialPoint) -> TrialPoint:
+        """A named point in this space: the space's first objective where it lists any (a
+        point without one would run at the family's, which the space may not hold)."""
+        if not point.pretrains or point.objective or not self.objective:
+            return point
+        return dataclasses.replace(point, objective=self.objective[0])
 
 
 def _forced_on(i: int, tasks: list[str], earlier_flags: list[Any], no_pretraining: bool) -> bool:
@@ -137,7 +152,8 @@ class SpaceSampler:
 
         kw = {}
         if on:
-            kw = {"masking": pick("masking", list(s.masking)), "data": pick("data", list(s.data))}
+            kw = {"masking": pick("masking", list(s.masking)), "data": pick("data", list(s.data)),
+                  "objective": pick("objective", list(s.objective)) if s.objective else ""}
         point = TrialPoint.of(mix, init=pick("init", list(s.init)), **kw)
         # Optuna's trial number names the trial (t001, ...): kept across Tuner.restore
         return {"point": point.to_params(), "trial_number": int(trial.number)}

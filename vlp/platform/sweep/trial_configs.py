@@ -51,7 +51,9 @@ def pretrain_config(cfg: SweepConfig, point: TrialPoint, *, trial: str,
     data["model"] = {**data.get("model", {}), "family": cfg.model.family, **model_init(cfg, point)}
     data["data"] = {**data.get("data", {}), "sources": data_sources(cfg.world, point.data),
                     "masking": point.masking}
-    data["tasks"] = point.mix
+    data["tasks"] = point.mix     # under the summed objective: the loss weights' ratios
+    if point.objective:           # else pretrain.train.objective, else the family's
+        data["train"] = {**data.get("train", {}), "objective": point.objective}
     data["mlflow"] = {"enabled": True, "tracking_uri": cfg.mlflow.tracking_uri,
                       "experiment": cfg.mlflow.experiment,
                       "check_timeout_s": cfg.mlflow.check_timeout_s}

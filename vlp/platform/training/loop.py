@@ -3,11 +3,13 @@ finetuning alike: it reads a ``LoopConfig`` only).
 
 Per optimizer step: ``grad_accum`` micro-batches, each of one task drawn by the seeded task
 sampler (the same draw on every rank: UNITER's conditional masking serves one task per
-batch). The micro-batches are built ahead on a thread (``prefetch.Prefetcher``) while the
-device computes. One all-reduce per optimizer step, after the last backward and before the
-update, carries the step's statistics: per micro-batch a non-finite-loss flag and the task
-drawn (so ranks that drew differently are caught), examples, input units and the outputs'
-sums; nothing in a micro-batch waits on the device. A non-finite loss raises before the
+batch), or under ``train.objective: summed`` each with every task's loss on one example set
+(``objective.py``: one backward per micro-batch either way). The micro-batches are built
+ahead on a thread (``prefetch.Prefetcher``) while the device computes. One all-reduce per
+optimizer step, after the last backward and before the update, carries the step's
+statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so ranks
+that drew differently are caught), examples, input units and the outputs' sums; nothing in a
+micro-batch waits on the device. A non-finite loss raises before the
 update. With ``on_nonfinite: skip`` a small all-reduce before each backward decides instead
 whether to drop that micro-batch on every rank and draw another (a dropped batch must not
 reach the gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step:
@@ -31,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from vlp.models.flops import EncoderShape, encoder_shape
-from vlp.platform.training import checkpointing
+from vlp.platform.training import checkpointing, objective
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.platform.training.device_peaks import device_name, peak_flops
 from vlp.platform.training.engine import (build_engine, compute_dtype, resolve_precision,
@@ -101,8 +103,9 @@ class _Worker:
         self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
                                    stage_index=k)
         # the same sampler seed on every rank → the same task draws; a new stream per stage
-        self.sampler = self.components.build_task_sampler(dict(stage.tasks),
-                                                          self.cfg.seed * 1009 + k)
+        self.sampler = objective.build_sampler(self.components, dict(stage.tasks),
+                                               self.cfg.seed * 1009 + k,
+                                               self.cfg.train.objective)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
         # started at its first next(), after a resume has loaded the sampler and the source
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
@@ -243,14 +246,11 @@ class _Worker:
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
-        done, skips, micro = 0, 0, []
+        done, skips, micro, passes = 0, 0, [], 0.0
         while done < gas:
             item = self.prefetch.next(needed - done - 1)
             task = item.task
-            out = self.engine(item.batch, task=task)
-            if "loss" not in out:
-                raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
-                               "entry (the total) is required")
+            out = objective.forward(self.engine, item.batch, task)
             if cfg.on_nonfinite == "skip" and not self._finite_everywhere(task, out, state):
                 state.skipped_batches += 1
                 skips += 1
@@ -266,6 +266,7 @@ class _Worker:
             self.engine.backward(out["loss"])
             micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
                           item.input_units))
+            passes += item.passes
             done += 1
             if done == gas:   # before the update: a non-finite loss must not reach the weights
                 stats = self._reduce_step(micro, state)
@@ -287,8 +288,9 @@ class _Worker:
         since = t0 if self._step_end is None else self._step_end
         record["step_time_s"], self._step_end = now - since, now
         if self.shape is not None:
-            record["model_flops"] = self.shape.train_flops(stats["examples"],
-                                                          stats["input_units"])
+            # summed objective: every task's forward of the set (this rank's ratio)
+            record["model_flops"] = passes / gas * self.shape.train_flops(
+                stats["examples"], stats["input_units"])
         record.update(stats["means"])
         record["loss"] = stats["loss_sum"] / gas
         return record
@@ -304,7 +306,7 @@ class _Worker:
         rank's ``*loss`` is finite (and that every rank drew the same task)."""
         losses = torch.stack([v.detach().float().reshape(()) for k, v in out.items()
                               if k.endswith("loss")])
-        idx = float(self.task_ids[task])
+        idx = float(objective.task_id(task, self.task_ids))
         head = torch.stack([(~torch.isfinite(losses)).any().double(),
                             torch.tensor(idx, dtype=torch.float64, device=losses.device),
                             torch.tensor(idx * idx, dtype=torch.float64, device=losses.device)])
@@ -361,6 +363,8 @@ class _Worker:
             f"steps: {self.total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
             f"micro-batch(es) × {self.world} worker(s) = {micro} per step",
         ]
+        if c.job == "pretrain":
+            lines.append(objective.describe(c.train.objective, [dict(s.tasks) for s in plan]))
         if budget:   # budget batching (pretraining); finetunes count examples per batch
             lines.append(f"global batch: ≤ {budget:,} input units per step "
                          f"({c.batch_input_units:,} per micro-batch); examples per step are "

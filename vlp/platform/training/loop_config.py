@@ -28,7 +28,10 @@ class LoopStage:
 
 @dataclass(frozen=True)
 class LoopTrain:
-    grad_accum: int = 1                   # micro-batches per optimizer step (one task each)
+    grad_accum: int = 1                   # micro-batches per optimizer step
+    # sampled: one task per micro-batch, drawn by mix ratio; summed: every task's loss on
+    # one example set, weighted by its ratio (training/objective.py)
+    objective: Literal["sampled", "summed"] = "sampled"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: 2 with several workers, else 0
     activation_checkpointing: bool = False

@@ -31,14 +31,18 @@ import torch
 
 NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/contract/batch_spec.py
 BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS)
+TASK_BATCHES = "task_batches"   # the summed objective's batch per task (batch_spec)
 
 
 @dataclass
 class Prefetched:
-    task: str
+    task: str | tuple[str, ...]      # a tuple: every task on one example set (summed objective)
     batch: dict[str, Any]            # on the loop's device, floating tensors in its dtype
     examples: int                    # host integers: no device read to count them
     input_units: int
+    # forward passes' input units per input unit counted (summed objective: every task's
+    # batch of the set runs through the model; 1 otherwise): for the model FLOPs
+    passes: float = 1.0
     before: dict[str, Any] = field(repr=False, default_factory=dict)   # states before drawing
     ready: Any = field(repr=False, default=None)   # CUDA event of the copy, else None
 
@@ -76,8 +80,8 @@ class Prefetcher:
         if item.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(item.ready)
-            for v in item.batch.values():
-                if isinstance(v, torch.Tensor) and v.is_cuda:
+            for v in _tensors(item.batch):
+                if v.is_cuda:
                     v.record_stream(stream)   # the copy stream's memory now serves this one
         self._consumed += 1
         self.wait_s += time.perf_counter() - t0
@@ -150,26 +154,38 @@ class Prefetcher:
         examples = (int(host[NUM_EXAMPLES]) if NUM_EXAMPLES in host
                     else _leading_dim(host))
         units = int(host[INPUT_UNITS]) if INPUT_UNITS in host else 0
+        passes = 1.0
+        if TASK_BATCHES in host and units:
+            passes = sum(int(b[INPUT_UNITS]) for b in host[TASK_BATCHES].values()
+                         if INPUT_UNITS in b) / units
         batch, ready = self._to_device(host)
-        return Prefetched(task, batch, examples, units, before, ready)
+        return Prefetched(task, batch, examples, units, passes, before, ready)
 
     def _to_device(self, host: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         if self.device.type == "cpu":
-            return {k: self._cast(k, v) for k, v in host.items()}, None
+            return self._copy(host), None
         stream = self._stream
-        out: dict[str, Any] = {}
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for k, v in host.items():
-                if isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
-                    if self.cuda and not v.is_pinned():
-                        v = v.pin_memory()
-                    v = self._cast(k, v.to(self.device, non_blocking=True))
-                out[k] = v
+            out = self._copy(host)
             ready = None
             if stream is not None:
                 ready = torch.cuda.Event()
                 ready.record(stream)
         return out, ready
+
+    def _copy(self, host: dict[str, Any]) -> dict[str, Any]:
+        """To the device and dtype; a nested dict (the summed objective's batch per task,
+        ``TASK_BATCHES``) likewise."""
+        out: dict[str, Any] = {}
+        for k, v in host.items():
+            if isinstance(v, dict):
+                v = self._copy(v)
+            elif isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
+                if self.cuda and not v.is_pinned():
+                    v = v.pin_memory()
+                v = self._cast(k, v.to(self.device, non_blocking=True))
+            out[k] = v
+        return out
 
     def _cast(self, key: str, v: Any) -> Any:
         if (isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != self.dtype
@@ -183,3 +199,11 @@ def _leading_dim(batch: dict[str, Any]) -> int:
         if isinstance(v, torch.Tensor) and v.ndim > 0:
             return int(v.shape[0])
     return 0
+
+
+def _tensors(batch: dict[str, Any]):
+    for v in batch.values():
+        if isinstance(v, dict):
+            yield from _tensors(v)
+        elif isinstance(v, torch.Tensor):
+            yield v

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from vlp.platform.training.checkpointing import TrainerState
+from vlp.platform.training.objective import task_id
 
 # per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
 BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
@@ -21,7 +22,7 @@ BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples"
                          "step_time_s"})
 
 
-def reduce_step(micro: list[tuple[str, dict[str, torch.Tensor], int, int]],
+def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
                 task_ids: dict[str, int], world: int, rank: int, step: int) -> dict[str, Any]:
     """The step's one all-reduce: per micro-batch a non-finite-loss flag, the task id and
     its square, and the outputs (summed); then examples, input units and the number of
@@ -29,7 +30,7 @@ def reduce_step(micro: list[tuple[str, dict[str, torch.Tensor], int, int]],
     entries decide finiteness (an accuracy may be NaN on an empty batch: counted as 0)."""
     n = len(micro)
     flags, values, keys = [], [], []
-    ids = [float(task_ids[t]) for t, _, _, _ in micro]
+    ids = [float(task_id(t, task_ids)) for t, _, _, _ in micro]
     for _, out, _, _ in micro:
         names = sorted(out)
         vals = torch.stack([out[k].float().reshape(()) for k in names])

@@ -1,0 +1,80 @@
+"""The training objective of a micro-batch: one task drawn per micro-batch (``sampled``:
+UNITER's, VL-BERT's) or every task's loss on one example set (``summed``: ImageBERT's "four
+tasks simultaneously", SOHO's L = L_MLM + L_MVM + L_ITM).
+
+Under ``summed`` the sampler draws a ``TaskSet`` (every task with a positive ratio and its
+loss weight: the ratios scaled to a mean of 1, ``task_sampler.loss_weights``), the batch source
+builds a batch per task from one example set (``TASK_BATCHES``), and ``forward`` runs the model
+once per task and returns each task's outputs under their own keys, as the sampled objective
+reports them, with ``loss`` = Σ_t weight_t · loss_t: the loop's one backward. The cross-rank
+check compares a task set by one id of its own (``task_id``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Mapping
+
+import torch
+
+from vlp.contract.batch_spec import TASK_BATCHES
+from vlp.datasets.batching.task_sampler import SummedTasks, loss_weights
+
+OBJECTIVES = ("sampled", "summed")
+
+
+def build_sampler(components: Any, mix: dict[str, float], seed: int, objective: str) -> Any:
+    """The stage's sampler: the components' own (``sampled``) or every task (``summed``)."""
+    if objective == "sampled":
+        return components.build_task_sampler(mix, seed)
+    if objective == "summed":
+        return SummedTasks(mix, seed, known=list(mix))
+    raise ValueError(f"train.objective={objective!r}: expected one of {', '.join(OBJECTIVES)}")
+
+
+def describe(objective: str, mixes: list[dict[str, float]]) -> str:
+    """One log line: what a micro-batch trains, and the loss weights of each stage."""
+    if objective != "summed":
+        return "objective sampled: one task per micro-batch, drawn by mix ratio"
+    weights = "; ".join(", ".join(f"{t} {w:.3g}" for t, w in loss_weights(m).items())
+                        for m in mixes)
+    return (f"objective summed: every task's loss on each micro-batch's examples, one "
+            f"backward; loss weights {weights}")
+
+
+def task_id(task: str | tuple[str, ...], task_ids: Mapping[str, int]) -> int:
+    """The id the ranks compare: a task's own, or for a task set one past every task's id
+    plus a bit per member (two different sets never share an id)."""
+    if isinstance(task, str):
+        return task_ids[task]
+    return len(task_ids) + sum(1 << task_ids[t] for t in task)
+
+
+def forward(engine: Any, batch: Mapping[str, Any], task: str | tuple[str, ...]
+            ) -> dict[str, torch.Tensor]:
+    """The model's outputs for a micro-batch, with ``loss`` the tensor to back-propagate."""
+    if isinstance(task, str):
+        return _checked(engine(batch, task=task), task)
+    weights = task.weights
+    per_task = batch[TASK_BATCHES]
+    out: dict[str, torch.Tensor] = {}
+    shared: dict[str, list[torch.Tensor]] = defaultdict(list)
+    total = None
+    for t in task:
+        o = _checked(engine(per_task[t], task=t), t)
+        term = weights[t] * o["loss"]
+        total = term if total is None else total + term
+        for k, v in o.items():
+            if k != "loss":
+                shared[k].append(v)
+    for k, vs in shared.items():   # each task's keys are its own; a backbone metric averages
+        out[k] = vs[0] if len(vs) == 1 else torch.stack([v.detach().float() for v in vs]).mean()
+    out["loss"] = total
+    return out
+
+
+def _checked(out: dict[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:
+    if "loss" not in out:
+        raise KeyError(f"the model returned {sorted(out)} for task {task!r}: a 'loss' "
+                       "entry (the total) is required")
+    return out
