@@ -89,7 +89,7 @@ TASK_KEYS = {"mlm": {K.MLM_LABELS}, "itm": {K.ITM_LABELS},
              "mrc-kl": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_SOFT_LABELS},
              "moc": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS},
              "mrc-vlbert": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS,
-                            K.IMAGE_FEAT}}
+                            K.REGION_SOFT_LABELS, K.IMAGE_FEAT}}
 
 
 @pytest.mark.parametrize("location", ["uniter7", "imagebert", "vlbert"])   # names or aliases

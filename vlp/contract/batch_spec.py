@@ -30,7 +30,8 @@ REGION_ZEROED = "region_zeroed"    # bool [B, N]  (region tasks) rows replaced a
                                    #   (zeroed; families with a learned mask embedding add it
                                    #   here). MOC keeps 10% of masked rows: masked but not zeroed.
 REGION_FEAT_TARGETS = "region_feat_targets"  # half [B, N, D] (mrfr) raw features before masking
-REGION_SOFT_LABELS = "region_soft_labels"    # half [B, N, C] (mrc-kl) detector distribution
+REGION_SOFT_LABELS = "region_soft_labels"    # half [B, N, C] (mrc-kl, mrc-vlbert) detector
+                                             #   distribution
 REGION_CLASS_LABELS = "region_class_labels"  # long [B, N] (mrc, moc, mrc-vlbert) argmax over
                                              #   classes 1..C-1 (background excluded); -100
                                              #   where not masked
