@@ -15,7 +15,8 @@ from vlp.commands.finetune import add_common, run
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p)
     p.add_argument("--list-benchmarks", action="store_true", help="list benchmarks, exit")
     args = p.parse_args(argv)

@@ -42,7 +42,8 @@ def make_images(ids, *, boxes: int = 3, dim: int = DIM, size=(64, 48), seed: int
 
 
 def write_butd_tsv(path: Path, images) -> Path:
-    """Original bottom-up-attention layout: image_id, image_w, image_h, num_boxes, boxes, features."""
+    """Original bottom-up-attention layout: image_id, image_w, image_h, num_boxes, boxes,
+    features."""
     with open(path, "w") as f:
         for im in images:
             f.write("\t".join([str(im["id"]), str(im["w"]), str(im["h"]),

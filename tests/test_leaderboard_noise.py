@@ -222,7 +222,8 @@ def test_asha_stopping_every_pretrained_mix_still_gets_a_verdict(tmp_path):
     assert said.startswith("demo: ASHA stopped every pretrained mix")
     assert "after stage 1/4" in said and "RefCOCO+ 48.00 vs 52.00 ± " in said
     assert "within seed noise" in said and "finetune_calibration.py" in said
-    # 150 vs 52: t = 98 / √12 = 28.3; Welch df = 12² / (8²/1 + 4²/1) = 1.8, p ≈ 0.002 → beyond
+    # 150 vs 52: t = 98 / √12 = 28.3; Welch df = 12² / (8²/1 + 4²/1) = 1.8, p ≈ 0.002:
+    # beyond
     far = pretraining_verdict(store("far", 150.0))
     assert "RefCOCO+ 150.00" in far and "beat no pretraining beyond seed noise" in far
     # the best stopped mix is then t003 at 30: t = 22 / √12 = 6.35 → below, beyond noise

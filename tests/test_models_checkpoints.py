@@ -159,7 +159,8 @@ def test_minilm_init_loads_the_packaged_weights():
     assert torch.equal(model.backbone.encoder.layer[5].output.dense.weight,
                        package["encoder.layer.5.output.dense.weight"])
     assert torch.equal(model.backbone.pooler.dense.bias, package["pooler.dense.bias"])
-    assert model.heads["mlm"].decoder.weight is model.backbone.text_embeddings.word_embeddings.weight
+    words = model.backbone.text_embeddings.word_embeddings.weight
+    assert model.heads["mlm"].decoder.weight is words
     assert "backbone.visual.img_linear.weight" in report.random_init
     assert "embeddings.position_ids" in report.dropped
     assert spec.vocab_file.startswith(str(minilm_dir()))

@@ -25,7 +25,8 @@ def test_tied_weights_are_the_same_tensor():
     model(example_batch(spec, "mlm"), task="mlm")["loss"].backward()
     opt.step()
     model.double().float()
-    assert model.heads["mlm"].decoder.weight is model.backbone.text_embeddings.word_embeddings.weight
+    words = model.backbone.text_embeddings.word_embeddings.weight
+    assert model.heads["mlm"].decoder.weight is words
     ib, _, _ = create_model("imagebert-tiny", tasks=["mrfr"])
     assert ib.heads["mrfr"].weight is ib.backbone.visual.img_linear.weight
 

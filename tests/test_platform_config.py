@@ -145,7 +145,8 @@ def test_flatten_for_mlflow_params_never_holds_secrets():
     assert "s3cret" not in "".join(flat.values())
     assert flatten({"db": {"password": "hunter2", "tokens": 7}}) == {"db.password": "***",
                                                                     "db.tokens": "7"}
-    assert redact("postgresql://u:pw@h/db and http://x@y") == "postgresql://u:***@h/db and http://x@y"
+    assert redact("postgresql://u:pw@h/db and http://x@y") == \
+        "postgresql://u:***@h/db and http://x@y"
 
 
 def test_to_yaml_round_trips():

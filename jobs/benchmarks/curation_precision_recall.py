@@ -80,8 +80,8 @@ def train_platform(world, out: Path, steps: int, lr: float, seed: int) -> Path:
     from vlp.platform.curation.itm_checkpoint import save_model_card
     from vlp.platform.pretrain.job import load_pretrain_config, pretrain
 
-    if not ray.is_initialized():   # a logically larger CPU count: 2-core machines deadlock
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # Ray Data else
+    if not ray.is_initialized():   # a logically larger CPU count: on 2 cores Ray Data deadlocks
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     cfg = load_pretrain_config(data={
         "run": {"name": "curation-itm", "output_dir": str(out), "seed": seed},
         "model": {"family": FAMILY, "dropout": 0.0},

@@ -68,7 +68,8 @@ class ToyStream:
         ids = np.stack([np.full(b, CLS), FIRST_CLASS_WORD + word, np.full(b, SEP)], 1)
         return {K.INPUT_IDS: torch.tensor(ids), K.TEXT_MASK: torch.ones(b, 3, dtype=torch.long),
                 K.REGION_FEATS: torch.tensor(feats, dtype=torch.float32),
-                K.REGION_LOC: torch.zeros(b, n, 7), K.REGION_MASK: torch.ones(b, n, dtype=torch.long),
+                K.REGION_LOC: torch.zeros(b, n, 7),
+                K.REGION_MASK: torch.ones(b, n, dtype=torch.long),
                 K.ITM_LABELS: torch.tensor(label), K.POSITIVE: torch.tensor(label == 1),
                 K.NUM_EXAMPLES: torch.tensor(b), K.INPUT_UNITS: torch.tensor(b * (3 + n))}
 

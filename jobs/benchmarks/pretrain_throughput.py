@@ -91,7 +91,8 @@ def main(argv=None) -> int:
     print(f"# {c.model.family}, {args.steps} steps, {c.data.batch_input_units} input units per "
           f"worker per micro-batch, {c.train.precision}, ZeRO-{c.train.zero_stage}, "
           f"sources {', '.join(c.data.sources)}; cluster CPUs "
-          f"{ray.cluster_resources().get('CPU', 0):g}, GPUs {ray.cluster_resources().get('GPU', 0):g}")
+          f"{ray.cluster_resources().get('CPU', 0):g}, "
+          f"GPUs {ray.cluster_resources().get('GPU', 0):g}")
     figures = {n: measure(cfgs[n], out) for n in counts}
     for n, f in figures.items():
         for k in ("startup_s", "total_s", "steady_steps", "examples_per_step", "examples_per_s",

@@ -13,7 +13,8 @@ D = region feature width, C = detector classes (index 0 = background), L = locat
 # ---- text (every family) -------------------------------------------------------------
 INPUT_IDS = "input_ids"            # long [B, T]  [CLS] w1 … wk [SEP] then [PAD]=0
 TEXT_MASK = "text_mask"            # long [B, T]  1 = real token (CLS/SEP included)
-MLM_LABELS = "mlm_labels"          # long [B, T]  (mlm) original id at masked positions, -100 elsewhere
+MLM_LABELS = "mlm_labels"          # long [B, T]  (mlm) original id at masked positions,
+                                   #   -100 elsewhere
 
 # ---- regions (uniter / vlbert / imagebert families) ------------------------------------
 REGION_FEATS = "region_feats"      # half [B, N, D] model input: masked rows already zeroed.

@@ -62,7 +62,8 @@ class VLBackbone(nn.Module):
         runs eager attention there (the same dropout draws). Not under activation
         checkpointing: the backward's recompute runs after ``forward`` has put the configured
         implementation back, and must draw its dropout masks the way the forward did."""
-        if (configured == "sdpa" and not self.activation_checkpointing and x.device.type == "cpu" and self.training
+        if (configured == "sdpa" and not self.activation_checkpointing
+                and x.device.type == "cpu" and self.training
                 and self.bert_config.attention_probs_dropout_prob > 0):
             return "eager"
         return configured

@@ -128,12 +128,13 @@ RESNET_TINY = ResNetConfig("basic", (1, 1, 1, 1), base_width=8)
 
 @dataclass(frozen=True)
 class SohoVisualConfig:
-    """SOHO pixels: ResNet → 1×1 conv → 2×2 max-pool → visual dictionary → + 2-D sine position."""
+    """SOHO pixels: ResNet → 1×1 conv → 2×2 max-pool → visual dictionary → + 2-D sine
+    position."""
 
     kind: str = field(default="soho", init=False)
     resnet: ResNetConfig = RESNET18
     dictionary_size: int = 2048
-    dictionary_momentum: float = 0.4  # γ in d ← γ d + (1 − γ) mean(assigned); reference value
+    dictionary_momentum: float = 0.4  # γ in d ← γ d + (1 − γ) mean(assigned); the reference's
     # data: entries = features of the first training batch (their scale); normal: N(0, 1)
     dictionary_init: str = "data"
     image_min_side: int = 600  # shorter side resized to this, longer side capped (paper)

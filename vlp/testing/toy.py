@@ -133,7 +133,8 @@ class ToyComponents:
             raise ValueError(self.setup_error)
         return ToyModel(tasks, dim=self.dim)
 
-    def build_batch_source(self, cfg: Any, stage: Any, stage_index: int, worker: Any) -> ToyBatchSource:
+    def build_batch_source(self, cfg: Any, stage: Any, stage_index: int,
+                           worker: Any) -> ToyBatchSource:
         return ToyBatchSource(self.dim, worker.seed, worker.rank, stage_index,
                               self.fail_at_call, self.fail_rank, self.fail_marker,
                               self.nan_at_call, self.nan_rank)

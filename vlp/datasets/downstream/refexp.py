@@ -76,5 +76,6 @@ def _iou(boxes: np.ndarray, target: np.ndarray) -> np.ndarray:
     lt = np.maximum(boxes[:, :2], target[:2])
     rb = np.minimum(boxes[:, 2:], target[2:])
     inter = np.clip(rb - lt, 0, None).prod(1)
-    area = lambda b: np.clip(b[..., 2] - b[..., 0], 0, None) * np.clip(b[..., 3] - b[..., 1], 0, None)
+    area = lambda b: (np.clip(b[..., 2] - b[..., 0], 0, None)          # noqa: E731
+                      * np.clip(b[..., 3] - b[..., 1], 0, None))
     return inter / np.maximum(area(boxes) + area(target) - inter, 1e-9)

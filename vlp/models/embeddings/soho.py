@@ -60,7 +60,8 @@ class SohoEmbedder(nn.Module):
 
     def encode_images(self, pixels: torch.Tensor, pixel_mask: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
-        """[I, 3, H, W] → grid features [I, n, H] (before the dictionary), valid [I, n], (h, w)."""
+        """[I, 3, H, W] → grid features [I, n, H] (before the dictionary), valid [I, n],
+        (h, w)."""
         if self.cnn_frozen and torch.is_grad_enabled():
             with torch.no_grad():
                 trunk = self.resnet(pixels)

@@ -33,7 +33,8 @@ def encode(backbone: VLBackbone, batch: Batch) -> EncoderOutput:
 
 
 def mlp(hidden: int, width: int, out: int, eps: float = 1e-12) -> nn.Sequential:
-    """UNITER's downstream MLP: Linear(hidden, width) → GELU → LayerNorm → Linear(width, out)."""
+    """UNITER's downstream MLP: Linear(hidden, width) → GELU → LayerNorm →
+    Linear(width, out)."""
     return nn.Sequential(nn.Linear(hidden, width), nn.GELU(), nn.LayerNorm(width, eps=eps),
                          nn.Linear(width, out))
 

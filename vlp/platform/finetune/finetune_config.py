@@ -1,7 +1,8 @@
 """The finetuning config: which checkpoint, which world, which benchmarks, how to train.
 
     cfg = load_finetune_config("jobs/configs/finetune.yaml",
-                               overrides=["benchmarks=[vqa,nlvr2]", "settings.nlvr2.options.variant=pair"])
+                               overrides=["benchmarks=[vqa,nlvr2]",
+                                          "settings.nlvr2.options.variant=pair"])
 
 Per-benchmark settings (``settings.<benchmark>``) override the benchmark's defaults (steps,
 batch size, learning rate) and carry its own options, checked by the benchmark's typed
@@ -48,7 +49,8 @@ class FtRunSection(ConfigModel):
 
     def validate(self):
         if not _NAME.match(self.name):
-            yield "name", f"expected letters, digits, '_', '.', '-' (a folder name), got {self.name!r}"
+            yield "name", (f"expected letters, digits, '_', '.', '-' (a folder name), "
+                           f"got {self.name!r}")
 
 
 class FtModelSection(ConfigModel):

@@ -50,7 +50,8 @@ class SweepProgress(ray.tune.Callback):
                         **info) -> None:
         name = trial_name(trial.config)
         stage, stages = int(result.get("stage", 0)), int(result.get("stages", 0))
-        cost = f"{int(result.get('trial_steps', 0)):,} steps, {result.get('trial_seconds', 0):.0f} s"
+        cost = (f"{int(result.get('trial_steps', 0)):,} steps, "
+                f"{result.get('trial_seconds', 0):.0f} s")
         if stage == 0:
             loss = result.get("pretrain_loss")
             what = f"pretraining loss {loss:.3f}" if loss is not None else "no pretraining"

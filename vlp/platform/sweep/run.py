@@ -9,9 +9,10 @@ Re-running the same sweep (same ``sweep.name`` and storage: ``sweep.storage``, e
 $VLP_STORAGE, else ``sweep.output_dir``) continues it with ``Tuner.restore(...,
 resume_errored=True)``: finished trials are kept, interrupted ones resume from their last
 finished stage, Optuna goes on from its saved study and ASHA from its saved rungs
-(``asha.py``, in the storage). A finished sweep re-run just prints its leaderboard again. The sweep's folder may be a URI (``s3://bucket/vlp``): Tune's state,
-the trials' folders and their runs are all read and written through ``run_storage``, so a
-sweep driver resubmitted with ``ray job submit`` (a new working folder) restores it.
+(``asha.py``, in the storage). A finished sweep re-run just prints its leaderboard again.
+The sweep's folder may be a URI (``s3://bucket/vlp``): Tune's state, the trials' folders and
+their runs are all read and written through ``run_storage``, so a sweep driver resubmitted
+with ``ray job submit`` (a new working folder) restores it.
 """
 
 from __future__ import annotations

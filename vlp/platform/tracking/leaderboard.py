@@ -234,7 +234,8 @@ def _row(run: Any) -> Row:
     if state == "running" and status in ("FAILED", "KILLED"):   # closed by the driver
         state = "failed" if status == "FAILED" else "stopped"
     as_int = lambda k: int(m[k]) if k in m else None   # noqa: E731
-    return Row(trial=t.get("vlp.sweep.trial", run.info.run_name), data=t.get("pretraining_data", ""),
+    return Row(trial=t.get("vlp.sweep.trial", run.info.run_name),
+               data=t.get("pretraining_data", ""),
                tasks=t.get("mix", ""), ratios=t.get("mix_ratios", ""), init=t.get("init", ""),
                meta_sum=m.get("meta_sum"), scores={k: m.get(k) for k, _ in PARTS},
                score=m.get("score"), stage=as_int("stage"), stages=as_int("stages"),
