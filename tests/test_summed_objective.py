@@ -125,6 +125,31 @@ def test_a_summed_micro_batch_yields_every_tasks_loss_and_their_weighted_sum(
         assert torch.allclose(out[f"{t}_loss"], alone), t
 
 
+def test_running_statistics_move_once_per_example_set(tiny_world):
+    """SOHO forwards each image once per batch: under summed, the dictionary's moving average
+    and BatchNorm's running statistics take the first task's forward only."""
+    mix = {"mlm": 1, "mvm": 1, "itm": 1}
+    model, src = summed_source(tiny_world, "soho-tiny", mix)
+    draw = SummedTasks(mix).next()
+    batch = src.next(draw)
+    src.close()
+    model.train()
+    twin = copy.deepcopy(model)
+    torch.manual_seed(0)
+    objective.forward(model, batch, draw)
+    torch.manual_seed(0)
+    first = next(iter(draw))
+    twin(batch[K.TASK_BATCHES][first], task=first)      # one forward: one update
+    state, once = model.state_dict(), twin.state_dict()
+    moved = [k for k in state if k.endswith(("embedding", "running_mean", "running_var",
+                                             "num_batches_tracked"))]
+    assert "backbone.visual.dictionary.embedding" in moved
+    assert any(k.endswith("running_mean") for k in moved), moved
+    for k in moved:
+        assert torch.equal(state[k], once[k]), k
+    assert all(m.updates for m in model.modules() if hasattr(m, "updates"))   # restored
+
+
 def test_sohos_negative_texts_enter_only_itm(tiny_world):
     mix = {"mlm": 1, "mvm": 1, "itm": 1}
     _, src = summed_source(tiny_world, "soho-tiny", mix, with_ids=True)

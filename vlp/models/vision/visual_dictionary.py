@@ -29,6 +29,7 @@ class VisualDictionary(nn.Module):
         if init not in INITS:
             raise ValueError(f"visual dictionary init {init!r}: expected one of {INITS}")
         self.size, self.dim, self.momentum, self.init = size, dim, momentum, init
+        self.updates = True   # off: training forwards leave the entries (running_stats.py)
         # A buffer, not a parameter: only the moving average moves it (never the optimiser)
         self.register_buffer("embedding", torch.empty(size, dim))
         self.register_buffer("initialised", torch.tensor(False))
@@ -90,7 +91,7 @@ class VisualDictionary(nn.Module):
         indices = self.assign(features)
         quantised = self.embedding[indices].to(features.dtype)
         out = features + (quantised - features).detach()
-        if self.training:
+        if self.training and self.updates:
             keep = valid if valid is not None else torch.ones_like(indices, dtype=torch.bool)
             self.update(features.detach()[keep], indices[keep])
         return out, indices

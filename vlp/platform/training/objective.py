@@ -6,19 +6,22 @@ Under ``summed`` the sampler draws a ``TaskSet`` (every task with a positive rat
 loss weight: the ratios scaled to a mean of 1, ``task_sampler.loss_weights``), the batch source
 builds a batch per task from one example set (``TASK_BATCHES``), and ``forward`` runs the model
 once per task and returns each task's outputs under their own keys, as the sampled objective
-reports them, with ``loss`` = Σ_t weight_t · loss_t: the loop's one backward. The cross-rank
+reports them, with ``loss`` = Σ_t weight_t · loss_t: the loop's one backward. Running
+statistics (SOHO's visual dictionary, BatchNorm) move on the first of those forwards only. The cross-rank
 check compares a task set by one id of its own (``task_id``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from typing import Any, Mapping
 
 import torch
 
 from vlp.contract.batch_spec import TASK_BATCHES
 from vlp.datasets.batching.task_sampler import SummedTasks, loss_weights
+from vlp.models.running_stats import statistics_frozen
 
 OBJECTIVES = ("sampled", "summed")
 
@@ -60,8 +63,12 @@ def forward(engine: Any, batch: Mapping[str, Any], task: str | tuple[str, ...]
     out: dict[str, torch.Tensor] = {}
     shared: dict[str, list[torch.Tensor]] = defaultdict(list)
     total = None
-    for t in task:
-        o = _checked(engine(per_task[t], task=t), t)
+    model = getattr(engine, "module", engine)   # DeepSpeed's engine wraps the model
+    for i, t in enumerate(task):
+        # running statistics (SOHO's dictionary, BatchNorm) move once per example set, on
+        # its first forward, as when each image is forwarded once per batch
+        with statistics_frozen(model) if i else nullcontext():
+            o = _checked(engine(per_task[t], task=t), t)
         term = weights[t] * o["loss"]
         total = term if total is None else total + term
         for k, v in o.items():
