@@ -189,10 +189,8 @@ def task_problem(task: str, family: str, known: list[str]) -> str | None:
 
 def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
     """The text init (``model.text_init``): the packaged MiniLM weights load only into a
-    transformer of MiniLM's size; ``bert:<path>`` needs the path (its shapes are checked
-    when a model is built)."""
-    from pathlib import Path
-
+    transformer of MiniLM's size; ``bert:<path or URI>`` needs the file (its shapes are
+    checked when a model is built)."""
     from vlp.models import FAMILIES, get_family
     from vlp.models.families import MINILM
 
@@ -200,7 +198,7 @@ def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
         return None
     if text_init.startswith("bert:"):
         path = text_init[len("bert:"):]
-        return None if path and Path(path).expanduser().exists() else (
+        return None if path and _exists(path) else (
             f"the text init {text_init!r} (model.text_init) names no file or folder")
     t = get_family(family).transformer
     shape = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
@@ -217,6 +215,20 @@ def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
             f"{family} (hidden {t.hidden_size}, {t.num_layers} layers); families sized for it: "
             f"{', '.join(fits)}; or set model.text_init=bert:<path to BERT weights of "
             f"{family}'s size>")
+
+
+def _exists(path: str) -> bool:
+    """A local path, or a URI in shared storage (the sweep's text-init weights in s3://...)."""
+    from pathlib import Path
+
+    from vlp.platform.cluster.run_storage import StorageError, is_uri, open_location
+
+    if not is_uri(path):
+        return Path(path).expanduser().exists()
+    try:
+        return open_location(path).exists()
+    except (OSError, StorageError):
+        return False
 
 
 __all__ = ["SearchSpace", "SpaceSampler", "check_space", "task_problem", "init_problem"]

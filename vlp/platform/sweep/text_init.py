@@ -4,6 +4,8 @@ on text only" — needs them, and lines 3-13 start from them.
 
     path = make_text_init("uniter-tiny", world="runs/demo/world", out="runs/demo/text-init")
     # then the sweep's model.text_init: bert:<path>
+    uri = text_init_in_storage("uniter-tiny", world=..., storage=open_location("s3://b/vlp"),
+                               folder="text-init/uniter-tiny-1a2b3c4d", local="runs/demo/ti")
 
 A Hugging Face ``BertForPreTraining`` of the family's transformer size (vocabulary, hidden,
 layers, heads) is trained with BERT's masked-LM objective (15% of word pieces; 80% [MASK],
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 MASK_PROB = 0.15
 
@@ -98,6 +100,28 @@ def make_text_init(family: str, *, world: str, out: str, steps: int = 600,
     (tmp / "config.json").replace(target.parent / "config.json")
     tmp.rmdir()
     return str(target)
+
+
+def text_init_in_storage(family: str, *, world: str, storage: Any, folder: str, local: str,
+                         say: Callable[[str], None] = _print, **train: Any) -> str:
+    """The text-only weights in the run storage ``storage`` (a ``RunStorage``) under
+    ``folder``, where trials on any node read them: a local storage holds them in place
+    (``make_text_init``); a URI gets them trained (or reused) in the local folder ``local``
+    and copied in, each file atomically, unless already there. Returns the weights' path or
+    URI; readers fetch a URI into their node's cache (``pretrained_weights.fetch``)."""
+    name = "model.safetensors"
+    if storage.is_local:
+        return make_text_init(family, world=world, out=storage.uri(folder), say=say, **train)
+    uri = storage.uri(folder, name)
+    if storage.exists(folder, name):
+        say(f"[text-init] reusing {uri}")
+        return uri
+    path = Path(make_text_init(family, world=world, out=local, say=say, **train))
+    # the weights last: their presence says the folder is complete
+    storage.upload(path.parent / "config.json", folder, "config.json")
+    storage.upload(path, folder, name)
+    say(f"[text-init] copied to {uri}")
+    return uri
 
 
 def _train(model, opt, sched, steps, batch_size, flat, starts, lengths, tok, rng,

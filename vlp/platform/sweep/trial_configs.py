@@ -93,7 +93,8 @@ def model_init(cfg: SweepConfig, point: TrialPoint) -> dict[str, str]:
 
 def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> SweepConfig:
     """``auto`` → minilm where it fits the family, else world-text; ``world-text`` → text-only
-    MLM weights trained once on the world's captions (cached beside the sweeps) → bert:<file>."""
+    MLM weights trained once on the world's captions (cached beside the sweeps, in their
+    storage) → bert:<file or URI>."""
     import hashlib
 
     from vlp.platform.sweep.space import init_problem
@@ -104,12 +105,17 @@ def resolve_text_init(cfg: SweepConfig, points: list[TrialPoint], say=print) -> 
     if text == "auto" and init_problem("text", cfg.model.family, "minilm") is None:
         text = "minilm"
     else:
-        from vlp.platform.sweep.text_init import make_text_init
+        from vlp.platform.cluster.run_storage import open_location
+        from vlp.platform.sweep.text_init import text_init_in_storage
 
         tag = hashlib.sha1(cfg.world.encode()).hexdigest()[:8]
-        folder = Path(cfg.sweep.output_dir) / "text-init" / f"{cfg.model.family}-{tag}"
-        text = "bert:" + make_text_init(cfg.model.family, world=cfg.world, out=str(folder),
-                                        seed=cfg.sweep.seed, say=say)
+        folder = f"text-init/{cfg.model.family}-{tag}"
+        # beside the sweeps in their storage (trials on other nodes read them there); on the
+        # driver's local folder only while they are trained
+        storage = open_location(cfg.sweep.storage or cfg.sweep.output_dir)
+        text = "bert:" + text_init_in_storage(
+            cfg.model.family, world=cfg.world, storage=storage, folder=folder,
+            local=str(Path(cfg.sweep.output_dir) / folder), seed=cfg.sweep.seed, say=say)
     return cfg.model_copy(update=dict(model=cfg.model.model_copy(update=dict(text_init=text))))
 
 
@@ -123,13 +129,16 @@ def text_init_checkpoint(cfg: SweepConfig) -> str:
 
     from vlp.datasets.storage.world import load_manifest
     from vlp.models import create_model
+    from vlp.platform.training.pretrained_weights import local_weights
 
     storage = cfg.sweep_storage()
     if storage.exists("text-init", "model.pt"):
         return storage.uri("text-init", "model.pt")
     m = load_manifest(cfg.world, check_files=False)
     try:
-        model = create_model(cfg.model.family, ["mlm"], init=cfg.model.text_init,
+        # a URI (the sweep's storage): fetched into this node's cache
+        init = "bert:" + local_weights(cfg.model.text_init[len("bert:"):])
+        model = create_model(cfg.model.family, ["mlm"], init=init,
                              region_feat_dim=m.feature_dim, num_classes=m.num_classes).model
     except Exception as e:      # the loader's message may not name the file
         raise RuntimeError(f"text init {cfg.model.text_init} (model.text_init): "
