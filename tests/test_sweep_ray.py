@@ -2,7 +2,8 @@
 trial finishes (SIGUSR1, as Ctrl-C would) and resumed by running it again (Tuner.restore).
 
 One sweep serves these tests (each Train run costs ~20 s here): 2 trials — no pretraining
-and the paper's best mix — two finetune stages each (retrieval, vqa) of 2 steps. (A repeated
+and the paper's best mix — one finetune stage each (vqa, 2 steps): three Train runs in all
+(two-stage trials and ASHA between stages: test_sweep_asha.py). (A repeated
 point is no trial: tests/test_sweep_tune.py; a bad text init is refused before any trial:
 tests/test_sweep_preflight.py.)"""
 
@@ -44,6 +45,7 @@ def overrides(tiny_world, tmp_path_factory):
     return [
         f"world={tiny_world}", f"sweep.output_dir={out}", "sweep.num_samples=2",
         "sweep.include=[none,paper-best]", "sweep.max_concurrent=1", "space.init=[random]",
+        "finetune.benchmarks=[vqa]",
         # FIFO: which of two real trials scores lower at the rung is not known beforehand;
         # ASHA stopping a trial (and across a restore) is test_sweep_asha.py
         "sweep.scheduler=fifo"]
@@ -75,7 +77,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(sweep):
     assert json.loads(attempts["t001"][0])["resumed_after_stage"] == -1
     # t001's finetune runs ran once: one Ray Train run folder each, never re-created
     assert sorted(p.name for p in (trials / "t001").iterdir()
-                  if p.is_dir()) == ["t001-ft-retrieval", "t001-ft-vqa"]
+                  if p.is_dir()) == ["t001-ft-vqa"]
 
 
 def test_mlflow_holds_the_sweep_and_the_leaderboard(sweep, capsys):
@@ -95,13 +97,10 @@ def test_mlflow_holds_the_sweep_and_the_leaderboard(sweep, capsys):
     assert best.data.tags["pretraining_data"] == "In-domain"
     assert best.info.status == "FINISHED"
     below = client.search_runs(exp, f"tags.`mlflow.parentRunId` = '{best.info.run_id}'")
-    assert sorted(r.info.run_name for r in below) == ["t002-ft-retrieval", "t002-ft-vqa",
-                                                      "t002-pretrain"]
+    assert sorted(r.info.run_name for r in below) == ["t002-ft-vqa", "t002-pretrain"]
     assert {r.data.tags["vlp.job"] for r in below} == {"pretrain", "finetune"}
-    for part in ("ir", "tr", "vqa"):
-        assert 0 <= best.data.metrics[part] <= 100
-    assert best.data.metrics["score"] == pytest.approx(
-        sum(best.data.metrics[p] for p in ("ir", "tr", "vqa")))
+    assert 0 <= best.data.metrics["vqa"] <= 100
+    assert best.data.metrics["score"] == pytest.approx(best.data.metrics["vqa"])
 
     arts = {a.path for a in client.list_artifacts(parent.info.run_id, "leaderboard")}
     assert arts == {"leaderboard/leaderboard.md", "leaderboard/leaderboard.csv",
@@ -115,7 +114,7 @@ def test_mlflow_holds_the_sweep_and_the_leaderboard(sweep, capsys):
                  "--experiment", cfg.mlflow.experiment]) == 0
     printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("|")]
     assert printed == table                          # the same numbers, from the same runs
-    assert f"{best.data.metrics['ir']:.2f}" in next(l for l in printed if "t002" in l)
+    assert f"{best.data.metrics['vqa']:.2f}" in next(l for l in printed if "t002" in l)
 
 
 def test_a_changed_config_is_refused_on_restore(sweep, overrides):
