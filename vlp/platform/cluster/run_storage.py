@@ -233,3 +233,14 @@ def local_copy(uri: str, files: list[str], cache: str | Path | None = None) -> P
                 out.write(chunk)
         os.replace(tmp, dest)
     return folder
+
+
+def location_exists(path: str) -> bool:
+    """A local path, or a URI in shared storage (``s3://bucket/weights.pt``); an unreachable
+    storage counts as missing."""
+    if not is_uri(path):
+        return Path(path).expanduser().exists()
+    try:
+        return open_location(path).exists()
+    except (OSError, StorageError):
+        return False

@@ -184,12 +184,6 @@ def _absolute(path: str) -> str:
 
 
 def _exists(path: str) -> bool:
-    """A local path, or a URI in shared storage (``s3://bucket/weights.pt``)."""
-    from vlp.platform.cluster.run_storage import StorageError, is_uri, open_location
+    from vlp.platform.cluster.run_storage import location_exists
 
-    if not is_uri(path):
-        return Path(path).expanduser().exists()
-    try:
-        return open_location(path).exists()
-    except (OSError, StorageError):
-        return False
+    return location_exists(path)

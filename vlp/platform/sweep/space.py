@@ -219,16 +219,9 @@ def init_problem(init: str, family: str, text_init: str = "auto") -> str | None:
 
 def _exists(path: str) -> bool:
     """A local path, or a URI in shared storage (the sweep's text-init weights in s3://...)."""
-    from pathlib import Path
+    from vlp.platform.cluster.run_storage import location_exists
 
-    from vlp.platform.cluster.run_storage import StorageError, is_uri, open_location
-
-    if not is_uri(path):
-        return Path(path).expanduser().exists()
-    try:
-        return open_location(path).exists()
-    except (OSError, StorageError):
-        return False
+    return location_exists(path)
 
 
 __all__ = ["SearchSpace", "SpaceSampler", "check_space", "task_problem", "init_problem"]
