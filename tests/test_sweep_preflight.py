@@ -51,6 +51,16 @@ def test_table3_replay_passes_with_world_text_init(tiny_world, tmp_path):
     assert [n for n, _ in plan.lines] == [f"L{i:02d}" for i in range(1, 14)]
 
 
+def test_a_replay_can_run_some_of_its_lines(tiny_world, tmp_path):
+    plan = check_sweep(load(tiny_world, tmp_path, "sweep.replay=table3",
+                            "sweep.lines=[L10,L01,L06]"))
+    assert [n for n, _ in plan.lines] == ["L01", "L06", "L10"]     # the paper's order
+    found = problems(tiny_world, tmp_path, "sweep.replay=table3", "sweep.lines=[L01,L14]")
+    assert "table3 has no line L14" in found["sweep.lines"]
+    found = problems(tiny_world, tmp_path, "sweep.lines=[L01]")
+    assert "sweep.replay is not set" in found["sweep.lines"]
+
+
 def test_task_not_valid_for_the_family(tiny_world, tmp_path):
     found = problems(tiny_world, tmp_path, "space.tasks=[mlm,itm,mvm]", "sweep.include=[none]")
     assert "'mvm' does not apply to uniter-tiny" in found["space.tasks.2"]

@@ -68,7 +68,14 @@ def _points(cfg: SweepConfig) -> tuple[SweepPlan, list[tuple[str, str]]]:
         problems = check_replay(cfg.sweep.replay, family, text_init=cfg.model.text_init)
         if problems:
             return SweepPlan(), problems
-        return SweepPlan(lines=tuple((l.name, l.point) for l in replay_lines(cfg.sweep.replay))), []
+        lines = replay_lines(cfg.sweep.replay)
+        known = [l.name for l in lines]
+        unknown = [n for n in cfg.sweep.lines if n not in known]
+        if unknown:
+            return SweepPlan(), [("sweep.lines", f"{cfg.sweep.replay} has no line "
+                                  f"{', '.join(unknown)}; its lines: {', '.join(known)}")]
+        chosen = [l for l in lines if not cfg.sweep.lines or l.name in cfg.sweep.lines]
+        return SweepPlan(lines=tuple((l.name, l.point) for l in chosen)), []
     problems = check_space(cfg.space, family, text_init=cfg.model.text_init)
     first = []
     for i, name in enumerate(cfg.sweep.include):

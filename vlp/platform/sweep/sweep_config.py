@@ -56,6 +56,9 @@ class SweepSection(ConfigModel):
     # gives the leaderboard a noise estimate (no pretraining's spread) for single-seed lines
     include_seeds: dict[str, int] = Field(default_factory=dict)
     replay: str = ""                 # "" = Optuna search over `space`; else a replay (table3)
+    # a replay's lines to run (e.g. [L01, L02, L06, L10]: a seeds-K replay of the lines that
+    # matter most when all of them do not fit); [] = every line
+    lines: list[str] = Field(default_factory=list)
     num_samples: int = Field(8, gt=0)       # search: trials, the `include` points among them
     include: list[str] = Field(default_factory=lambda: ["none", "paper-best"])
     max_concurrent: int = Field(0, ge=0)    # trials at once; 0 = from the cluster's CPUs
@@ -129,6 +132,8 @@ class SweepConfig(ConfigModel):
             yield "finetune.benchmarks", "expected at least one benchmark"
         if len(set(self.finetune.benchmarks)) != len(self.finetune.benchmarks):
             yield "finetune.benchmarks", f"a benchmark is listed twice: {self.finetune.benchmarks}"
+        if self.sweep.lines and not self.sweep.replay:
+            yield "sweep.lines", "names a replay's lines, but sweep.replay is not set"
         if self.sweep.replay:
             return
         dup = sorted({n for n in self.sweep.include if self.sweep.include.count(n) > 1})
