@@ -2,8 +2,9 @@
 
     python jobs/benchmarks/soho_dictionary.py --world worlds/demo [--steps 300]
 
-Two soho-tiny pretraining runs (MLM + ITM + MVM, one task per step, the same seed and data
-order), each a plain single-process loop over the pipeline's local stream:
+Two soho-tiny pretraining runs (MLM + ITM + MVM under the family's objective, SOHO's summed
+Eq. 9 unless ``--objective sampled``; the same seed and data order), each a plain
+single-process loop over the pipeline's local stream, through the platform's objective:
 
 - recipe: dictionary entries initialised from the first batch's features, SGD for the CNN
   beside AdamW for the rest, the CNN frozen for the first ``--cold-start`` steps (the paper's
@@ -70,9 +71,20 @@ def usage(model, images) -> tuple[float, float, float]:
     return float((counts > 0).float().mean()), sum(per_image) / len(per_image), perplexity
 
 
+class _Sampled:
+    """The sampled objective's sampler, as the pretraining components build it."""
+
+    @staticmethod
+    def build_task_sampler(mix, seed):
+        from vlp.datasets.batching.task_sampler import TaskSampler
+
+        return TaskSampler(mix, seed)
+
+
 def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, float, float]]:
     from vlp.datasets.stream.local_stream import local_batches
-    from vlp.datasets.batching.task_sampler import TaskSampler
+    from vlp.contract.batch_spec import TASK_BATCHES
+    from vlp.platform.training import objective as objectives
     from vlp.models import create_model
     from vlp.platform.training.cnn_recipe import build_cnn_recipe
     from vlp.platform.training.engine import WarmupLinearDecay, param_groups
@@ -94,7 +106,8 @@ def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, flo
     else:
         opt = torch.optim.AdamW(param_groups(model, wd), lr=args.lr, betas=betas, eps=eps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    batches, sampler = local_batches(plan), TaskSampler(TASKS, args.seed)
+    batches = local_batches(plan)
+    sampler = objectives.build_sampler(_Sampled(), TASKS, args.seed, args.objective)
     marks = {0, args.steps // 2, args.steps}
     out, start = {}, time.perf_counter()
     model.train()
@@ -104,10 +117,11 @@ def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, flo
             batch = batches.next(task)
             if step == 0:   # what the first training forward does before anything else
                 vd = model.backbone.visual.dictionary
+                first = batch if isinstance(task, str) else batch[TASK_BATCHES][task[0]]
                 if not bool(vd.initialised):
                     with torch.no_grad():
                         grid, valid, _ = model.backbone.visual.encode_images(
-                            batch["pixels"], batch.get("pixel_mask"))
+                            first["pixels"], first.get("pixel_mask"))
                     vd.initialise_from(grid[valid])
             if step in marks:
                 out[step] = usage(model, images)
@@ -116,7 +130,7 @@ def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, flo
                     f"{out[step][2]:.1f} ({time.perf_counter() - start:.0f} s)")
             if step == args.steps:
                 break
-            loss = model(batch, task=task)["loss"]
+            loss = objectives.forward(model, batch, task)["loss"]
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -140,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="images resized to this side: (side / 64)^2 grid cells each")
     ap.add_argument("--probe-images", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--objective", choices=["summed", "sampled"], default="",
+                    help="default: the family's (soho-tiny: summed, SOHO's Eq. 9)")
     ap.add_argument("--arms", default="recipe,without",
                     help="which runs (one process per arm can run them side by side)")
     args = ap.parse_args(argv)
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     from vlp.datasets.stream.data_plan import plan_data
     from vlp.models import create_model, get_family
 
+    args.objective = args.objective or get_family("soho-tiny").objective
+
     world = Path(args.world)
     if not (world / "images").is_dir():
         print(f"--world {world}: no images/ folder (generate one with `vlp data synth`)")
@@ -166,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_data(DataConfig.for_model(spec, sources, batch_units=args.batch_units,
                                           seed=args.seed), list(TASKS), model=spec)
     images = probe_images(plan, args.probe_images)
-    print(f"soho-tiny on {world}: {args.steps} steps of {', '.join(TASKS)} (one task per "
-          f"step), {args.batch_units} input units per batch, images {args.image_side} px, "
+    print(f"soho-tiny on {world}: {args.steps} steps of {', '.join(TASKS)} (objective "
+          f"{args.objective}), {args.batch_units} input units per batch, images {args.image_side} px, "
           f"dictionary of {get_family('soho-tiny').visual.dictionary_size} entries; probe: "
           f"{len(images)} images; recipe: cold start "
           f"{args.cold_start} steps, SGD lr {args.cnn_lr} for the CNN, AdamW lr {args.lr}",
