@@ -150,6 +150,36 @@ def test_running_statistics_move_once_per_example_set(tiny_world):
     assert all(m.updates for m in model.modules() if hasattr(m, "updates"))   # restored
 
 
+def test_sohos_images_go_through_the_cnn_once_per_example_set(tiny_world):
+    """The paper forwards each image once per batch: under summed every task's batch holds
+    the set's images, the ResNet runs once, and its gradient is the sum of every task's."""
+    mix = {"mlm": 1, "mvm": 2, "itm": 1}
+    model, src = summed_source(tiny_world, "soho-tiny", mix)
+    draw = SummedTasks(mix).next()
+    batch = src.next(draw)
+    src.close()
+    pixels = [b[K.PIXELS] for b in batch[K.TASK_BATCHES].values()]
+    assert all(torch.equal(p, pixels[0]) for p in pixels)
+    visual = model.backbone.visual
+    calls = []
+    hook = visual.resnet.register_forward_hook(lambda *a: calls.append(1))
+    model.train()
+    objective.forward(model, batch, draw)["loss"].backward()
+    hook.remove()
+    assert len(calls) == 1 and visual.shared_images is None
+    model.eval()                 # no dropout, BatchNorm on its running statistics
+    model.zero_grad(set_to_none=True)
+    twin = copy.deepcopy(model)
+    torch.manual_seed(0)
+    objective.forward(model, batch, draw)["loss"].backward()
+    torch.manual_seed(0)
+    for t in draw:               # each task's own forward of the images
+        (draw.weights[t] * twin(batch[K.TASK_BATCHES][t], task=t)["loss"]).backward()
+    for (name, p), q in zip(visual.named_parameters(), twin.backbone.visual.parameters()):
+        if p.grad is not None or q.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+
+
 def test_sohos_negative_texts_enter_only_itm(tiny_world):
     mix = {"mlm": 1, "mvm": 1, "itm": 1}
     _, src = summed_source(tiny_world, "soho-tiny", mix, with_ids=True)

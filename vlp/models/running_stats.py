@@ -7,6 +7,9 @@ micro-batch from the same images, where the paper forwards each image once per b
 ``statistics_frozen`` keeps them still for the forwards after the first; the gradients are
 unchanged (BatchNorm still normalises with the batch's statistics, the dictionary still
 quantises with its current entries).
+
+``images_encoded_once`` goes further for pixel input: the other tasks reuse the first
+forward's image encoding (SOHO's ResNet and dictionary output) instead of recomputing it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Iterator
 
 from torch import nn
 
+from vlp.models.embeddings.soho import SohoEmbedder
 from vlp.models.vision.visual_dictionary import VisualDictionary
 
 
@@ -39,3 +43,17 @@ def statistics_frozen(model: nn.Module) -> Iterator[None]:
             m.momentum = momentum
             if tracked is not None:
                 m.num_batches_tracked.copy_(tracked)
+
+
+@contextmanager
+def images_encoded_once(model: nn.Module) -> Iterator[None]:
+    """Within: forwards of the same images (one example set's batch per task) encode them
+    once; the cache is dropped on exit, so nothing outlives the micro-batch."""
+    embedders = [m for m in model.modules() if isinstance(m, SohoEmbedder)]
+    for m in embedders:
+        m.shared_images = {}
+    try:
+        yield
+    finally:
+        for m in embedders:
+            m.shared_images = None

@@ -13,6 +13,9 @@ batches hold the true pairs only (their losses skip negatives anyway; the sample
 forwards them for nothing). Region input has no such rows (ITM negatives are swapped inside
 ITM's own batch), so there every task sees the whole set.
 
+Every pixel task's batch holds the set's images in the same order (each image has a true
+pair), which lets the model encode them once for all tasks (``images_encoded_once``).
+
 The set is counted once: its examples and input units are its largest task batch's (the
 whole set wherever a task reads every example, ITM included).
 """
@@ -55,6 +58,7 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
     examples, so not counted)."""
     per_task: dict[str, dict[str, torch.Tensor]] = {}
     examples = units = 0
+    images = None   # the set's images, as the first pixel task's batch holds them
     for i, task in enumerate(tasks):
         if get_task(task).text_only:
             if text_only is None:
@@ -69,6 +73,15 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
             k: v.copy() if isinstance(v, np.ndarray) else v for k, v in collated.items()}
         batch = task_batch(plan, tok, ctx, blocks, mine, task, rng_of(i), stats,
                            with_ids=with_ids, collated=copy)
+        if K.PIXELS in batch:   # the model encodes them once for every task (running_stats)
+            mine_images = np.unique(mine.image_block.astype(np.int64) * (1 << 32)
+                                    + mine.image_row)
+            if images is None:
+                images = mine_images
+            elif not np.array_equal(images, mine_images):
+                raise ValueError(f"task {task!r}'s batch holds other images than "
+                                 f"{tasks[0]!r}'s: a summed example set's pixel batches must "
+                                 f"share their images (every image needs a true pair)")
         per_task[task] = batch
         examples = max(examples, int(batch[K.NUM_EXAMPLES]))
         units = max(units, int(batch[K.INPUT_UNITS]))

@@ -10,6 +10,12 @@ the image uniformly at random, replaces every cell mapped to it by a learned [MA
 embedding and records the index as those cells' label. Joint masking's MLM batches carry
 ``mvm_apply`` too, and are masked the same way.
 
+Under the summed objective one example set is forwarded once per task, each task's batch
+holding the same images (``summed_batch`` checks it): inside ``images_encoded_once`` the
+first forward's ResNet → dictionary output is kept and the other tasks reuse it, so each
+image goes through the CNN and the dictionary once per micro-batch, as in the paper (Eq. 9
+on one forward of the image); the CNN's gradient is the sum of every task's.
+
 Every forward also reports the dictionary's usage on the batch's images (``vd_used``: the
 share of entries some valid cell maps to; ``vd_perplexity``: exp of the entropy of the
 cells' index distribution; ``vd_indices_per_image``: distinct indices per image, mean), so a
@@ -52,6 +58,7 @@ class SohoEmbedder(nn.Module):
         # SOHO's cold start (vlp/platform/training/cnn_recipe.py sets it): the ResNet runs without
         # autograd while frozen; its BatchNorm statistics still follow the data
         self.cnn_frozen = False
+        self.shared_images: dict | None = None   # images_encoded_once's cache (a dict there)
 
     def init_extra_(self, std: float) -> None:
         nn.init.normal_(self.mask_token, std=std)
@@ -74,6 +81,18 @@ class SohoEmbedder(nn.Module):
         else:  # a cell is real where its (nearest) pixel is, as in DETR
             valid = F.interpolate(pixel_mask[:, None].float(), size=(h, w)).bool()[:, 0]
         return grid.flatten(2).transpose(1, 2), valid.flatten(1), (h, w)
+
+    def quantised_images(self, pixels: torch.Tensor, pixel_mask: torch.Tensor | None):
+        """(grid, valid, (h, w), quantised, indices): encoded here, or inside
+        ``images_encoded_once`` taken from the first forward of the example set."""
+        kept = self.shared_images.get("images") if self.shared_images is not None else None
+        if kept is not None and kept[0] == tuple(pixels.shape):
+            return kept[1]
+        grid, valid, hw = self.encode_images(pixels, pixel_mask)
+        out = (grid, valid, hw, *self.dictionary(grid, valid))
+        if self.shared_images is not None:
+            self.shared_images["images"] = (tuple(pixels.shape), out)
+        return out
 
     def usage(self, indices: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
         """The dictionary's usage on these images (device tensors: no host sync)."""
@@ -109,8 +128,8 @@ class SohoEmbedder(nn.Module):
                              "supported (one image per example; NLVR2 needs the pair variants)")
         pixels = require(batch, bs.PIXELS, who).to(self.proj.weight.dtype)
         image_index = require(batch, bs.IMAGE_INDEX, who).long()
-        grid, valid, (h, w) = self.encode_images(pixels, batch.get(bs.PIXEL_MASK))
-        quantised, indices = self.dictionary(grid, valid)
+        grid, valid, (h, w), quantised, indices = self.quantised_images(
+            pixels, batch.get(bs.PIXEL_MASK))
         extras = {METRIC_PREFIX + name: v for name, v in self.usage(indices, valid).items()}
         if visual_masking:
             masked = self.mask_one_index(indices, valid, require(batch, bs.MVM_APPLY, who))

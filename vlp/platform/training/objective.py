@@ -7,8 +7,9 @@ loss weight: the ratios scaled to a mean of 1, ``task_sampler.loss_weights``), t
 builds a batch per task from one example set (``TASK_BATCHES``), and ``forward`` runs the model
 once per task and returns each task's outputs under their own keys, as the sampled objective
 reports them, with ``loss`` = Σ_t weight_t · loss_t: the loop's one backward. Running
-statistics (SOHO's visual dictionary, BatchNorm) move on the first of those forwards only. The cross-rank
-check compares a task set by one id of its own (``task_id``).
+statistics (SOHO's visual dictionary, BatchNorm) move on the first of those forwards only,
+and SOHO's images go through the CNN and the dictionary once (the other tasks reuse it).
+The cross-rank check compares a task set by one id of its own (``task_id``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from vlp.contract.batch_spec import TASK_BATCHES
 from vlp.datasets.batching.task_sampler import SummedTasks, loss_weights
-from vlp.models.running_stats import statistics_frozen
+from vlp.models.running_stats import images_encoded_once, statistics_frozen
 
 OBJECTIVES = ("sampled", "summed")
 
@@ -64,16 +65,17 @@ def forward(engine: Any, batch: Mapping[str, Any], task: str | tuple[str, ...]
     shared: dict[str, list[torch.Tensor]] = defaultdict(list)
     total = None
     model = getattr(engine, "module", engine)   # DeepSpeed's engine wraps the model
-    for i, t in enumerate(task):
-        # running statistics (SOHO's dictionary, BatchNorm) move once per example set, on
-        # its first forward, as when each image is forwarded once per batch
-        with statistics_frozen(model) if i else nullcontext():
-            o = _checked(engine(per_task[t], task=t), t)
-        term = weights[t] * o["loss"]
-        total = term if total is None else total + term
-        for k, v in o.items():
-            if k != "loss":
-                shared[k].append(v)
+    with images_encoded_once(model):   # SOHO: the set's images through the CNN once
+        for i, t in enumerate(task):
+            # running statistics (SOHO's dictionary, BatchNorm) move once per example set,
+            # on its first forward, as when each image is forwarded once per batch
+            with statistics_frozen(model) if i else nullcontext():
+                o = _checked(engine(per_task[t], task=t), t)
+            term = weights[t] * o["loss"]
+            total = term if total is None else total + term
+            for k, v in o.items():
+                if k != "loss":
+                    shared[k].append(v)
     for k, vs in shared.items():   # each task's keys are its own; a backbone metric averages
         out[k] = vs[0] if len(vs) == 1 else torch.stack([v.detach().float() for v in vs]).mean()
     out["loss"] = total
