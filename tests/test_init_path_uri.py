@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cluster_helpers import S3Server
 from test_pretrain_fail_once import base, uniter_files  # noqa: F401  (fixtures)
 
 from vlp.contract.config_loader import ConfigError
@@ -20,24 +19,15 @@ BUCKET = "init-weights"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory, uniter_files):  # noqa: F811
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket(BUCKET)
-    fs = server.filesystem()
+def uploaded(s3_server, uniter_files):  # noqa: F811
+    s3_server.create_bucket(BUCKET)
     for name in ("good.pt", "width32.pt"):
-        with fs.open_output_stream(f"{BUCKET}/uniter/{name}") as out:
-            out.write((uniter_files / name).read_bytes())
-    yield server
-    server.stop()
+        s3_server.upload(uniter_files / name, f"{BUCKET}/uniter/{name}")
 
 
 @pytest.fixture
-def node_env(s3, monkeypatch, tmp_path):
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
-    return s3
+def node_env(s3_env, uploaded):
+    return s3_env
 
 
 def config(base, path):  # noqa: F811
