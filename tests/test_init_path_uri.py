@@ -63,3 +63,37 @@ def test_a_misfit_or_missing_init_file_in_s3_fails_in_one_line_naming_it(
     with pytest.raises(ConfigError, match=f"model.init_path: {missing}: no such file"):
         prepare(config(base, missing))
     assert run_storage.is_uri(missing)
+
+
+def test_soho_cnn_weights_are_read_from_s3_on_the_driver_and_the_workers(
+        s3_env, base, tmp_path):  # noqa: F811
+    """``model.cnn_init`` (a torchvision ResNet state dict) by URI, through the same reader:
+    checked on the driver, loaded by the workers; a misfit or missing one fails in one line
+    naming the URI."""
+    from test_soho_recipe import _torchvision_file
+
+    from vlp.models.family_config import ResNetConfig
+    from vlp.platform.pretrain.components import PretrainComponents
+
+    good, state = _torchvision_file(tmp_path)
+    wide, _ = _torchvision_file(tmp_path, ResNetConfig("basic", (1, 1, 1, 1), 16), "wide.pth")
+    s3_env.create_bucket(BUCKET)
+    uri = s3_env.upload(good, f"{BUCKET}/cnn/resnet.pth")
+    soho = {**base, "model": {"family": "soho-tiny"}, "tasks": {"mlm": 1, "mvm": 1}}
+
+    def soho_config(path: str):
+        return resolved(load_pretrain_config(data=soho, overrides=[f"model.cnn_init={path}"]))
+
+    cfg = soho_config(uri)
+    assert cfg.model.cnn_init == uri                    # not <cwd>/s3:/...
+    setup = prepare(cfg)
+    trunk = PretrainComponents(setup).build_model(None, list(setup.tasks)).backbone.visual.resnet
+    loaded = [k for k, v in trunk.state_dict().items() if k in state]
+    assert len(loaded) == len(state) - 2                # all but torchvision's fc
+    assert all(torch.equal(trunk.state_dict()[k], state[k]) for k in loaded)
+    for bad, what in ((s3_env.upload(wide, f"{BUCKET}/cnn/wide.pth"), "wrong shape"),
+                      (f"s3://{BUCKET}/cnn/nothing.pth", "no such file")):
+        with pytest.raises(ConfigError) as e:
+            prepare(soho_config(bad))
+        msg = str(e.value)
+        assert "\n" not in msg and f"model.cnn_init: {bad}: " in msg and what in msg, msg
