@@ -1,8 +1,8 @@
 """A world in shared storage (s3://, moto's server here: the tiny world copied into a bucket)
 is the same world read from its URI: the manifest and its checks; a finetune's preflight and
 its worker's training batches, evaluation and scores, for benchmarks that read every kind of
-world file (task tables, image shards, the ground-truth-box sidecar, VQA's answer
-vocabulary); and a sweep's whole preflight, which plans pretraining from the world's shards
+world file a finetune reads (task tables, image shards, the ground-truth-box sidecar, VQA's
+answer vocabulary); and a sweep's whole preflight, which plans pretraining from the world's shards
 in the bucket. A missing world or file fails in one line naming the URI."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from vlp.platform.finetune.run import components_for
 from vlp.platform.training.protocols import WorkerInfo
 
 BUCKET = "worlds"
-# the answer vocabulary (vqa), the gt-box sidecar (refcoco+-gt), two images per example (nlvr2)
-BENCHMARKS = ("vqa", "refcoco+-gt", "nlvr2")
+# task tables and image shards, the answer vocabulary (vqa), the gt-box sidecar (refcoco+-gt)
+BENCHMARKS = ("vqa", "refcoco+-gt")
 SWEEP = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
 
 
