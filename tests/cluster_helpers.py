@@ -95,8 +95,20 @@ class S3Server:
                                  region="us-east-1", allow_bucket_creation=True)
 
     def create_bucket(self, name: str) -> str:
+        """Creates it when it is not there yet (the server is shared by the session)."""
         self.filesystem().create_dir(name)
         return f"s3://{name}"
+
+    def upload(self, local: Path, key: str) -> str:
+        """The file ``local`` as object ``key`` (``bucket/path``), or every file of the folder
+        ``local`` under that prefix; returns its ``s3://`` URI."""
+        local, fs = Path(local), self.filesystem()
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        for f in files:
+            dest = key if f == local else f"{key}/{f.relative_to(local).as_posix()}"
+            with fs.open_output_stream(dest) as out:
+                out.write(f.read_bytes())
+        return f"s3://{key}"
 
     def stop(self) -> None:
         stop_tree(self.proc.pid)

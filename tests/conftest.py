@@ -31,6 +31,28 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's standalone S3 server on 127.0.0.1 at a free port (``cluster_helpers.S3Server``),
+    started once per session (seconds): each test module keeps to buckets of its own."""
+    from cluster_helpers import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch, tmp_path):
+    """This process's environment as a cluster node's: ``s3_server``'s endpoint and keys in
+    the standard AWS variables (as users set them), and a weights cache of the test's own."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    return s3_server
+
+
+@pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
     """The tiny synthetic world (seed 0), generated once per test session (~1 s).
 

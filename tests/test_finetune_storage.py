@@ -11,7 +11,6 @@ import json
 import pyarrow.fs as pafs
 import pytest
 import torch
-from cluster_helpers import S3Server
 from test_finetune_tracking import fake_pretraining_checkpoint
 
 from vlp.platform.cluster import run_storage
@@ -24,23 +23,12 @@ from vlp.platform.training.protocols import WorkerInfo
 BUCKET = "ft-outputs"
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def on_s3(s3, monkeypatch, tmp_path):
+def on_s3(s3_env, monkeypatch):
     """The job's environment on a cluster node: the endpoint, keys and VLP_STORAGE."""
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    s3_env.create_bucket(BUCKET)
     monkeypatch.setenv("VLP_STORAGE", f"s3://{BUCKET}/vlp")
-    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
-    return s3
+    return s3_env
 
 
 def zero_shot_config(tiny_world, tmp_path, **extra):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cluster_helpers import S3Server
 from test_pretrain_fail_once import base, uniter_files  # noqa: F401  (fixtures)
 
 from vlp.contract.config_loader import ConfigError
@@ -20,24 +19,15 @@ BUCKET = "init-weights"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory, uniter_files):  # noqa: F811
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket(BUCKET)
-    fs = server.filesystem()
+def uploaded(s3_server, uniter_files):  # noqa: F811
+    s3_server.create_bucket(BUCKET)
     for name in ("good.pt", "width32.pt"):
-        with fs.open_output_stream(f"{BUCKET}/uniter/{name}") as out:
-            out.write((uniter_files / name).read_bytes())
-    yield server
-    server.stop()
+        s3_server.upload(uniter_files / name, f"{BUCKET}/uniter/{name}")
 
 
 @pytest.fixture
-def node_env(s3, monkeypatch, tmp_path):
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
-    return s3
+def node_env(s3_env, uploaded):
+    return s3_env
 
 
 def config(base, path):  # noqa: F811
@@ -73,3 +63,37 @@ def test_a_misfit_or_missing_init_file_in_s3_fails_in_one_line_naming_it(
     with pytest.raises(ConfigError, match=f"model.init_path: {missing}: no such file"):
         prepare(config(base, missing))
     assert run_storage.is_uri(missing)
+
+
+def test_soho_cnn_weights_are_read_from_s3_on_the_driver_and_the_workers(
+        s3_env, base, tmp_path):  # noqa: F811
+    """``model.cnn_init`` (a torchvision ResNet state dict) by URI, through the same reader:
+    checked on the driver, loaded by the workers; a misfit or missing one fails in one line
+    naming the URI."""
+    from test_soho_recipe import _torchvision_file
+
+    from vlp.models.family_config import ResNetConfig
+    from vlp.platform.pretrain.components import PretrainComponents
+
+    good, state = _torchvision_file(tmp_path)
+    wide, _ = _torchvision_file(tmp_path, ResNetConfig("basic", (1, 1, 1, 1), 16), "wide.pth")
+    s3_env.create_bucket(BUCKET)
+    uri = s3_env.upload(good, f"{BUCKET}/cnn/resnet.pth")
+    soho = {**base, "model": {"family": "soho-tiny"}, "tasks": {"mlm": 1, "mvm": 1}}
+
+    def soho_config(path: str):
+        return resolved(load_pretrain_config(data=soho, overrides=[f"model.cnn_init={path}"]))
+
+    cfg = soho_config(uri)
+    assert cfg.model.cnn_init == uri                    # not <cwd>/s3:/...
+    setup = prepare(cfg)
+    trunk = PretrainComponents(setup).build_model(None, list(setup.tasks)).backbone.visual.resnet
+    loaded = [k for k, v in trunk.state_dict().items() if k in state]
+    assert len(loaded) == len(state) - 2                # all but torchvision's fc
+    assert all(torch.equal(trunk.state_dict()[k], state[k]) for k in loaded)
+    for bad, what in ((s3_env.upload(wide, f"{BUCKET}/cnn/wide.pth"), "wrong shape"),
+                      (f"s3://{BUCKET}/cnn/nothing.pth", "no such file")):
+        with pytest.raises(ConfigError) as e:
+            prepare(soho_config(bad))
+        msg = str(e.value)
+        assert "\n" not in msg and f"model.cnn_init: {bad}: " in msg and what in msg, msg

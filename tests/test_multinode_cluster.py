@@ -7,8 +7,9 @@ One pretraining job (2 workers spread over the nodes, storage and shards in s3:/
 worker node (`kill -9` of its raylet) after its first checkpoint and must resume from the S3
 checkpoint on the remaining nodes, end at exactly its configured step with one MLflow run,
 and leave no run files under the job's working folder. Resubmitting it after a code edit (a
-new _ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint. A
-tiny sweep in the same bucket is stopped after its first trial checkpoint (SIGUSR1, as
+new _ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint and
+the world (manifest, task tables, image shards) from the bucket. A tiny sweep over that world,
+in the same bucket, is stopped after its first trial checkpoint (SIGUSR1, as
 Ctrl-C); a second submission completes it with Tuner.restore from S3, the trial resuming
 from its Tune checkpoint there.
 
@@ -32,7 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from cluster_helpers import BIN, S3Server, stop_tree, wait_http
+from cluster_helpers import BIN, stop_tree, wait_http
 
 from vlp.platform.cluster.ray_session import free_local_port
 
@@ -41,17 +42,16 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "vlp-multinode"
 RUN = "mn-pretrain"
+WORLD = f"s3://{BUCKET}/world"  # the tiny world, copied into the bucket as it is
 SHARDS = "world/images"        # the pretraining shards' folder in the bucket
 STEPS, INTERVAL = 24, 4
 JOB_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket(BUCKET)
-    yield server
-    server.stop()
+def s3(s3_server):
+    s3_server.create_bucket(BUCKET)
+    return s3_server
 
 
 @pytest.fixture(scope="module")
@@ -176,17 +176,14 @@ def cluster(node_env, tmp_path_factory):
 @pytest.fixture(scope="module")
 def workdir(tiny_world, s3, tmp_path_factory) -> Path:
     """What a user uploads with --working-dir: the code and a config naming the data by
-    URI: the pretraining shards are in the bucket (every node reads them from there)."""
+    URI: the world and its pretraining shards are in the bucket (every node reads them from
+    there)."""
     d = tmp_path_factory.mktemp("work")
     for part in ("vlp", "jobs"):
         shutil.copytree(ROOT / part, d / part, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = yaml.safe_load((ROOT / "jobs/configs/pretrain-tiny.yaml").read_text())
-    fs = s3.filesystem()
+    s3.upload(tiny_world, f"{BUCKET}/world")
     for name, src in cfg["data"]["sources"].items():
-        for f in (Path(tiny_world) / "images" / name).rglob("*.parquet"):
-            rel = f.relative_to(Path(tiny_world) / "images")
-            with fs.open_output_stream(f"{BUCKET}/{SHARDS}/{rel}") as out:
-                out.write(f.read_bytes())
         src["path"] = f"s3://{BUCKET}/{SHARDS}/{name}"
     cfg["run"].update(name=RUN, max_failures=2)
     cfg["train"].update(steps=STEPS, log_every=2)
@@ -322,13 +319,13 @@ def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
     assert steps == list(range(1, STEPS + 1))
 
 
-def test_a_finetune_reads_the_s3_checkpoint(killed_job, cluster, mlflow_server, workdir,
-                                            tiny_world, tmp_path):
+def test_a_finetune_reads_the_s3_checkpoint_and_world(killed_job, cluster, mlflow_server,
+                                                      workdir, tmp_path):
     job_id = f"vlp-mn-ft-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
     proc = cluster.submit(workdir, job_id, [
         "jobs/finetune.py", "--checkpoint", f"s3://{BUCKET}/vlp/{RUN}", "--world",
-        str(tiny_world), "--benchmarks", "retrieval", "--workers", "1", "--name", "mn-ft",
+        WORLD, "--benchmarks", "retrieval", "--workers", "1", "--name", "mn-ft",
         "--set", "settings.retrieval.steps=2"], job_env(mlflow_server), tmp_path / "ft.log")
     out = finish(proc, tmp_path / "ft.log", cluster, job_id)
     print(f"finetune job took {time.monotonic() - t0:.0f} s")
@@ -382,7 +379,7 @@ if __name__ == "__main__":
 
 
 @pytest.fixture(scope="module")
-def sweep_workdir(workdir, tiny_world) -> Path:
+def sweep_workdir(workdir) -> Path:
     """The tiniest sweep that still has a trial to resume: one trial (no pretraining), one
     finetune stage (retrieval, 2 steps). Stopped once its first report's checkpoint is saved
     (stage 0, no compute), it must resume from that Tune checkpoint in S3 and run the
@@ -391,7 +388,7 @@ def sweep_workdir(workdir, tiny_world) -> Path:
     cfg = yaml.safe_load((ROOT / "jobs/configs/sweep-tiny.yaml").read_text())
     cfg["sweep"].update(name=SWEEP, num_samples=1, include=["none"], max_concurrent=1,
                         scheduler="fifo")
-    cfg["world"] = str(tiny_world)
+    cfg["world"] = WORLD
     cfg["space"]["init"] = ["random"]
     cfg["finetune"]["benchmarks"] = ["retrieval"]
     (workdir / "mn-sweep.yaml").write_text(yaml.safe_dump(cfg))

@@ -10,7 +10,6 @@ import os
 
 import pytest
 import torch
-from cluster_helpers import S3Server
 
 from vlp.platform.cluster import run_storage
 from vlp.platform.pretrain.experiment_config import load_experiment_config
@@ -30,13 +29,6 @@ def no_env(monkeypatch):
     for k in ("VLP_STORAGE", "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     return monkeypatch
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    yield server
-    server.stop()
 
 
 def test_a_uri_stays_a_uri_and_names_the_run(no_env):
@@ -130,17 +122,14 @@ def test_tracking_follows_config_then_env_then_embedded_and_is_shared_on_cluster
     check_tracking_shared("http://head:5000", nodes=5)
 
 
-def test_finetune_reads_a_pretraining_checkpoint_from_s3(s3, tmp_path, monkeypatch):
+def test_finetune_reads_a_pretraining_checkpoint_from_s3(s3_env, tmp_path):
     """The checkpoint folder, or its run folder (newest checkpoint), by URI: only the trainer
     meta and the model states are fetched, into a cache keyed by the URI."""
     from test_finetune_tracking import fake_pretraining_checkpoint
 
     from vlp.platform.training import pretrained_weights as ckpt
 
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
-    bucket = s3.create_bucket("ft-read")
+    bucket = s3_env.create_bucket("ft-read")
     model, folder = fake_pretraining_checkpoint(tmp_path / "local")
     storage = run_storage.open_location(f"{bucket}/vlp")
     for f in folder.rglob("*"):

@@ -6,7 +6,6 @@ copy. Sources in two storages at once are refused. No Ray started."""
 from __future__ import annotations
 
 import pytest
-from cluster_helpers import S3Server
 from pipeline_world import write_source
 
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError, SourceConfig
@@ -26,23 +25,14 @@ def folders(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory, folders):
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket(BUCKET)
-    fs = server.filesystem()
-    for f in folders.rglob("*.parquet"):
-        with fs.open_output_stream(f"{BUCKET}/world/{f.relative_to(folders)}") as out:
-            out.write(f.read_bytes())
-    yield server
-    server.stop()
+def uploaded(s3_server, folders):
+    s3_server.create_bucket(BUCKET)
+    s3_server.upload(folders, f"{BUCKET}/world")
 
 
 @pytest.fixture
-def node_env(s3, monkeypatch):
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    return s3
+def node_env(s3_env, uploaded):
+    return s3_env
 
 
 def config(root):

@@ -42,41 +42,32 @@ def test_a_restored_sweep_keeps_its_instance_and_refuses_a_changed_config(tmp_pa
         _check_resume(cfg, cfg.sweep_storage())
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    from cluster_helpers import S3Server
-
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket("sweeps")
-    yield server
-    server.stop()
-
-
-def test_a_sweep_in_s3_is_found_again_from_another_working_folder(s3, tmp_path, monkeypatch):
+def test_a_sweep_in_s3_is_found_again_from_another_working_folder(s3_env, tmp_path,
+                                                                   monkeypatch):
     """sweep.storage (here $VLP_STORAGE) a URI: the config, instance id and Tune state live in
     the bucket, nothing in the local folder; a resubmitted job (a new working folder, so
     another output_dir) resumes the same instance; the exhausted-space marker is read there."""
     from vlp.platform.sweep.distinct_search import space_exhausted
     from vlp.platform.sweep.run import EXHAUSTED_FILE, tune_location
 
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("VLP_STORAGE", "s3://sweeps/vlp")
+    s3_env.create_bucket("sweeps-restore")
+    monkeypatch.setenv("VLP_STORAGE", "s3://sweeps-restore/vlp")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://head:5000")   # as on a cluster
     cfg = sweep_config(tmp_path / "pkg1")
-    assert cfg.sweep.storage == "s3://sweeps/vlp"
-    assert cfg.sweep_uri == f"s3://sweeps/vlp/{cfg.sweep.name}"
+    assert cfg.sweep.storage == "s3://sweeps-restore/vlp"
+    assert cfg.sweep_uri == f"s3://sweeps-restore/vlp/{cfg.sweep.name}"
     storage = cfg.sweep_storage()
     resuming, instance = _check_resume(cfg, storage)
     assert not resuming and storage.read_text("instance").strip() == instance
     assert not (tmp_path / "pkg1").exists()
     path, fs = tune_location(storage)
-    assert path == f"sweeps/vlp/{cfg.sweep.name}/{TUNE_DIR}" and fs is storage.fs
+    assert path == f"sweeps-restore/vlp/{cfg.sweep.name}/{TUNE_DIR}" and fs is storage.fs
     storage.write_text("", TUNE_DIR, "tuner.pkl")          # what Tune's restore needs
     again = sweep_config(tmp_path / "pkg2")
     assert _check_resume(again, again.sweep_storage()) == (True, instance)
     changed = sweep_config(tmp_path / "pkg2", "sweep.num_samples=7")
-    with pytest.raises(ConfigError, match=r"differs from the sweep already in s3://sweeps/vlp"):
+    with pytest.raises(ConfigError,
+                       match=r"differs from the sweep already in s3://sweeps-restore/vlp"):
         _check_resume(changed, changed.sweep_storage())
     assert space_exhausted(storage.uri(EXHAUSTED_FILE)) == ""
     storage.write_text("2 distinct points\n", EXHAUSTED_FILE)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cluster_helpers import S3Server
 
 from vlp.platform.sweep import load_sweep_config
 from vlp.platform.sweep import text_init as text_init_module
@@ -28,25 +27,15 @@ STORAGE = "s3://sweeps/vlp"
 WORD = "backbone.text_embeddings.word_embeddings.weight"
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("moto"))
-    server.create_bucket("sweeps")
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def node_env(s3, monkeypatch):
-    for k, v in s3.env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+def node_env(s3_env, monkeypatch):
+    s3_env.create_bucket("sweeps")
     monkeypatch.setenv("VLP_STORAGE", STORAGE)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://head:5000")     # as on a cluster
     # a few steps: what is tested is where the weights go, not how good they are
     monkeypatch.setattr(text_init_module, "make_text_init", functools.partial(
         text_init_module.make_text_init, steps=2, batch_size=8))
-    return s3
+    return s3_env
 
 
 def sweep_config(driver: Path, world: Path):

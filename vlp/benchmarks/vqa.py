@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 
 from vlp.datasets.downstream.vqa import AnswerVocab, VqaData
+from vlp.contract.uri_files import open_input
 from vlp.datasets.storage.world import load_manifest
 from vlp.models.heads import build_head
 from vlp.contract.config_loader import ConfigModel
@@ -28,7 +29,8 @@ class VqaOptions(ConfigModel):
 
 @lru_cache(maxsize=4)
 def answer_vocab(world: str, max_answers: int, min_count: int) -> AnswerVocab:
-    table = pq.read_table(load_manifest(world).task_file("vqa", "train"), columns=["answers"])
+    table = pq.read_table(open_input(load_manifest(world).task_file("vqa", "train")),
+                          columns=["answers"])
     return AnswerVocab.build(table.column("answers").to_pylist(), normalize_vqa_answer,
                              vqa_target_score, max_answers, min_count)
 

@@ -51,7 +51,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "checkpoint) or state-dict file; 'none' = no pretraining (random init)")
     p.add_argument("--family", help="model family of the checkpoint (default uniter-tiny)")
     p.add_argument("--world", metavar="DIR", help="world folder with the downstream task "
-                   "tables and image shards (manifest.json)")
+                   "tables and image shards (manifest.json), or its storage URI "
+                   "(s3://bucket/worlds/demo)")
     p.add_argument("--benchmarks", metavar="LIST",
                    help="comma-separated benchmark names (default vqa,retrieval,nlvr2,refcoco+)")
     p.add_argument("--name", help="run name; runs go to OUTPUT_DIR/NAME-<benchmark>")

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, metavar="N", help="search: number of trials")
     p.add_argument("--name", help="sweep name (folder and MLflow parent run)")
     p.add_argument("--output-dir", metavar="DIR", help="runs root (MLflow store beside the sweep)")
-    p.add_argument("--world", metavar="DIR", help="world folder (manifest.json)")
+    p.add_argument("--world", metavar="DIR", help="world folder (manifest.json) or its "
+                   "storage URI (s3://bucket/worlds/demo)")
     p.add_argument("--family", help="model family, e.g. uniter-tiny, uniter-minilm")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite under OUTPUT_DIR)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -10,12 +10,12 @@ Arrow buffers: no per-image Python objects, and host memory does not grow per st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlp.contract import uri_files
+from vlp.contract.uri_files import open_input
 from vlp.datasets.storage.arrow_views import flat_numpy, list_parts
 from vlp.datasets.batching.collate import ExampleRefs, pixel_arrays, region_arrays
 from vlp.datasets.stream.data_config import DataConfig, RegionConfig, SourceConfig
@@ -79,9 +79,9 @@ class ImageStore:
         columns = list(REGION_COLUMNS if cfg.visual == "regions"
                        else PIXEL_COLUMNS + ("width", "height"))
         if cfg.visual == "regions" and cfg.image_feat and all(
-                "image_feature" in pq.read_schema(f).names for f in files):
+                "image_feature" in pq.read_schema(open_input(f)).names for f in files):
             columns.append("image_feature")   # VL-BERT: the whole-image RoI, as in pretraining
-        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+        table = pa.concat_tables([pq.read_table(open_input(f), columns=columns) for f in files])
         # downstream images carry no captions; empty lists let the row transform keep them
         empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))
         table = table.set_column(table.column_names.index("captions"), "captions", empty)
@@ -140,8 +140,9 @@ class ImageStore:
 
 
 def split_files(cfg: DownstreamDataConfig, split: str, gt: bool = False) -> list[str]:
-    """The image shards of ``split``: the downstream source's, or (``gt``) the ground-truth-
-    box feature shards the world lists as a sidecar (``<folder>/<split>-NNNNN.parquet``)."""
+    """The image shards of ``split`` (paths, or URIs for a world in shared storage): the
+    downstream source's, or (``gt``) the ground-truth-box feature shards the world lists as a
+    sidecar (``<folder>/<split>-NNNNN.parquet``)."""
     manifest = load_manifest(cfg.world)
     if gt:
         rel = manifest.sidecars.get(cfg.gt_sidecar)
@@ -149,7 +150,7 @@ def split_files(cfg: DownstreamDataConfig, split: str, gt: bool = False) -> list
             raise WorldError(f"{cfg.world}: the world has no ground-truth-box features (no "
                              f"sidecar {cfg.gt_sidecar!r} in its manifest; regenerate it with "
                              f"this version of `vlp data synth`, or import them)")
-        files = sorted(str(f) for f in manifest.path(rel).glob(f"{split}-*.parquet"))
+        files = [str(f) for f in uri_files.glob(manifest.path(rel), f"{split}-*.parquet")]
         what = f"ground-truth-box feature shards in {rel}"
     else:
         if cfg.image_source not in manifest.sources:
@@ -165,7 +166,7 @@ def split_files(cfg: DownstreamDataConfig, split: str, gt: bool = False) -> list
 def _plan(cfg: DownstreamDataConfig, regions: RegionConfig, feature_dim: int,
           files: list[str]) -> DataPlan:
     """A one-source DataPlan, so the pipeline's row transform can be reused unchanged."""
-    data = DataConfig(sources=(SourceConfig("downstream", str(Path(files[0]).parent)),),
+    data = DataConfig(sources=(SourceConfig("downstream", str(uri_files.parent(files[0]))),),
                       split=None, tokenizer_path=cfg.tokenizer_path, regions=regions,
                       location=cfg.location, visual=cfg.visual, pixels=cfg.pixels)
     columns = REGION_COLUMNS if cfg.visual == "regions" else PIXEL_COLUMNS

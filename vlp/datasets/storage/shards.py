@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlp.contract.atomic_write import atomic_path
-from vlp.contract.uri_files import UriError, filesystem, is_uri, open_input
+from vlp.contract.uri_files import UriError, filesystem, is_uri, kind, open_input
 from vlp.datasets.storage.shard_checks import validate_image_table
 from vlp.datasets.storage.shard_format import (BOX_TOLERANCE, FORMAT_VERSION, IMAGE_REQUIRED,
                                                IMAGE_SCHEMA, META_PREFIX, ShardError, ShardInfo)
@@ -148,8 +148,9 @@ def write_image_shard(path: str | os.PathLike, table: pa.Table, *, feature_extra
 def read_image_shard(path: str | os.PathLike, *, validate: bool = True,
                      check_values: bool = True, columns: list[str] | None = None
                      ) -> tuple[pa.Table, ShardInfo]:
-    """Read an image shard; with ``validate`` every row is checked and errors name the row."""
-    path = Path(path)
+    """Read an image shard (a local path or a URI); with ``validate`` every row is checked and
+    errors name the row."""
+    path = str(path) if is_uri(path) else Path(path)
     table = _read_parquet(path, columns)
     info = shard_info(path, table.schema, table.num_rows)
     if info.kind != "images":
@@ -166,11 +167,16 @@ def read_image_shard(path: str | os.PathLike, *, validate: bool = True,
     return table, info
 
 
-def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
-    if not path.exists():
+def _read_parquet(path: Path | str, columns: list[str] | None) -> pa.Table:
+    """``path`` (a local ``Path`` or a URI string) as a table; errors name the file."""
+    try:
+        there = kind(path) is not None
+    except (UriError, OSError) as e:
+        raise ShardError(path, f"cannot read it ({str(e).splitlines()[0]})") from None
+    if not there:
         raise ShardError(path, "no such file")
     try:
-        return pq.read_table(path, columns=columns)
+        return pq.read_table(open_input(path), columns=columns)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ShardError(path, f"not a readable Parquet file (truncated or corrupt?): {first}"

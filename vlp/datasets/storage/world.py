@@ -12,14 +12,21 @@ Layout::
     tasks/<task>/<split>.parquet                     downstream task tables
     scenes/<source>.jsonl                            (synthetic) ground-truth objects per image
     meta/unrelated_pairs.json                        (synthetic) alt-text pairs that are noise
+
+A world may live in shared storage (``s3://bucket/worlds/demo``): it is read through
+``vlp.contract.uri_files`` (endpoint and keys from the standard AWS environment), and its
+paths are then URI strings where a local world's are ``Path``s.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from vlp.contract import uri_files
 
 MANIFEST_NAME = "manifest.json"
 WORLD_FORMAT = "vlp-world/1"
@@ -58,14 +65,14 @@ class WorldManifest:
     sidecars: dict[str, str] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
     format: str = WORLD_FORMAT
-    root: Path = field(default=Path("."), compare=False)
+    root: Path | str = field(default=Path("."), compare=False)   # a URI stays a string
 
     # ------------------------------------------------------------------ paths
-    def path(self, relative: str) -> Path:
-        return self.root / relative
+    def path(self, relative: str) -> Path | str:
+        return uri_files.join(self.root, relative)
 
     def image_files(self, source: str | None = None, split: str | None = None,
-                    domain: str | None = None) -> list[Path]:
+                    domain: str | None = None) -> list[Path | str]:
         """Shards of one source (or all), optionally one split or domain, in a stable order."""
         out = []
         for name, info in self.sources.items():
@@ -80,7 +87,7 @@ class WorldManifest:
         return [n for n, i in self.sources.items() if i.domain in ("in", "out")
                 and (domain is None or i.domain == domain)]
 
-    def task_file(self, task: str, split: str) -> Path:
+    def task_file(self, task: str, split: str) -> Path | str:
         try:
             return self.path(self.tasks[task][split])
         except KeyError:
@@ -94,25 +101,31 @@ class WorldManifest:
         return d
 
     @classmethod
-    def from_json(cls, d: dict, root: Path) -> "WorldManifest":
+    def from_json(cls, d: dict, root: Path | str) -> "WorldManifest":
         d = dict(d)
         d["sources"] = {k: SourceInfo(**v) for k, v in d["sources"].items()}
         return cls(**d, root=root)
 
 
 def load_manifest(folder: str | os.PathLike, check_files: bool = True) -> WorldManifest:
-    """Read and check ``folder/manifest.json``; raise :class:`WorldError` when the folder is not
-    a vlp world, the manifest is malformed, or (``check_files``) a file it lists is missing."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise WorldError(f"{root}: no such folder")
-    mpath = root / MANIFEST_NAME
-    if not mpath.is_file():
-        raise WorldError(f"{root}: not a vlp world: no {MANIFEST_NAME} (an unfinished "
-                         f"generation leaves none; make a world with `vlp data synth --out "
-                         f"{root}`)")
+    """Read and check ``folder/manifest.json`` (``folder`` a local path or a URI); raise
+    :class:`WorldError` when the folder is not a vlp world, the manifest is malformed, or
+    (``check_files``) a file it lists is missing."""
+    root = str(folder).rstrip("/") if uri_files.is_uri(folder) else Path(folder)
+    mpath = uri_files.join(root, MANIFEST_NAME)
     try:
-        raw = json.loads(mpath.read_text())
+        if uri_files.kind(root) != "dir":
+            raise WorldError(f"{root}: no such folder")
+        if uri_files.kind(mpath) != "file":
+            raise WorldError(f"{root}: not a vlp world: no {MANIFEST_NAME} (an unfinished "
+                             f"generation leaves none; make a world with `vlp data synth "
+                             f"--out {root}`)")
+        text = uri_files.read_bytes(mpath)
+    except (uri_files.UriError, OSError) as e:    # storage unreachable, no bucket, no rights
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WorldError(f"{root}: cannot read the world ({first})") from None
+    try:
+        raw = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise WorldError(f"{mpath}: not valid JSON: {e}") from None
     if not isinstance(raw, dict) or raw.get("format") != WORLD_FORMAT:
@@ -130,9 +143,21 @@ def load_manifest(folder: str | os.PathLike, check_files: bool = True) -> WorldM
         raise WorldError(f"{mpath}: {len(m.class_names)} class names for num_classes="
                          f"{m.num_classes}")
     if check_files:
-        listed = [f for i in m.sources.values() for fs in i.files.values() for f in fs]
-        listed += [f for s in m.tasks.values() for f in s.values()]
-        for f in listed:
-            if not (root / f).is_file():
-                raise WorldError(f"{mpath}: lists {f} but the file is missing")
+        _check_listed_files(m, mpath)
     return m
+
+
+def _check_listed_files(m: WorldManifest, mpath: Path | str) -> None:
+    listed = [f for i in m.sources.values() for fs in i.files.values() for f in fs]
+    listed += [f for s in m.tasks.values() for f in s.values()]
+    if uri_files.is_uri(m.root):     # one listing of the bucket, not a request per file
+        try:
+            have = uri_files.files_under(m.root)
+        except (uri_files.UriError, OSError) as e:
+            raise WorldError(f"{m.root}: cannot list the world's files ({e})") from None
+        missing = (f for f in listed if posixpath.normpath(f) not in have)
+    else:
+        missing = (f for f in listed if not (m.root / f).is_file())
+    first = next(missing, None)
+    if first is not None:
+        raise WorldError(f"{mpath}: lists {first} but the file is missing")

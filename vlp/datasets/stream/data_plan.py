@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vlp.contract.uri_files import is_uri, open_input
+from vlp.contract.uri_files import is_uri, open_input, parent
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError
 from vlp.datasets.stream.location import LOCATION_FEATURES
 from vlp.tasks import TASKS, task_names, visual_problem
@@ -187,15 +187,20 @@ def world_class_names(config: DataConfig) -> tuple[str, ...]:
     """The detector class names (background excluded) from the manifest of the world the
     sources sit in (``<world>/images/<source>/``), or () when there is none."""
     for s in config.sources:
-        if is_uri(s.path):      # a world's manifest is looked for beside local folders only
-            continue
-        for root in Path(s.path).resolve().parents[:2]:
+        for root in _two_folders_up(s.path):
             try:
                 names = load_manifest(root, check_files=False).class_names
             except (WorldError, OSError):
                 continue
             return tuple(n for n in names[1:] if n and not n.startswith("__"))
     return ()
+
+
+def _two_folders_up(path: str) -> list:
+    if is_uri(path):        # a world in shared storage: s3://b/world/images/<source>
+        up = parent(path)
+        return [up, parent(up)]
+    return list(Path(path).resolve().parents[:2])
 
 
 def _model_problems(model: Any, dims: set, classes: set, needs_soft: bool

@@ -1,10 +1,12 @@
-"""SOHO's CNN from a local torchvision-format checkpoint (the paper starts from ImageNet).
+"""SOHO's CNN from a torchvision-format checkpoint file (the paper starts from ImageNet).
 
 The file is a state dict in torchvision's ResNet layout (``conv1.weight``, ``bn1.*``,
 ``layer1.0.conv1.weight`` …), as ``torchvision.models.resnet18(weights=...).state_dict()``
 saves it. Every trunk key must be there with the trunk's shape; the classifier (``fc.*``)
 and BatchNorm's ``num_batches_tracked`` counters may be there or not; anything else is an
-error, so a checkpoint of another depth or width never half-loads. Nothing is downloaded.
+error, so a checkpoint of another depth or width never half-loads. Nothing is downloaded
+here: a checkpoint in shared storage is copied to a local file by the platform first
+(``vlp.platform.pretrain.init_weights_check.cnn_init_file``), and ``shown`` then names it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ OPTIONAL_SUFFIXES = ("num_batches_tracked",)
 CLASSIFIER_PREFIX = "fc."
 
 
-def _read(path: str) -> dict[str, torch.Tensor]:
-    file = Path(path).expanduser()
+def _read(path: str, shown: str | None = None) -> dict[str, torch.Tensor]:
+    file, path = Path(path).expanduser(), shown or path
     if not file.is_file():
         raise ValueError(f"model.cnn_init: {path}: no such file (a torchvision ResNet "
                          "state dict)")
@@ -33,10 +35,11 @@ def _read(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def cnn_weights_problem(trunk: nn.Module, path: str) -> str | None:
-    """One line saying why ``path`` does not fit ``trunk`` (None when it does)."""
+def cnn_weights_problem(trunk: nn.Module, path: str, shown: str | None = None) -> str | None:
+    """One line saying why ``path`` does not fit ``trunk`` (None when it does); the line names
+    ``shown`` (where the file came from) when given."""
     try:
-        state = _read(path)
+        state = _read(path, shown)
     except ValueError as e:
         return str(e)
     own = trunk.state_dict()
@@ -48,7 +51,7 @@ def cnn_weights_problem(trunk: nn.Module, path: str) -> str | None:
     for what, keys in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong)):
         if keys:
             more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-            return (f"model.cnn_init: {path}: {len(keys)} {what} key(s) for this "
+            return (f"model.cnn_init: {shown or path}: {len(keys)} {what} key(s) for this "
                     f"{type(trunk).__name__}: {', '.join(keys[:3])}{more}")
     return None
 

@@ -108,7 +108,7 @@ class FtMlflowSection(ConfigModel):
 class FinetuneConfig(ConfigModel):
     run: FtRunSection = Field(default_factory=FtRunSection)
     model: FtModelSection = Field(default_factory=FtModelSection)
-    world: str = ""                                # a vlp world folder (manifest.json)
+    world: str = ""                # a vlp world folder (manifest.json), or its URI (s3://...)
     benchmarks: list[str] = Field(default_factory=lambda: list(META_SUM_BENCHMARKS))
     settings: dict[str, BenchmarkSettings] = Field(default_factory=dict)
     train: FtTrainSection = Field(default_factory=FtTrainSection)

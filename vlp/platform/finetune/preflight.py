@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
+from vlp.contract.uri_files import open_input
 from vlp.datasets.downstream import DownstreamDataConfig, DownstreamDataError, MissingImagesError
 from vlp.datasets.downstream import data_config_for
 from vlp.datasets.downstream.image_store import split_files
@@ -71,8 +72,9 @@ def check_images(data: DownstreamDataConfig, table: str, splits: list[str], gt: 
             raise DownstreamDataError(str(e)) from None
         have = set()
         for f in files:
-            have.update(pq.read_table(f, columns=["image_id"]).column("image_id").to_pylist())
-        t = pq.read_table(path, columns=IMAGE_COLUMNS[table])
+            ids = pq.read_table(open_input(f), columns=["image_id"]).column("image_id")
+            have.update(ids.to_pylist())
+        t = pq.read_table(open_input(path), columns=IMAGE_COLUMNS[table])
         ids = [i for c in t.column_names for i in t.column(c).to_pylist()]
         missing = sorted(set(ids) - have)
         if missing:

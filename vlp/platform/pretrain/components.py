@@ -34,7 +34,7 @@ from vlp.datasets.batching.task_sampler import TaskSampler
 from vlp.models import create_model
 from vlp.models.heads import extend_for
 from vlp.platform.pretrain.data import PretrainSetup
-from vlp.platform.pretrain.init_weights_check import model_kwargs
+from vlp.platform.pretrain.init_weights_check import cnn_init_file, model_kwargs
 from vlp.platform.training.loop_config import LoopConfig, LoopStage
 from vlp.platform.training.protocols import WorkerInfo
 
@@ -104,7 +104,8 @@ class PretrainComponents:
         if s.model.cnn_init:   # SOHO's ImageNet start (checked on the driver in prepare)
             from vlp.models.vision.cnn_weights import load_cnn_weights
 
-            load_cnn_weights(model.backbone.visual.resnet, s.model.cnn_init)
+            # a URI: read into this node's cache, as model.init_path is
+            load_cnn_weights(model.backbone.visual.resnet, cnn_init_file(s.model))
         if s.model.token_types:   # after init: the new rows copy the pretrained text row
             extend_for(model.backbone, s.model.token_types)
         return model

@@ -27,7 +27,7 @@ from vlp.models.factory import PreprocessSpec, preprocess_spec
 from vlp.contract.config_loader import ConfigError
 from vlp.platform.pretrain.experiment_config import (DataSection, ExperimentConfig, ModelSection,
                                                      StageSection, check_family, check_task_names)
-from vlp.platform.pretrain.init_weights_check import check_init_weights
+from vlp.platform.pretrain.init_weights_check import check_init_weights, cnn_init_file
 from vlp.tasks import task_names
 
 DEFAULT_NUM_CLASSES = 1601      # only sizes MRC heads, which need soft labels (and so a C)
@@ -119,12 +119,21 @@ def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:
         return []
     import torch
 
+    from vlp.contract.uri_files import is_uri
+    from vlp.models.checkpoints import CheckpointError
     from vlp.models.vision.cnn_weights import cnn_weights_problem
     from vlp.models.vision.resnet import ResNet
 
     with torch.device("meta"):   # shapes only: nothing allocated
         trunk = ResNet(family.visual.resnet)
-    problem = cnn_weights_problem(trunk, str(Path(cfg.model.cnn_init).expanduser()))
+    where = cfg.model.cnn_init
+    if is_uri(where) and not _exists(where):
+        return [("model.cnn_init", f"{where}: no such file (a torchvision ResNet state dict)")]
+    try:
+        local = cnn_init_file(cfg.model)
+    except CheckpointError as e:    # a folder, or the storage failing while it is read
+        return [("model.cnn_init", str(e))]
+    problem = cnn_weights_problem(trunk, local, shown=where if is_uri(where) else None)
     return [("model.cnn_init", problem.removeprefix("model.cnn_init: "))] if problem else []
 
 

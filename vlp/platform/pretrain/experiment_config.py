@@ -62,7 +62,7 @@ class ModelSection(ConfigModel):
     # SOHO: the CNN is frozen for this many optimizer steps of the first stage (the paper's
     # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
     cold_start_steps: int = Field(0, ge=0)
-    cnn_init: str = ""     # SOHO: a local torchvision ResNet state dict (ImageNet weights)
+    cnn_init: str = ""     # SOHO: a torchvision ResNet state dict (ImageNet weights), path or URI
     # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
     # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
     # carry their segments' types; "" = the family's own types

@@ -10,6 +10,7 @@ file and the mismatch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from vlp.contract.config_loader import ConfigError
@@ -34,6 +35,15 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
                 region_feat_dim=setup.feature_dim or 2048,
                 num_classes=setup.num_classes or 1601, vocab_size=vocab,
                 overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
+
+
+def cnn_init_file(model: ModelSection) -> str:
+    """``model.cnn_init`` (SOHO's torchvision ResNet) as a local file: a URI is read into this
+    node's cache by the reader of ``model.init_path`` (``pretrained_weights.fetch``), on the
+    driver for the check and on each worker's node for the load."""
+    if is_uri(model.cnn_init):
+        return local_weights(model.cnn_init)
+    return str(Path(model.cnn_init).expanduser())
 
 
 def check_init_weights(cfg: ExperimentConfig, setup: Any) -> None:

@@ -158,14 +158,15 @@ class SweepConfig(ConfigModel):
         tracking URI filled in."""
         from vlp.platform.tracking.mlflow_run import embedded_tracking_uri
 
-        from vlp.platform.cluster.run_storage import resolve
+        from vlp.platform.cluster.run_storage import is_uri, resolve
 
         root = str(Path(self.sweep.output_dir).expanduser().resolve())
         storage = resolve(self.sweep.storage, root).root
         uri = (self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                or embedded_tracking_uri(root))
         return self.model_copy(update=dict(
-            world=str(Path(self.world).expanduser().resolve()),
+            world=self.world if is_uri(self.world)       # a world in shared storage
+            else str(Path(self.world).expanduser().resolve()),
             sweep=self.sweep.model_copy(update=dict(output_dir=root, storage=storage)),
             mlflow=self.mlflow.model_copy(update=dict(tracking_uri=uri))))
 

@@ -33,13 +33,15 @@ def captions_of(world: str, limit: int = 200_000) -> list[str]:
     """The captions of the world's in- and out-of-domain pretraining corpora."""
     import pyarrow.parquet as pq
 
+    from vlp.contract.uri_files import open_input
     from vlp.datasets.storage.world import load_manifest
 
     m = load_manifest(world)
     out: list[str] = []
     for name in m.pretraining_sources():
         for f in m.image_files(source=name):
-            for caps in pq.read_table(f, columns=["captions"]).column("captions").to_pylist():
+            table = pq.read_table(open_input(f), columns=["captions"])
+            for caps in table.column("captions").to_pylist():
                 out.extend(c for c in caps or () if c)
                 if len(out) >= limit:
                     return out
