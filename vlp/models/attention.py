@@ -4,10 +4,10 @@
 batch, ``+ mask`` out of place: two extra passes over the [B, heads, L, L] scores in the
 forward and the scaling's pass again in the backward. Here the scaling is the GEMM's
 ``alpha`` (``baddbmm`` with ``beta=0``), forward and backward, and the mask is added in
-place to the GEMM's output. Every other operation is eager's, in its order, on operands of the same layout: the
-dropout draws and, for a power-of-two scaling (head size 64: 1/8), the results are bit for
-bit eager's; for other head sizes the scaling is applied to the dot products instead of to
-the incoming gradient, a rounding apart.
+place to the GEMM's output. Every other operation is eager's, in its order, on operands of
+the same layout: the dropout draws and, for a power-of-two scaling (head sizes 16 and 64:
+1/4, 1/8), the results are bit for bit eager's; for other head sizes the scaling is applied
+to the dot products instead of to the incoming gradient, a rounding apart.
 
 Used where the backbone picks eager attention (``VLBackbone._attention_for``); its padding
 mask is ``transformers``' eager mask (float, 0 or the dtype's minimum).
