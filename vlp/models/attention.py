@@ -50,11 +50,13 @@ class _ScaledScores(torch.autograd.Function):
         grad_q = grad_k_t = None
         # the operands of bmm's own backward (grad·kᵀᵀ and qᵀ·grad), alpha in the GEMM
         if ctx.needs_input_grad[0]:
-            grad_q = torch.baddbmm(q.new_empty(q.shape), grad, k_t.transpose(1, 2), beta=0,
-                                   alpha=ctx.alpha)
+            grad_q = q.new_empty(q.shape)
+            torch.baddbmm(grad_q, grad, k_t.transpose(1, 2), beta=0, alpha=ctx.alpha,
+                          out=grad_q)
         if ctx.needs_input_grad[1]:
-            grad_k_t = torch.baddbmm(k_t.new_empty(k_t.shape), q.transpose(1, 2), grad, beta=0,
-                                     alpha=ctx.alpha)
+            grad_k_t = k_t.new_empty(k_t.shape)
+            torch.baddbmm(grad_k_t, q.transpose(1, 2), grad, beta=0, alpha=ctx.alpha,
+                          out=grad_k_t)
         return grad_q, grad_k_t, None, None, None
 
 
