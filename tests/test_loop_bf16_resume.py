@@ -5,53 +5,23 @@ final weights are the uninterrupted run's, exactly. The toy model has dropout, s
 after the resume depends on the RNG state the checkpoint saved.
 
 One process, one gloo rank, no Ray: ``ray.train``'s context, report and checkpoint are
-stood in for (a checkpoint the loop reports is kept as Ray Train would keep it, and handed
-back on the resume). The loop under Ray Train on 2 workers (fp32): test_platform_train.py
-and test_pretrain_train.py."""
+stood in for (``engine_subprocess.RAY_TRAIN``: a checkpoint the loop reports is kept as Ray
+Train would keep it, and handed back on the resume). The loop under Ray Train on 2 workers
+(fp32): test_platform_train.py and test_pretrain_train.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import textwrap
-
 import pytest
+
+from engine_subprocess import run_one_rank
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = textwrap.dedent("""
-    import json, os, sys, tempfile
-    import torch, torch.distributed as dist
-    import ray.train
+BODY = """
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
     from vlp.platform.training import loop as loop_mod
     from vlp.testing.toy import ToyComponents
-
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    root = tempfile.mkdtemp()
-
-    class Context:
-        def get_world_rank(self): return 0
-        def get_world_size(self): return 1
-        def get_local_rank(self): return 0
-
-    kept, restore = [], [None]
-
-    def report(metrics, checkpoint=None, checkpoint_dir_name=None):
-        if checkpoint is not None:           # the loop's temporary folder goes away after
-            dst = os.path.join(root, f"{len(kept)}-{checkpoint_dir_name}")
-            checkpoint.to_directory(dst)
-            kept.append(dst)
-
-    ray.train.get_context = Context
-    ray.train.report = report
-    ray.train.get_checkpoint = lambda: restore[0]
 
     def run(*overrides):
         cfg = loop_config(load_experiment_config(data={
@@ -78,17 +48,11 @@ SCRIPT = textwrap.dedent("""
     print("RESULT" + json.dumps({"straight": straight, "stopped": stopped,
                                  "resumed": resumed, "kept": [os.path.basename(k)
                                                               for k in kept]}))
-""")
+"""
 
 
 def test_bf16_through_the_loop_stops_and_resumes_exactly(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(port)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    out = run_one_rank(BODY, cwd=tmp_path, ray_train=True)
     straight, stopped, resumed = out["straight"], out["stopped"], out["resumed"]
     for r in (straight, stopped, resumed):
         assert r["dtypes"] == ["torch.bfloat16"]              # the engine trained in bf16

@@ -4,13 +4,10 @@ each precision / ZeRO stage / accumulation combination (one process, world size 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
+from engine_subprocess import run_one_rank
 from vlp.platform.training.engine import WarmupLinearDecay, deepspeed_config, param_groups
 from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import loop_config
@@ -76,18 +73,13 @@ def test_no_weight_decay_on_biases_and_norms():
     assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
 
 
-ENGINE_SCRIPT = textwrap.dedent("""
-    import json, os, sys, tempfile
-    import torch, torch.distributed as dist
+ENGINE_BODY = """
     from vlp.platform.training.engine import build_engine
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
     from vlp.testing.toy import ToyModel, ToyBatchSource
     from vlp.platform.training import checkpointing
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}
     reduces = []
     real_all_reduce = dist.all_reduce
@@ -205,7 +197,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
             out[f"nonfinite-{policy}-{type(source).__name__}"] = {"error": str(e)}
         w.engine.destroy()
     print("RESULT" + json.dumps(out))
-""")
+"""
 
 
 @pytest.mark.integration
@@ -218,18 +210,9 @@ def test_real_engines_for_precision_zero_and_accumulation(tmp_path):
     (it would be the identity). Then the loop's
     non-finite policy: raise names the step and task; skip drops the batch (no optimizer
     step for it) and gives up after max_nonfinite_skips in a row."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     combos = [["fp32", 0, 1, "auto"], ["bf16", 0, 1, "auto"], ["bf16", 1, 2, "auto"],
               ["bf16", 2, 1, "auto"], ["fp32", 2, 1, "torch-fused"]]
-    proc = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(port), json.dumps(combos)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ),
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    out = run_one_rank(ENGINE_BODY, json.dumps(combos), cwd=tmp_path)
     err = out.pop("nonfinite-raise-ToyBatchSource")["error"]
     assert "non-finite loss at step 2" in err and "task 'mlm'" in err
     assert "train.on_nonfinite=skip" in err

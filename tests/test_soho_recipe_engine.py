@@ -4,19 +4,13 @@ after it under ZeRO-2, and a reloaded checkpoint restores the freeze."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import socket
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-SCRIPT = textwrap.dedent("""
-    import json, os, sys, tempfile
-    import torch, torch.distributed as dist
+from engine_subprocess import run_one_rank
+
+BODY = """
     from vlp.models import create_model
     from vlp.testing.example_batches import example_batch
     from vlp.platform.training import checkpointing
@@ -24,9 +18,6 @@ SCRIPT = textwrap.dedent("""
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}
     for zero in (2,):   # ZeRO-2: flat fp32 groups whose frozen part gets zero gradients
         cfg = loop_config(load_experiment_config(data={
@@ -55,18 +46,12 @@ SCRIPT = textwrap.dedent("""
                           "frozen_after_load": model.backbone.visual.cnn_frozen}
         engine.destroy()
     print("RESULT" + json.dumps(out))
-""")
+"""
 
 
 @pytest.mark.integration
 def test_cold_start_and_sgd_in_a_deepspeed_engine(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(port)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    out = run_one_rank(BODY, cwd=tmp_path)
     for zero, r in out.items():
         assert r["basic"] == "SgdAdamW", zero
         assert [row["moved"] for row in r["rows"]] == [False, False, True, True], zero
@@ -78,9 +63,7 @@ def test_cold_start_and_sgd_in_a_deepspeed_engine(tmp_path):
 
 # SOHO in reduced precision: DeepSpeed casts the parameters, not the buffers, so the
 # ResNet's BatchNorm statistics stay fp32 beside bf16/fp16 weights and activations.
-PRECISION_SCRIPT = textwrap.dedent("""
-    import json, os, sys, tempfile
-    import torch, torch.distributed as dist
+PRECISION_BODY = """
     from vlp.models import create_model
     from vlp.testing.example_batches import example_batch
     from vlp.platform.training import checkpointing
@@ -88,9 +71,6 @@ PRECISION_SCRIPT = textwrap.dedent("""
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
     results = {}
     for precision in sys.argv[2].split(","):
         # fp16 on CPU: the config refuses it without scaling.use_gpu (a guard for real runs);
@@ -134,23 +114,12 @@ PRECISION_SCRIPT = textwrap.dedent("""
         engine.destroy()
         results[precision] = out
     print("RESULT" + json.dumps(results))
-""")
-
-
-def run_precision_script(precisions: str, cwd) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", PRECISION_SCRIPT, str(port), precisions],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ),
-                          cwd=cwd)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.split("RESULT", 1)[1])
+"""
 
 
 @pytest.mark.integration
 def test_soho_trains_and_reloads_in_bf16_and_fp16(tmp_path):
-    results = run_precision_script("bf16,fp16", tmp_path)
+    results = run_one_rank(PRECISION_BODY, "bf16,fp16", cwd=tmp_path)
     for precision, dtype in (("bf16", "torch.bfloat16"), ("fp16", "torch.float16")):
         out = results[precision]
         assert all(math.isfinite(x) for x in out["losses"] + [out["eval_loss"],

@@ -6,18 +6,11 @@ forwards must be scaled once, not once per forward."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    import torch, torch.distributed as dist
+from engine_subprocess import run_one_rank
+
+BODY = """
     from vlp.contract.batch_spec import TASK_BATCHES
     from vlp.datasets.batching.task_sampler import SummedTasks
     from vlp.models import create_model
@@ -27,9 +20,6 @@ SCRIPT = textwrap.dedent("""
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
     MIX = {"mlm": 2, "moc": 1, "itm": 1}
     cfg = loop_config(load_experiment_config(data={
         "data": {"sources": {"a": {"path": "/x"}}}, "tasks": MIX,
@@ -72,18 +62,12 @@ SCRIPT = textwrap.dedent("""
     moved = max(float((a - b).abs().max()) for a, b in zip(params["summed"],
                                                             params["one-forward"]))
     print("RESULT" + json.dumps({"max_diff": moved, "norms": norms}))
-""")
+"""
 
 
 @pytest.mark.integration
 def test_several_forwards_one_backward_update_as_one_forward_of_the_total(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(port)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    out = run_one_rank(BODY, cwd=tmp_path)
     assert out["max_diff"] < 1e-6, out
     norms = out["norms"]
     assert norms["summed"] > 0 and abs(norms["summed"] - norms["one-forward"]) < 1e-5 * norms[

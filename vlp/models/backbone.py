@@ -5,8 +5,9 @@ attention goes through ``config._attn_implementation`` — "sdpa" by default, i.
 ``torch.nn.functional.scaled_dot_product_attention`` with the boolean padding mask that
 ``create_bidirectional_mask`` builds for that implementation (none when no row is padded),
 except in CPU training with attention dropout, where eager attention is cheaper (see
-``_attention_for``). The pooler (dense + tanh on position 0) belongs to the backbone's
-weights but only heads that need it call it.
+``_attention_for``; ``attention.py``: eager's operations with fewer passes over the scores).
+The pooler (dense + tanh on position 0) belongs to the backbone's weights but only heads that
+need it call it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
 
 from vlp.contract.encoder_output import EncoderOutput
+from vlp.models import attention
 from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
 from vlp.models.embeddings.text import TextEmbeddings
@@ -65,7 +67,7 @@ class VLBackbone(nn.Module):
         if (configured == "sdpa" and not self.activation_checkpointing
                 and x.device.type == "cpu" and self.training
                 and self.bert_config.attention_probs_dropout_prob > 0):
-            return "eager"
+            return attention.NAME    # eager's operations, fewer passes over the scores
         return configured
 
     def forward(self, batch: Mapping[str, torch.Tensor], pool: bool = False,

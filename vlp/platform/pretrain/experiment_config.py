@@ -150,7 +150,8 @@ class TrainSection(ConfigModel):
     objective: Literal["", "sampled", "summed"] = ""
     # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO
+    # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO; a
+    # resume: the checkpoint's stage (its optimizer state loads only into its kind)
     zero_stage: Literal["auto", 0, 1, 2] = "auto"
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
     compile: bool = False                 # torch.compile the model (needs a compiler; opt-in)

@@ -2,8 +2,9 @@
 
 Layout of one checkpoint folder (Ray merges what every rank writes into it)::
 
-    vlp_trainer.json               rank 0: step, stage, tag, world size (read before the
-                                   engine is built: it says which stage's engine to build)
+    vlp_trainer.json               rank 0: step, stage, tag, world size, ZeRO stage (read
+                                   before the engine is built: it says which stage's engine
+                                   to build, and with which ZeRO stage)
     latest, <tag>/...              DeepSpeed: module + optimizer partitions + LR scheduler,
                                    and the shared trainer state as ``client_state``
     vlp_rank_<r>.pt                each rank: its batch-source state and RNG states
@@ -15,15 +16,21 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from vlp.platform.training.loop_config import LoopConfig
+
 META_FILE = "vlp_trainer.json"
 CLIENT_STATE_KEY = "vlp_trainer"
+# rank 0's ZeRO optimizer-state file in a DeepSpeed tag folder (DeepSpeed prefixes bf16_ in
+# bf16); without ZeRO the optimizer state is inside mp_rank_00_model_states.pt
+ZERO_STATE_FILES = ("zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                    "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
 
 
 def rank_file(rank: int) -> str:
@@ -113,25 +120,53 @@ def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
     if rank == 0:
         meta = {"step": state.step, "stage": state.stage, "tag": tag,
                 "stages": [[n, int(k)] for n, k in stages], "world_size": state.world_size,
-                "examples_seen": state.examples_seen}
+                "examples_seen": state.examples_seen,
+                "zero_stage": int(engine.zero_optimization_stage())}
         (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return tag
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
+    """The trainer meta of the local checkpoint ``folder``, its ZeRO stage filled in."""
     path = Path(folder) / META_FILE
     if not path.exists():
         raise FileNotFoundError(f"{folder} is not a vlp pretraining checkpoint (no {META_FILE})")
-    return json.loads(path.read_text())
+    meta = json.loads(path.read_text())
+    meta["zero_stage"] = saved_zero_stage(meta, lambda *parts: Path(folder, *parts).exists())
+    return meta
 
 
-def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_size: int
-                   ) -> str | None:
+def saved_zero_stage(meta: dict[str, Any], exists: Callable[..., bool]) -> int:
+    """The ZeRO stage the checkpoint described by ``meta`` was written with; ``exists(tag,
+    name)`` says whether its folder holds that file. The meta records it; a checkpoint from
+    before it did (when one worker ran ZeRO-2 by default) tells by its files: a ZeRO
+    optimizer-state file means ZeRO, taken as stage 2 (stages 1 and 2 write one format and
+    load each other's), none means no ZeRO."""
+    if "zero_stage" in meta:
+        return int(meta["zero_stage"])
+    return 2 if any(exists(meta["tag"], name) for name in ZERO_STATE_FILES) else 0
+
+
+def follow_checkpoint(cfg: LoopConfig, meta: dict[str, Any]) -> LoopConfig:
+    """``cfg`` for a run resuming from ``meta`` (``saved_zero_stage`` filled in): where
+    ``train.zero_stage`` is auto, the checkpoint's stage, for the rest of the run (its
+    optimizer state loads only into an engine of the same kind: ZeRO or not). An explicit
+    stage stays; ``resume_problem`` refuses one that cannot load it."""
+    if cfg.train.zero_stage != "auto":
+        return cfg
+    return replace(cfg, train=replace(cfg.train, zero_stage=meta["zero_stage"]))
+
+
+def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_size: int,
+                   zero_stage: str | int = "auto") -> str | None:
     """Why the checkpoint described by ``meta`` cannot continue a run with these stages
-    (name, steps) on ``world_size`` workers; None if it can. Ray resumes every re-run with the
-    same run name, so a changed experiment must be refused rather than trained as a mixture:
-    the stages already done must be the same, the current one may only be lengthened or
-    shortened to no less than the step reached (its schedule then follows the new length)."""
+    (name, steps) on ``world_size`` workers with ``train.zero_stage`` = ``zero_stage``; None
+    if it can. Ray resumes every re-run with the same run name, so a changed experiment must
+    be refused rather than trained as a mixture: the stages already done must be the same,
+    the current one may only be lengthened or shortened to no less than the step reached (its
+    schedule then follows the new length). DeepSpeed cannot load a ZeRO optimizer state into
+    an engine without ZeRO or the reverse (a traceback from inside its loader), so that is
+    refused here, naming the setting that resumes."""
     k, step = meta["stage"], meta["step"]
     old = [tuple(s) for s in meta.get("stages", [])]
     new = [tuple(s) for s in stages]
@@ -146,6 +181,13 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
         return (f"the checkpoint to resume was written by {meta['world_size']} workers; exact "
                 f"resume needs the same number (scaling.num_workers={meta['world_size']}), "
                 f"got {world_size}")
+    saved = meta.get("zero_stage")
+    if saved is not None and zero_stage != "auto" and (zero_stage > 0) != (saved > 0):
+        held = "a ZeRO optimizer state" if saved else "an optimizer state without ZeRO"
+        return (f"the checkpoint to resume was written with ZeRO stage {saved} and holds {held},"
+                f" which train.zero_stage={zero_stage} cannot load: set "
+                f"train.zero_stage={saved} (--set train.zero_stage={saved}) or auto (a resume "
+                f"then follows the checkpoint)")
     return None
 
 

@@ -92,7 +92,8 @@ def zero_stage(stage: str | int, world_size: int) -> int:
     """``train.zero_stage`` (``stage``) with ``auto`` resolved: ZeRO-2 across several
     workers; with one there is nothing to partition, and ZeRO would only copy every gradient
     into its buckets and partition and every updated weight back (a large share of a CPU
-    step)."""
+    step). A resumed run has taken its checkpoint's stage instead of ``auto`` before
+    (``checkpointing.follow_checkpoint``)."""
     if stage == "auto":
         return 2 if world_size > 1 else 0
     return stage

@@ -9,15 +9,14 @@ ahead on a thread (``prefetch.Prefetcher``) while the device computes. One all-r
 optimizer step, after the last backward and before the update, carries the step's
 statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so ranks
 that drew differently are caught), examples, input units and the outputs' sums; nothing in a
-micro-batch waits on the device. A non-finite loss raises before the
-update. With ``on_nonfinite: skip`` a small all-reduce before each backward decides instead
-whether to drop that micro-batch on every rank and draw another (a dropped batch must not
-reach the gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step:
-the step counter, the schedule and the stage boundaries do not move. Reports to Ray go through
-a thread (``reporter.Reporter``): the step does not wait for Ray's controller to collect a
-metrics report; a checkpoint report is waited for. Checkpoints carry the
-trainer state (step, examples seen, sampler, batch source, RNG), so a resumed run continues
-exactly.
+micro-batch waits on the device. A non-finite loss raises before the update. With
+``on_nonfinite: skip`` a small all-reduce before each backward decides instead whether to
+drop that micro-batch on every rank and draw another (a dropped batch must not reach the
+gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step: the step
+counter, the schedule and the stage boundaries do not move. Reports to Ray go through a
+thread (``reporter.Reporter``): the step does not wait for Ray's controller to collect a
+metrics report; a checkpoint report is waited for. Checkpoints carry the trainer state (step,
+examples seen, sampler, batch source, RNG), so a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -88,8 +87,7 @@ class _Worker:
         self.stage_ends = [sum(s.steps for s in self.plan[:i + 1]) for i in range(len(self.plan))]
         self.total = self.stage_ends[-1]
         self.stop_at = min(self.total, cfg.train.stop_after or self.total)
-        # tasks with a positive ratio in some stage: the model's heads, and the ids that the
-        # cross-rank check compares
+        # tasks with a positive ratio in some stage: the model's heads; the cross-rank check's ids
         self.task_ids = {t: i for i, t in enumerate(cfg.all_tasks())}
         self.tracker = RankZeroTracker(loop_config["tracking"], cfg) if self.rank == 0 else None
         self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
@@ -124,9 +122,11 @@ class _Worker:
                   f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
 
     def _check_plan(self, meta: dict[str, Any]) -> None:
-        problem = checkpointing.resume_problem(meta, self.cfg.stage_steps(), self.world)
+        problem = checkpointing.resume_problem(meta, self.cfg.stage_steps(), self.world,
+                                               self.cfg.train.zero_stage)
         if problem:
             raise SetupError(problem)
+        self.cfg = checkpointing.follow_checkpoint(self.cfg, meta)
 
     def _close_source(self) -> None:
         """The prefetch thread first (it may be inside ``source.next``), then the source:
@@ -173,7 +173,7 @@ class _Worker:
         self.source.load_state_dict(per_rank["batch_source"])
         checkpointing.set_rng_state(per_rank["rng"])   # last: building consumed randomness
         self._say(f"resumed from step {state.step} (stage '{self.plan[state.stage].name}', "
-                  f"{state.examples_seen} examples seen)")
+                  f"{state.examples_seen} examples seen, ZeRO stage {meta['zero_stage']})")
         return state
 
     # ---- the loop -------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""A real DeepSpeed engine in a fresh Python process, cheaply: one gloo rank (world size 1) on
+a free port, no Ray. A subprocess, not the test process: ``deepspeed.initialize`` and the
+process group leave global state (the accelerator, the comm backend, ZeRO's hooks) that
+must not leak into the other tests.
+
+``run_one_rank(body, *args)`` runs ``body`` after ``ONE_RANK`` (``sys.argv[1]`` is the port,
+``args`` follow as ``sys.argv[2:]``); the body prints ``"RESULT" + json.dumps(...)`` once,
+and that object is returned. ``ray_train=True`` also runs ``RAY_TRAIN``: stand-ins for
+``ray.train``'s context, report and checkpoint, so that the loop's ``_Worker`` runs in the
+process as under Ray Train on one worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+ONE_RANK = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import torch, torch.distributed as dist
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+""")
+
+# ray.train as the loop sees it on one worker. A checkpoint the loop reports is kept as Ray
+# Train keeps it (the loop's temporary folder goes away after the report): its copy's path is
+# appended to ``kept``; ``restore[0]`` is what ``get_checkpoint`` hands back (a resume).
+RAY_TRAIN = textwrap.dedent("""
+    import ray.train
+
+    root = tempfile.mkdtemp()
+
+    class Context:
+        def get_world_rank(self): return 0
+        def get_world_size(self): return 1
+        def get_local_rank(self): return 0
+
+    kept, restore = [], [None]
+
+    def report(metrics, checkpoint=None, checkpoint_dir_name=None):
+        if checkpoint is not None:
+            dst = os.path.join(root, f"{len(kept)}-{checkpoint_dir_name}")
+            checkpoint.to_directory(dst)
+            kept.append(dst)
+
+    ray.train.get_context = Context
+    ray.train.report = report
+    ray.train.get_checkpoint = lambda: restore[0]
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_one_rank(body: str, *args: str, cwd, ray_train: bool = False,
+                 timeout: float = 300) -> dict:
+    """Run ``body`` in a one-rank process (see the module docstring); return its RESULT."""
+    script = ONE_RANK + (RAY_TRAIN if ray_train else "") + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", script, str(free_port()), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ), cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
