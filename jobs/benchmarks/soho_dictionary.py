@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                                           seed=args.seed), list(TASKS), model=spec)
     images = probe_images(plan, args.probe_images)
     print(f"soho-tiny on {world}: {args.steps} steps of {', '.join(TASKS)} (objective "
-          f"{args.objective}), {args.batch_units} input units per batch, images {args.image_side} px, "
+          f"{args.objective}), {args.batch_units} input units per batch, images "
+          f"{args.image_side} px, "
           f"dictionary of {get_family('soho-tiny').visual.dictionary_size} entries; probe: "
           f"{len(images)} images; recipe: cold start "
           f"{args.cold_start} steps, SGD lr {args.cnn_lr} for the CNN, AdamW lr {args.lr}",
