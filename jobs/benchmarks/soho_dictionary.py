@@ -71,19 +71,10 @@ def usage(model, images) -> tuple[float, float, float]:
     return float((counts > 0).float().mean()), sum(per_image) / len(per_image), perplexity
 
 
-class _Sampled:
-    """The sampled objective's sampler, as the pretraining components build it."""
-
-    @staticmethod
-    def build_task_sampler(mix, seed):
-        from vlp.datasets.batching.task_sampler import TaskSampler
-
-        return TaskSampler(mix, seed)
-
-
 def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, float, float]]:
     from vlp.datasets.stream.local_stream import local_batches
     from vlp.contract.batch_spec import TASK_BATCHES
+    from vlp.datasets.batching.task_sampler import SummedTasks, TaskSampler
     from vlp.platform.training import objective as objectives
     from vlp.models import create_model
     from vlp.platform.training.cnn_recipe import build_cnn_recipe
@@ -107,7 +98,8 @@ def run_arm(recipe: bool, args, plan, images, say) -> dict[int, tuple[float, flo
         opt = torch.optim.AdamW(param_groups(model, wd), lr=args.lr, betas=betas, eps=eps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     batches = local_batches(plan)
-    sampler = objectives.build_sampler(_Sampled(), TASKS, args.seed, args.objective)
+    sampler = (SummedTasks(TASKS, args.seed, known=list(TASKS)) if args.objective == "summed"
+               else TaskSampler(TASKS, args.seed))
     marks = {0, args.steps // 2, args.steps}
     out, start = {}, time.perf_counter()
     model.train()

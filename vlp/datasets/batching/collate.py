@@ -151,9 +151,14 @@ def whole_image_arrays(blocks: Mapping[int, ImageBlock], refs: ExampleRefs, feat
     return {WHOLE_FEAT: whole, HAS_WHOLE: has}
 
 
+def image_idents(refs: ExampleRefs) -> np.ndarray:
+    """One int64 per example naming its image (block and row), equal for equal images."""
+    return refs.image_block.astype(np.int64) * (1 << 32) + refs.image_row
+
+
 def pixel_arrays(blocks: list[ImageBlock], refs: ExampleRefs, cfg: PixelConfig
                  ) -> dict[str, np.ndarray]:
-    ident = refs.image_block * (1 << 32) + refs.image_row
+    ident = image_idents(refs)
     uniq, first, index = np.unique(ident, return_index=True, return_inverse=True)
     images = [blocks[refs.image_block[i]].image(refs.image_row[i]) for i in first]
     pixels, mask = pad_images(images, cfg)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from vlp.contract import batch_spec as K
-from vlp.datasets.batching.collate import ExampleRefs
+from vlp.datasets.batching.collate import ExampleRefs, image_idents
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.task_batch import task_batch
 from vlp.datasets.stream.data_plan import DataPlan
@@ -74,8 +74,7 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
         batch = task_batch(plan, tok, ctx, blocks, mine, task, rng_of(i), stats,
                            with_ids=with_ids, collated=copy)
         if K.PIXELS in batch:   # the model encodes them once for every task (running_stats)
-            mine_images = np.unique(mine.image_block.astype(np.int64) * (1 << 32)
-                                    + mine.image_row)
+            mine_images = np.unique(image_idents(mine))
             if images is None:
                 images = mine_images
             elif not np.array_equal(images, mine_images):
