@@ -236,3 +236,18 @@ def test_unknown_options_of_adapters_fail_clearly(cfg):
         Nlvr2Data(cfg, "train", "quadruplet")
     with pytest.raises(DownstreamDataError, match="box setting"):
         RefExpData(cfg, "train", "predicted")
+
+
+def test_retrieval_eval_images_keeps_the_first_images_and_all_their_captions(cfg):
+    full = RetrievalData(cfg, "val")
+    part = RetrievalData(cfg, "val", max_images=3)
+    assert part.image_ids == full.image_ids[:3]
+    kept = [t for t in range(len(full)) if full.text_to_image[t] < 3]
+    assert len(part) == len(kept) > 3                       # every caption of those images
+    assert part.column("caption_id") == [full.column("caption_id")[t] for t in kept]
+
+    def pieces(d, t):
+        return d.captions.tokens[d.captions.start[t]:d.captions.start[t + 1]]
+    assert all((pieces(part, i) == pieces(full, t)).all() for i, t in enumerate(kept))
+    assert (part.text_to_image == full.text_to_image[kept]).all()
+    assert len(RetrievalData(cfg, "val", max_images=10**6)) == len(full)

@@ -4,8 +4,9 @@ Finetuning: the match score of the pooled [CLS] (initialised from the pretrained
 1 positive + k negatives per side, loss ``margin`` (UNITER, 0.2 on sigmoid scores), ``bce``,
 ``mce`` or ``triplet`` (ImageBERT's comparison); optional on-the-fly hard negatives (UNITER:
 score ``hard_candidates`` per side without gradients, train on the top k). Evaluation scores
-every (text, image) pair of the split, texts sharded over the workers; IR and TR R@1/5/10,
-each query ranked in its own row / column. ``vlp evaluate`` runs the same evaluation
+every (text, image) pair of the split (``eval_images``: of its first N images and their
+captions, a smaller gallery, as COCO's 1K test), texts sharded over the workers; IR and TR
+R@1/5/10, each query ranked in its own row / column. ``vlp evaluate`` runs the same evaluation
 zero-shot, straight from the ITM head.
 """
 
@@ -33,6 +34,7 @@ class RetrievalOptions(ConfigModel):
     hard_negatives: bool = False               # mine the top ``negatives`` of the candidates
     hard_candidates: int = Field(16, gt=1)   # candidates per side scored without gradients
     eval_pairs_per_batch: int = Field(512, gt=0)
+    eval_images: int = Field(0, ge=0)          # 0 = the split's gallery; N = its first N images
 
     def validate(self):
         if self.hard_negatives and self.hard_candidates <= self.negatives:
@@ -55,7 +57,7 @@ class Retrieval(Benchmark):
                              o.hard_candidates if o.hard_negatives else 0)
 
     def eval_data(self, ctx):
-        return RetrievalData(ctx.data, ctx.eval_split)
+        return RetrievalData(ctx.data, ctx.eval_split, max_images=ctx.options.eval_images)
 
     def build_head(self, ctx, backbone, itm_head):
         o = ctx.options

@@ -6,12 +6,14 @@ captions. With hard-negative mining the group carries ``candidates`` of each sid
 and ``hard_keep = k``: the model scores the candidates without gradients and trains on the
 top k of each side (UNITER's on-the-fly variant of its sampled hard negatives).
 
-Evaluation scores every (text, image) pair of the split: :meth:`RetrievalData.pair_batch`.
+Evaluation scores every (text, image) pair of the split (or of its first ``max_images`` images
+and their captions): :meth:`RetrievalData.pair_batch`.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from vlp.contract import downstream_keys as D
@@ -23,8 +25,11 @@ from vlp.datasets.downstream.text import text_batch
 class RetrievalData(TableData):
     task = "retrieval"
 
-    def __init__(self, cfg, split: str, negatives: int = 1, hard_candidates: int = 0):
+    def __init__(self, cfg, split: str, negatives: int = 1, hard_candidates: int = 0,
+                 max_images: int = 0):
         super().__init__(cfg, split)
+        if max_images:
+            self._keep_first_images(max_images)
         self.captions = self.texts("caption")
         ids = self.column("image_id")
         self.rows = self.image_rows("image_id")
@@ -37,6 +42,14 @@ class RetrievalData(TableData):
             raise DownstreamDataError(f"{self.path}: retrieval needs at least 2 images")
         self.negatives = negatives
         self.hard_candidates = hard_candidates
+
+    def _keep_first_images(self, n: int) -> None:
+        """The split's first ``n`` images (first-seen order) and every caption of them: a
+        smaller gallery, as COCO's 1K test is a part of its 5K one. R@K rises as the gallery
+        shrinks, so scores are comparable only at the same ``n``."""
+        ids = self.column("image_id")
+        keep = set(list(dict.fromkeys(ids))[:n])
+        self.table = self.table.filter(pa.array([i in keep for i in ids]))
 
     # ---- finetuning -----------------------------------------------------------------------
 
