@@ -22,6 +22,7 @@ from vlp.platform.training.engine import WarmupLinearDecay
 from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import loop_config
 from vlp.platform.training.prefetch import Prefetcher
+from vlp.platform.training.step_stats import BOOKKEEPING
 from vlp.testing.toy import ToyBatchSource, ToyModel, ToyTaskSampler
 
 MIX = {"mlm": 1.0, "itm": 1.0, "mrfr": 1.0}
@@ -173,6 +174,9 @@ def test_one_stats_all_reduce_per_optimizer_step(one_rank, monkeypatch):
     assert all(len(r["tasks"]) == 3 and r["data_wait_s"] >= 0 for r in records)
     # each step's own wall time, measured on the worker (loop_overhead.py reads it)
     assert all(r["data_wait_s"] <= r["step_time_s"] < 60 for r in records)
+    # and the worker process's CPU time in each step (every thread): loop_overhead.py too
+    assert all(0 < r["process_cpu_s"] < 60 for r in records)
+    assert "process_cpu_s" in BOOKKEEPING          # not averaged as a model output
 
 
 def test_an_fp16_overflow_skip_moves_neither_the_step_nor_the_schedule(one_rank):

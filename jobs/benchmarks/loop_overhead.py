@@ -19,6 +19,10 @@ data-wait share is the loop's own: the time it waited for its next batch over th
 Budget batching fills each micro-batch up to ``--batch-units`` input units, and the two
 arms' batches differ (Ray Data's block order): besides the ratio of median step times,
 ``vlp_over_bare_per_unit`` compares seconds per input unit over the measured steps.
+``vlp_over_bare_cpu_per_unit`` compares the process CPU time per input unit (the loop's
+``process_cpu_s``: every thread of the worker, its prefetching and reports included): the
+work the worker itself adds, apart from the time other processes (Ray's, Ray Data's read
+tasks) take from the same cores, which a CPU-only machine shares with the step.
 
 Batches: ``--batch-units`` input units per micro-batch (default 1792 = the standard 32 pairs
 × (20 tokens + 36 regions)) of the tiny synthetic world, or ``--world``.
@@ -68,9 +72,9 @@ def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
     o = cfg.optimizer
     opt = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=o.betas,
                             eps=o.eps)
-    times = []
+    times, cpu = [], []
     for i, (task, batch) in enumerate(batches):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = model(batch, task=task)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
@@ -78,9 +82,11 @@ def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     units = sum(int(b["input_units"]) for _, b in batches[warmup:]) / steps
     return {"step_ms": 1e3 * statistics.median(times),
-            "mean_step_ms": 1e3 * statistics.mean(times), "input_units_per_step": units}
+            "mean_step_ms": 1e3 * statistics.mean(times),
+            "mean_cpu_ms": 1e3 * statistics.mean(cpu), "input_units_per_step": units}
 
 
 def vlp_loop(cfg, warmup: int) -> dict[str, float]:
@@ -94,6 +100,7 @@ def vlp_loop(cfg, warmup: int) -> dict[str, float]:
     times = [r["step_time_s"] for r in rows]
     return {"step_ms": 1e3 * statistics.median(times),
             "mean_step_ms": 1e3 * statistics.mean(times),
+            "mean_cpu_ms": 1e3 * statistics.mean(r["process_cpu_s"] for r in rows),
             "data_wait_share": sum(r["data_wait_s"] for r in rows) / sum(times),
             "measured_steps": len(rows),
             "input_units_per_step": statistics.mean(r["global_batch_input_units"]
@@ -157,6 +164,11 @@ def main(argv=None) -> int:
     per_unit = ((vlp["mean_step_ms"] / vlp["input_units_per_step"])
                 / (bare["mean_step_ms"] / bare["input_units_per_step"]))
     print(f"vlp_over_bare_per_unit {per_unit:.3f}")
+    cpu = {k: d["mean_cpu_ms"] / d["input_units_per_step"] for k, d in (("bare", bare),
+                                                                       ("vlp", vlp))}
+    print(f"bare/cpu_us_per_unit {1e3 * cpu['bare']:.1f}")
+    print(f"vlp/cpu_us_per_unit {1e3 * cpu['vlp']:.1f}")
+    print(f"vlp_over_bare_cpu_per_unit {cpu['vlp'] / cpu['bare']:.3f}")
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -64,8 +64,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Worker:
-    # perf_counter at the end of the last step's record (None: no step yet)
+    # perf_counter at the end of the last step's record (None: no step yet), and the
+    # process's CPU time then (every thread of this worker: compute, prefetch, reports)
     _step_end: float | None = None
+    _cpu_end: float = 0.0
 
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         import ray.train
@@ -193,7 +195,7 @@ class _Worker:
                   f"{time.perf_counter() - t1:.1f} s")
         window = ReportWindow(self.peak, self.world)
         self.reporter = Reporter(ray_report)
-        self._step_end = time.perf_counter()
+        self._step_end, self._cpu_end = time.perf_counter(), time.process_time()
         ok = False
         try:
             while state.step < self.stop_at:
@@ -287,6 +289,8 @@ class _Worker:
         now = time.perf_counter()
         since = t0 if self._step_end is None else self._step_end
         record["step_time_s"], self._step_end = now - since, now
+        cpu = time.process_time()
+        record["process_cpu_s"], self._cpu_end = cpu - self._cpu_end, cpu
         if self.shape is not None:
             # summed objective: every task's forward of the set (this rank's ratio)
             record["model_flops"] = passes / gas * self.shape.train_flops(

@@ -19,7 +19,7 @@ from vlp.platform.training.objective import task_id
 # per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
 BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
                          "global_batch_input_units", "data_wait_s", "model_flops",
-                         "step_time_s"})
+                         "step_time_s", "process_cpu_s"})
 
 
 def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
