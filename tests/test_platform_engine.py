@@ -20,10 +20,13 @@ def cfg_with(*overrides):
     return loop_config(load_experiment_config(data=BASE, overrides=overrides))
 
 
-def test_cpu_config_uses_torch_adamw_and_the_recipe():
+def test_cpu_config_uses_torch_fused_adamw_and_the_recipe():
     ds = deepspeed_config(cfg_with("train.grad_accum=4", "train.zero_stage=2"), world_size=2)
     assert ds["optimizer"] == {"type": "AdamW", "params": {
-        "lr": 5e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "torch_adam": True}}
+        "lr": 5e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.01, "torch_adam": True,
+        "fused": True}}
+    plain = deepspeed_config(cfg_with("optimizer.impl=torch"), world_size=1)
+    assert "fused" not in plain["optimizer"]["params"]
     assert ds["gradient_accumulation_steps"] == 4 and ds["train_batch_size"] == 8
     assert ds["train_micro_batch_size_per_gpu"] == 1
     assert ds["zero_optimization"] == {"stage": 2}

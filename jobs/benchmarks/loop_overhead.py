@@ -5,16 +5,17 @@
 
 (a) bare: batches built beforehand from the same pipeline (the stage's plan read locally —
 the same data plan and masking, not Ray Data's block order — each masked for the task the
-loop's seeded sampler draws) and kept in memory; the loop is forward,
-backward, torch AdamW step, nothing else. (b) vlp: ``pretrain`` end to end on one Ray Train
-worker — Ray Data, the batch source with its masking on the prefetch thread, the DeepSpeed
-engine (ZeRO-2), the per-step statistics all-reduce, reports every step. Both run on
-``--threads`` torch threads (the worker gets that many CPUs). Step time of (b) is the loop's
-own ``step_time_s``, measured on the worker: the time between consecutive steps' records,
-the reporting and bookkeeping between them included. (Not the time between reports as the
-driver sees them: Ray's controller collects reports when it polls the workers, every 2 s,
-which quantises that time.) The first ``--warmup`` steps of each are not measured. The
-data-wait share is the loop's own: the time it waited for its next batch over the step time.
+loop's seeded sampler draws) and kept in memory; the loop is forward, backward, torch AdamW
+step (the implementation the engine runs), nothing else. (b) vlp: ``pretrain`` end to end on
+one Ray Train worker — Ray Data, the batch source with its masking on the prefetch thread, the
+DeepSpeed engine (the stage ``auto`` picks: no ZeRO on one worker), the per-step statistics
+all-reduce, reports every step. Both run on ``--threads`` torch threads (the worker gets that
+many CPUs). Step time of (b) is the loop's own ``step_time_s``, measured on the worker: the
+time between consecutive steps' records, the reporting and bookkeeping between them included.
+(Not the time between reports as the driver sees them: Ray's controller collects reports when
+it polls the workers, every 2 s, which quantises that time.) The first ``--warmup`` steps of
+each are not measured. The data-wait share is the loop's own: the time it waited for its next
+batch over the step time.
 
 Budget batching fills each micro-batch up to ``--batch-units`` input units, and the two
 arms' batches differ (Ray Data's block order): besides the ratio of median step times,
@@ -54,7 +55,8 @@ def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
     from vlp.datasets.stream.local_stream import local_batches
     from vlp.datasets.batching.task_sampler import TaskSampler
     from vlp.platform.training import checkpointing
-    from vlp.platform.training.engine import param_groups
+    from vlp.platform.training.engine import optimizer_params, param_groups
+    from vlp.platform.pretrain.run import loop_config
     from vlp.platform.pretrain.components import PretrainComponents
     from vlp.platform.pretrain.data import prepare
 
@@ -70,8 +72,11 @@ def bare_loop(cfg, steps: int, warmup: int) -> dict[str, float]:
     checkpointing.seed_everything(cfg.run.seed)
     model = PretrainComponents(setup).build_model(cfg, list(setup.tasks)).train()
     o = cfg.optimizer
+    # the implementation the engine runs (torch's fused AdamW by default): the ratio measures
+    # the loop, not a difference of optimizers
+    fused = optimizer_params(loop_config(cfg)).get("fused", False)
     opt = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=o.betas,
-                            eps=o.eps)
+                            eps=o.eps, fused=fused)
     times, cpu = [], []
     for i, (task, batch) in enumerate(batches):
         t0, c0 = time.perf_counter(), time.process_time()

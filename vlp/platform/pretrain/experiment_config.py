@@ -130,7 +130,7 @@ class OptimizerSection(ConfigModel):
     warmup_steps: int = Field(10_000, ge=0)      # per stage
     schedule: Literal["linear", "constant"] = "linear"   # after warm-up
     grad_clip: float = Field(5.0, ge=0)          # global grad-norm clip; 0 = off
-    # auto: torch AdamW, its fused CUDA kernel on GPU (nothing JIT-built)
+    # auto: torch's fused AdamW, on GPU and CPU (its kernels ship in the wheel: nothing built)
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
     # a model with a CNN (SOHO): SGD for the CNN beside AdamW for the rest (SOHO §4.1: SGD lr
     # 1e-2, weight decay 5e-4; momentum 0.9 is ours), or adamw: the CNN shares the AdamW above

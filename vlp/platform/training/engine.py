@@ -54,9 +54,10 @@ def optimizer_params(cfg: LoopConfig) -> dict[str, Any]:
                               "weight_decay": o.weight_decay}
     impl = o.impl
     if impl == "auto":
-        # torch's AdamW everywhere, its fused CUDA kernel on GPU: DeepSpeed's FusedAdam
-        # JIT-compiles on every new node and needs a matching nvcc
-        impl = "torch-fused" if cfg.scaling.use_gpu else "torch"
+        # torch's fused AdamW: kernels for CUDA and CPU ship in the wheel (DeepSpeed's
+        # FusedAdam JIT-compiles on every new node and needs a matching nvcc); on CPU it is
+        # also several times faster than the per-parameter loop of plain AdamW
+        impl = "torch-fused"
     if impl == "torch":
         params["torch_adam"] = True
     elif impl == "torch-fused":
