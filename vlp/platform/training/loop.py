@@ -67,7 +67,7 @@ class _Worker:
     # perf_counter at the end of the last step's record (None: no step yet), and the
     # process's CPU time then (every thread of this worker: compute, prefetch, reports)
     _step_end: float | None = None
-    _cpu_end: float = 0.0
+    _cpu_end: float | None = None
 
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         import ray.train
@@ -244,7 +244,7 @@ class _Worker:
         """``grad_accum`` micro-batches and the update; the step's record, or None when
         DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
@@ -290,7 +290,8 @@ class _Worker:
         since = t0 if self._step_end is None else self._step_end
         record["step_time_s"], self._step_end = now - since, now
         cpu = time.process_time()
-        record["process_cpu_s"], self._cpu_end = cpu - self._cpu_end, cpu
+        record["process_cpu_s"] = cpu - (cpu0 if self._cpu_end is None else self._cpu_end)
+        self._cpu_end = cpu
         if self.shape is not None:
             # summed objective: every task's forward of the set (this rank's ratio)
             record["model_flops"] = passes / gas * self.shape.train_flops(
