@@ -12,6 +12,14 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR",
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray Train's controller polls its workers every 2 s by default: a worker group's start, each
+# checkpoint report (vlp waits for it, see vlp/platform/training/reporter.py) and the end of
+# a run each wait for the next poll, seconds per fit that the tests' tiny fits are mostly made
+# of. Set here, before any Ray starts, it reaches every Train controller the tests start: Ray
+# Train passes it from the driver to its controller, and the clusters that test files start
+# with `ray start` get this process's environment. The poll only reads the workers' status;
+# a slow answer is waited for as before (a worker counts as dead after 10 minutes unanswered).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
 @pytest.fixture(scope="session")
