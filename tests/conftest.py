@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 # DeepSpeed JIT-builds a shared-memory comm op on first use; keep the build cache in one place
 os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       os.path.expanduser("~/.cache/torch_extensions/vlp"))
+# ...and build it with one ninja: the venv's (a DeepSpeed dependency), first on PATH as in an
+# activated venv. The clusters that test files start with `ray start` have it first already;
+# with another ninja on the system PATH (1.11 here vs the venv's 1.13, whose build logs record
+# command hashes the other does not match), each switch between this process (and the Ray
+# workers it starts) and those clusters rebuilt the op from scratch, ~30 s each time.
+_VENV_BIN = os.path.dirname(sys.executable)     # not resolved: a venv's python is a link
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _VENV_BIN:
+    os.environ["PATH"] = f"{_VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
