@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 # DeepSpeed JIT-builds a shared-memory comm op on first use; keep the build cache in one place
 os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       os.path.expanduser("~/.cache/torch_extensions/vlp"))
+# ...and build it with one ninja: the venv's (a DeepSpeed dependency), first on PATH as in an
+# activated venv. The clusters that test files start with `ray start` have it first already;
+# with another ninja on the system PATH (1.11 here vs the venv's 1.13, whose build logs record
+# command hashes the other does not match), each switch between this process (and the Ray
+# workers it starts) and those clusters rebuilt the op from scratch, ~30 s each time.
+_VENV_BIN = os.path.dirname(sys.executable)     # not resolved: a venv's python is a link
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _VENV_BIN:
+    os.environ["PATH"] = f"{_VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray Train's controller polls its workers every 2 s by default: a worker group's start, each
+# checkpoint report (vlp waits for it, see vlp/platform/training/reporter.py) and the end of
+# a run each wait for the next poll, seconds per fit that the tests' tiny fits are mostly made
+# of. Set here, before any Ray starts, it reaches every Train controller the tests start: Ray
+# Train passes it from the driver to its controller, and the clusters that test files start
+# with `ray start` get this process's environment. The poll only reads the workers' status;
+# a slow answer is waited for as before (a worker counts as dead after 10 minutes unanswered).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
 @pytest.fixture(scope="session")

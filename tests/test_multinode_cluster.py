@@ -44,7 +44,9 @@ BUCKET = "vlp-multinode"
 RUN = "mn-pretrain"
 WORLD = f"s3://{BUCKET}/world"  # the tiny world, copied into the bucket as it is
 SHARDS = "world/images"        # the pretraining shards' folder in the bucket
-STEPS, INTERVAL = 24, 4
+# the kill comes after the step-4 checkpoint: 8 steps and two checkpoints (one deleted by
+# keep: 2) are left to run after the resume
+STEPS, INTERVAL = 12, 4
 JOB_TIMEOUT_S = 900
 
 
@@ -90,6 +92,14 @@ def mlflow_server(s3, node_env, tmp_path_factory):
         log.close()
 
 
+# The GCS marks a node dead after this many failed health checks in a row (Ray's default: 5,
+# one every 3 s: 15 s of a test's waiting after the raylet kill). A killed raylet refuses the
+# connection at once; a live raylet on a loaded machine still has each check's full timeout
+# (10 s, unchanged) to answer, so 3 checks 1 s apart find the dead node in ~3 s without
+# marking a slow one dead.
+HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
 class Cluster:
     def __init__(self, env: dict, temp: Path):
         self.env, self.temp = env, temp
@@ -100,7 +110,8 @@ class Cluster:
             self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
                          "--dashboard-port", str(dash), "--ray-client-server-port",
                          str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "1",
-                         "--resources", json.dumps({"head_node": 1})])
+                         "--resources", json.dumps({"head_node": 1}),
+                         "--system-config", json.dumps(HEALTH_CHECK)])
             wait_http(f"{self.address}/api/version", 300,
                       {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
             for name in ("node_b", "node_c"):
