@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +30,31 @@ def extensions_dir(configured: str = "") -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def ninja_tag() -> str:
+    """``ninja-<version>`` of the ``ninja`` on this process's PATH, the one torch builds with.
+    Two ninja versions read each other's build log as changed and rebuild everything, so a
+    driver and workers with different PATHs (a venv's ninja against the system's) would
+    rebuild DeepSpeed's ops from scratch at every switch: each version gets its own folder."""
+    exe = shutil.which("ninja")
+    if exe is None:
+        return "ninja-none"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "ninja-unknown"
+    version = out.stdout.strip().split("\n")[0] if out.returncode == 0 else ""
+    return "ninja-" + ("".join(c for c in version if c.isalnum() or c in ".-_") or "unknown")
+
+
 def use_extensions_dir(configured: str = "") -> str:
-    path = extensions_dir(configured)
-    Path(path).mkdir(parents=True, exist_ok=True)
-    os.environ["TORCH_EXTENSIONS_DIR"] = path
-    return path
+    """Sets ``TORCH_EXTENSIONS_DIR`` to the configured folder's subfolder for this process's
+    ninja (kept when it is set already)."""
+    path, tag = Path(extensions_dir(configured)), ninja_tag()
+    if path.name != tag:
+        path = path / tag
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
+    return str(path)
 
 
 def prebuild_comm_op(configured: str = "") -> None:
