@@ -42,6 +42,9 @@ def test_quiet_shows_vlp_lines_and_logs_the_rest(dispatcher, tmp_path, capsys):
     # the same worker line again on the other stream (Ray Train's print patch): shown once
     d.emit(batch(["[sweep] t001 stage 1/4: finetune + evaluate vqa"], is_err=True))
     d.emit(batch(["A worker died or was killed while executing a task"], pid="raylet"))
+    d.emit(batch(["WARNING: 22 PYTHON worker processes have been started on node: 4fe9 with "
+                  "address: 192.0.2.2, which is 11x the maximum expected startup concurrency"],
+                 pid="raylet"))
     d.emit(batch(["======== Autoscaler status: 2026-11-25 14:21:21 ========"],
                  pid="autoscaler", actor=""))
     log = tmp_path / "sweep" / console.RAY_LOG
@@ -52,7 +55,7 @@ def test_quiet_shows_vlp_lines_and_logs_the_rest(dispatcher, tmp_path, capsys):
                    "[sweep] t001 stage 1/4: finetune + evaluate vqa",
                    "A worker died or was killed while executing a task"]
     written = log.read_text().splitlines()
-    assert len(written) == 7 and ray_printed == []          # not the autoscaler's table
+    assert len(written) == 8 and ray_printed == []          # not the autoscaler's table
     assert written[0] == ("(TrainController pid=4242) Reporting training result 1: "
                           "TrainingReport(...)")
     assert written[-1].startswith("(RayTrainWorker pid=4242) Checkpoint successfully")

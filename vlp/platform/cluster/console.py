@@ -1,6 +1,7 @@
 """What reaches the terminal from Ray's processes. Quiet (the ``vlp`` commands' default):
 vlp's own lines (``[sweep] …``, ``[vlp pretrain] …``), printed without Ray's
-``(RayTrainWorker pid=…)`` prefix, and the raylet's warnings (a worker killed for memory);
+``(RayTrainWorker pid=…)`` prefix, and the raylet's warnings (a worker killed for memory; not
+its note that many worker processes were started, which every sweep sets off);
 everything else the workers, Train controllers and Tune trials print (Ray Train's INFO logs
 such as ``Reporting training result …``, DeepSpeed's logs, tracebacks) goes to a log file in
 the run folder (the autoscaler's status table, which Ray's own printer drops, is dropped);
@@ -26,6 +27,9 @@ from typing import Any
 
 RAY_LOG = "ray-output.log"
 VLP_PREFIXES = ("[sweep]", "[vlp ", "[demo")
+# raylet warnings that vlp's design sets off and a user cannot act on (every stage is a fresh
+# Ray Train run, so a sweep starts many worker processes): to the log file only
+RAYLET_NOISE = ("PYTHON worker processes have been started",)
 _RAY_HANDLER, _OUR_HANDLER = "ray_print_logs", "vlp_console"
 _MAX_BUFFERED = 20_000            # lines kept before a log file is named
 
@@ -54,7 +58,8 @@ class RayOutputRouter:
             text = str(line)
             if pid == "autoscaler" and ":event_summary:" not in text:
                 continue       # its status table every few seconds: Ray's printer drops it too
-            if text.lstrip().startswith(VLP_PREFIXES) or pid == "raylet":
+            if text.lstrip().startswith(VLP_PREFIXES) or (
+                    pid == "raylet" and not any(n in text for n in RAYLET_NOISE)):
                 recent = self._shown.setdefault(pid, collections.deque(maxlen=16))
                 if text not in recent:
                     recent.append(text)
