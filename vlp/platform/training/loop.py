@@ -43,7 +43,9 @@ from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
 from vlp.platform.training.reporter import Reporter, ray_report
 from vlp.platform.tracking.rank_zero import RankZeroTracker
-from vlp.platform.training.step_stats import ReportWindow, check_tasks, reduce_step
+from vlp.platform.training.run_banner import run_banner
+from vlp.platform.training.step_stats import (ReportWindow, check_tasks, reduce_step,
+                                              step_clock)
 
 HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
 
@@ -64,10 +66,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Worker:
-    # perf_counter at the end of the last step's record (None: no step yet), and the
-    # process's CPU time then (every thread of this worker: compute, prefetch, reports)
-    _step_end: float | None = None
-    _cpu_end: float | None = None
+    # step_clock() at the end of the last step's record (None: no step yet)
+    _step_end: tuple[float, float] | None = None
 
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         import ray.train
@@ -195,7 +195,7 @@ class _Worker:
                   f"{time.perf_counter() - t1:.1f} s")
         window = ReportWindow(self.peak, self.world)
         self.reporter = Reporter(ray_report)
-        self._step_end, self._cpu_end = time.perf_counter(), time.process_time()
+        self._step_end = step_clock()
         ok = False
         try:
             while state.step < self.stop_at:
@@ -244,7 +244,7 @@ class _Worker:
         """``grad_accum`` micro-batches and the update; the step's record, or None when
         DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        start = step_clock()
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
@@ -286,12 +286,9 @@ class _Worker:
                   "global_batch_input_units": stats["input_units"],
                   "data_wait_s": self.prefetch.wait_s - wait0}
         # since the last step's record: this step and the bookkeeping after the last one
-        now = time.perf_counter()
-        since = t0 if self._step_end is None else self._step_end
-        record["step_time_s"], self._step_end = now - since, now
-        cpu = time.process_time()
-        record["process_cpu_s"] = cpu - (cpu0 if self._cpu_end is None else self._cpu_end)
-        self._cpu_end = cpu
+        now, since = step_clock(), self._step_end or start
+        record["step_time_s"], record["process_cpu_s"] = now[0] - since[0], now[1] - since[1]
+        self._step_end = now
         if self.shape is not None:
             # summed objective: every task's forward of the set (this rank's ratio)
             record["model_flops"] = passes / gas * self.shape.train_flops(
@@ -358,35 +355,13 @@ class _Worker:
             self.tracker.flush(metrics, step, checkpoint=posixpath.join(self.run_dir, name))
 
     def _announce(self, fresh: bool) -> None:
-        c, plan = self.cfg, self.plan
-        micro = c.train.grad_accum * self.world
-        budget = c.batch_input_units * micro
-        stages = ", ".join(f"{s.name}: {s.steps}" for s in plan)
-        lines = [
-            f"model {c.family}: {self.n_params:,} parameters ({self.n_trainable:,} "
-            f"trainable); tasks {', '.join(self.task_ids)}",
-            f"steps: {self.total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
-            f"micro-batch(es) × {self.world} worker(s) = {micro} per step",
-        ]
-        if c.job == "pretrain":
-            lines.append(objective.describe(c.train.objective, [dict(s.tasks) for s in plan]))
-        if budget:   # budget batching (pretraining); finetunes count examples per batch
-            lines.append(f"global batch: ≤ {budget:,} input units per step "
-                         f"({c.batch_input_units:,} per micro-batch); examples per step are "
-                         f"measured at step 1 (budget batching)")
-        name = device_name(self.info.device) or self.info.device.type
-        lines.append(f"precision {self.precision}; prefetch {c.train.prefetch_batches} "
-                     f"micro-batch(es) ahead; MFU " + (
-                         f"against {self.peak / 1e12:.1f} TFLOP/s per device ({name})"
-                         if self.peak else f"unknown: no peak FLOP/s known for {name} "
-                         "(set train.peak_tflops)"))
+        lines, figures = run_banner(
+            self.cfg, world=self.world, n_params=self.n_params, n_trainable=self.n_trainable,
+            total=self.total, task_names=list(self.task_ids), precision=self.precision,
+            device=self.info.device, peak=self.peak)
         for line in lines:
             self._say(line)
         if fresh:
-            figures = {"parameters": self.n_params, "trainable_parameters": self.n_trainable,
-                       "total_steps": self.total, "micro_batches_per_step": micro}
-            if budget:
-                figures["global_batch_input_units_budget"] = budget
             self.tracker.log_derived(figures)
 
     def _announce_measured(self, record: dict[str, Any]) -> None:

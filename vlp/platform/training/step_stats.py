@@ -22,6 +22,13 @@ BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples"
                          "step_time_s", "process_cpu_s"})
 
 
+def step_clock() -> tuple[float, float]:
+    """(wall, process CPU) seconds now: a step's ``step_time_s`` and ``process_cpu_s`` are the
+    differences of two readings (CPU time of every thread of the worker: compute, prefetch,
+    reports)."""
+    return time.perf_counter(), time.process_time()
+
+
 def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
                 task_ids: dict[str, int], world: int, rank: int, step: int) -> dict[str, Any]:
     """The step's one all-reduce: per micro-batch a non-finite-loss flag, the task id and

@@ -1,0 +1,44 @@
+"""What a training run prints before its first step (rank 0, ``[vlp pretrain] …``): the
+model, the steps and stages, the objective, the global batch, precision and the MFU peak;
+and the figures among them that go to MLflow once, on a fresh run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vlp.platform.training import objective
+from vlp.platform.training.device_peaks import device_name
+from vlp.platform.training.loop_config import LoopConfig
+
+
+def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, total: int,
+               task_names: list[str], precision: str, device: Any, peak: float
+               ) -> tuple[list[str], dict[str, int]]:
+    """The lines, and the derived figures for the tracker."""
+    plan = c.stages
+    micro = c.train.grad_accum * world
+    budget = c.batch_input_units * micro
+    stages = ", ".join(f"{s.name}: {s.steps}" for s in plan)
+    lines = [
+        f"model {c.family}: {n_params:,} parameters ({n_trainable:,} "
+        f"trainable); tasks {', '.join(task_names)}",
+        f"steps: {total:,} in {len(plan)} stage(s) ({stages}); {c.train.grad_accum} "
+        f"micro-batch(es) × {world} worker(s) = {micro} per step",
+    ]
+    if c.job == "pretrain":
+        lines.append(objective.describe(c.train.objective, [dict(s.tasks) for s in plan]))
+    if budget:   # budget batching (pretraining); finetunes count examples per batch
+        lines.append(f"global batch: ≤ {budget:,} input units per step "
+                     f"({c.batch_input_units:,} per micro-batch); examples per step are "
+                     f"measured at step 1 (budget batching)")
+    name = device_name(device) or device.type
+    lines.append(f"precision {precision}; prefetch {c.train.prefetch_batches} "
+                 f"micro-batch(es) ahead; MFU " + (
+                     f"against {peak / 1e12:.1f} TFLOP/s per device ({name})"
+                     if peak else f"unknown: no peak FLOP/s known for {name} "
+                     "(set train.peak_tflops)"))
+    figures = {"parameters": n_params, "trainable_parameters": n_trainable,
+               "total_steps": total, "micro_batches_per_step": micro}
+    if budget:
+        figures["global_batch_input_units_budget"] = budget
+    return lines, figures
