@@ -5,12 +5,13 @@ go through here, so every reader finds the same endpoint.
 
 Endpoints and credentials come only from the standard environment (``AWS_ENDPOINT_URL`` /
 ``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ... or the node's instance profile):
-pyarrow's S3 client reads the keys but not the endpoint variable, so the endpoint is passed
-here. A local path (``/abs``, ``rel/x``, ``file:///abs``) is not a URI.
+pyarrow's S3 client reads the keys, and the endpoint variable only in recent versions, so the
+endpoint is passed here. A local path (``/abs``, ``rel/x``, ``file:///abs``) is not a URI.
 
-The small file operations below (``join``, ``kind``, ``read_bytes``, ``glob``, ``files_under``)
-take either: a local path stays a ``Path`` (read as it always was), a URI stays a string
-(``Path`` would fold ``s3://b`` into ``s3:/b``). A world folder is read through them.
+The small file operations below (``location``, ``join``, ``kind``, ``read_bytes``, ``glob``,
+``files_under``) take either: a local path stays a ``Path`` (read as it always was), a URI
+stays a string (``Path`` would fold ``s3://b`` into ``s3:/b``). A world folder is read
+through them.
 """
 
 from __future__ import annotations
@@ -61,11 +62,16 @@ def open_input(where: str | os.PathLike) -> Any:
     return fs.open_input_file(path)
 
 
+def location(where: str | os.PathLike) -> Path | str:
+    """``where`` as the operations below take it: a ``Path`` when local, the URI string (no
+    trailing '/') otherwise."""
+    return str(where).rstrip("/") if is_uri(where) else Path(where)
+
+
 def join(where: str | os.PathLike, *parts: str) -> Path | str:
     """``where/parts``: a ``Path`` for a local ``where``, a URI string for a URI."""
-    if is_uri(where):
-        return posixpath.join(str(where).rstrip("/"), *parts)
-    return Path(where).joinpath(*parts)
+    base = location(where)
+    return posixpath.join(base, *parts) if isinstance(base, str) else base.joinpath(*parts)
 
 
 def parent(where: str | os.PathLike) -> Path | str:

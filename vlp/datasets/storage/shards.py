@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlp.contract.atomic_write import atomic_path
-from vlp.contract.uri_files import UriError, filesystem, is_uri, kind, open_input
+from vlp.contract.uri_files import UriError, filesystem, is_uri, kind, location, open_input
 from vlp.datasets.storage.shard_checks import validate_image_table
 from vlp.datasets.storage.shard_format import (BOX_TOLERANCE, FORMAT_VERSION, IMAGE_REQUIRED,
                                                IMAGE_SCHEMA, META_PREFIX, ShardError, ShardInfo)
@@ -150,7 +150,7 @@ def read_image_shard(path: str | os.PathLike, *, validate: bool = True,
                      ) -> tuple[pa.Table, ShardInfo]:
     """Read an image shard (a local path or a URI); with ``validate`` every row is checked and
     errors name the row."""
-    path = str(path) if is_uri(path) else Path(path)
+    path = location(path)
     table = _read_parquet(path, columns)
     info = shard_info(path, table.schema, table.num_rows)
     if info.kind != "images":
@@ -188,7 +188,7 @@ def _read_parquet(path: Path | str, columns: list[str] | None) -> pa.Table:
 def shard_info(path: str | os.PathLike, schema: pa.Schema | None = None,
                num_rows: int | None = None) -> ShardInfo:
     """Metadata of a shard (reads only the footer when schema is not given)."""
-    path = str(path) if is_uri(path) else Path(path)
+    path = location(path)
     if schema is None:
         try:
             pf = pq.ParquetFile(open_input(path))

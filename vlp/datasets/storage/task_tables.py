@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vlp.contract.uri_files import is_uri
+from vlp.contract.uri_files import location
 from vlp.datasets.storage.shards import (_atomic_write_table, _read_parquet, _with_meta,
                                          content_hash, shard_info)
 from vlp.datasets.storage.shard_checks import _first_bad
@@ -124,7 +124,7 @@ def validate_task_table(table: pa.Table, task: str, path) -> None:
 
 def read_task_table(path: str | os.PathLike, task: str | None = None, *,
                     validate: bool = True) -> tuple[pa.Table, ShardInfo]:
-    path = str(path) if is_uri(path) else Path(path)
+    path = location(path)
     table = _read_parquet(path, None)
     info = shard_info(path, table.schema, table.num_rows)
     kind = info.kind.removeprefix("task:")

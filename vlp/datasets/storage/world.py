@@ -111,7 +111,7 @@ def load_manifest(folder: str | os.PathLike, check_files: bool = True) -> WorldM
     """Read and check ``folder/manifest.json`` (``folder`` a local path or a URI); raise
     :class:`WorldError` when the folder is not a vlp world, the manifest is malformed, or
     (``check_files``) a file it lists is missing."""
-    root = str(folder).rstrip("/") if uri_files.is_uri(folder) else Path(folder)
+    root = uri_files.location(folder)
     mpath = uri_files.join(root, MANIFEST_NAME)
     try:
         if uri_files.kind(root) != "dir":
