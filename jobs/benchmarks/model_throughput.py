@@ -74,20 +74,28 @@ def train_flops(model, batch_size: int, seq_len: int) -> float:
     return encoder_shape(model).train_flops(batch_size, batch_size * seq_len)
 
 
-def gemm_roofline(device, n: int = 2048, reps: int = 5) -> float:
-    """FLOP/s of an fp32 n×n×n matmul on this device and thread count (best of ``reps``)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def matmul_flops_per_s(device, operands: list[tuple[torch.Tensor, torch.Tensor]],
+                       reps: int) -> float:
+    """FLOP/s of the products ``a @ b`` of ``operands`` run in turn, best of ``reps`` (after
+    one warm-up pass)."""
+    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in operands)
     best = float("inf")
-    for _ in range(reps + 1):       # the first warms up
+    for _ in range(reps + 1):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        a @ b
+        for a, b in operands:
+            a @ b
         if device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return flops / best
+
+
+def gemm_roofline(device, n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of an fp32 n×n×n matmul on this device and thread count (best of ``reps``)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return matmul_flops_per_s(device, [(a, b)], reps)
 
 
 def encoder_gemm_roofline(device, model, tokens: int, reps: int = 3) -> float:
@@ -102,18 +110,7 @@ def encoder_gemm_roofline(device, model, tokens: int, reps: int = 3) -> float:
         x, w = torch.randn(tokens, in_f, device=device), torch.randn(out_f, in_f, device=device)
         dy = torch.randn(tokens, out_f, device=device)
         operands += [(x, w.t()), (dy, w), (dy.t(), x)]
-    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in operands)
-    best = float("inf")
-    for _ in range(reps + 1):       # the first warms up
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for a, b in operands:
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return flops / best
+    return matmul_flops_per_s(device, operands, reps)
 
 
 def run_steps(model, batches, tasks, device, dtype) -> float:
