@@ -1,0 +1,1 @@
+"""Image → regions extractors for `vlp data extract` (registry.py lists them by name)."""
