@@ -1,0 +1,88 @@
+"""Grid features ("In Defense of Grid Features for VQA", Jiang et al. 2020): a ResNet's C5
+map average-pooled to a G×G grid, each cell a region whose box is the cell's share of the
+image. No detector: G² regions of confidence 1, and the whole map's mean as the whole-image
+feature.
+
+Images of one resized shape are stacked into one forward; images of other shapes run in
+their own forward. Padding images of different shapes into one batch would change the C5
+values near the padded border (the convolutions see the padding), so a batched image would
+get other features than the same image alone; per-shape forwards keep them equal.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vlp.models.family_config import RESNET101, RESNET_TINY, ResNetConfig
+from vlp.models.vision.cnn_weights import cnn_weights_problem, load_cnn_weights
+from vlp.models.vision.extractors.base import Extractor, ExtractSettings, file_sha256
+from vlp.models.vision.extractors.image_prep import normalised_chw, resize_rgb
+from vlp.models.vision.resnet import ResNet
+
+RESNET50 = ResNetConfig("bottleneck", (3, 4, 6, 3))
+GRID_TRUNKS = {"r50": RESNET50, "r101": RESNET101, "tiny": RESNET_TINY}
+
+
+class GridExtractor(Extractor):
+    def __init__(self, name: str, trunk: ResNet, settings: ExtractSettings,
+                 weights_sha256: str | None):
+        super().__init__()
+        self.name, self.settings, self.weights_sha256 = name, settings, weights_sha256
+        self.trunk = trunk.eval()
+
+    def prepare(self, rgb: np.ndarray) -> tuple[np.ndarray, float]:
+        resized, scale = resize_rgb(rgb, self.settings)
+        return normalised_chw(resized), scale
+
+    def cell_boxes(self, h: int, w: int) -> np.ndarray:
+        """(G², 4) boxes of the grid cells in an h×w image, row-major like the features."""
+        g = self.settings.grid
+        xs = np.linspace(0.0, w, g + 1, dtype=np.float64)
+        ys = np.linspace(0.0, h, g + 1, dtype=np.float64)
+        x1, y1 = np.meshgrid(xs[:-1], ys[:-1])
+        x2, y2 = np.meshgrid(xs[1:], ys[1:])
+        return np.stack([x1, y1, x2, y2], -1).reshape(-1, 4).astype(np.float32)
+
+    @torch.no_grad()
+    def extract(self, inputs: list[torch.Tensor], scales: list[float],
+                sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
+        by_shape: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for i, x in enumerate(inputs):
+            by_shape[tuple(x.shape)].append(i)
+        out: list[dict | None] = [None] * len(inputs)
+        g = self.settings.grid
+        for idx in by_shape.values():
+            c5 = self.trunk(torch.stack([inputs[i] for i in idx]))       # [B, C, h5, w5]
+            cells = F.adaptive_avg_pool2d(c5, g).flatten(2).transpose(1, 2)   # [B, G², C]
+            whole = c5.mean((2, 3))                                      # [B, C]
+            cells = cells.to(torch.float16).cpu().numpy()   # one copy per shape group
+            whole = whole.to(torch.float16).cpu().numpy()
+            for k, i in enumerate(idx):
+                h, w = sizes[i]
+                out[i] = {"boxes": self.cell_boxes(h, w),
+                          "confidences": np.ones(g * g, np.float32),
+                          "features": cells[k], "soft_labels": None,
+                          "image_feature": whole[k]}
+        return out
+
+
+def build_grid(weights: str | None, settings: ExtractSettings, size: str = "r50"
+               ) -> GridExtractor:
+    """``weights``: a torchvision ResNet state dict (local file) or None (random init)."""
+    cells = settings.grid ** 2
+    if not settings.min_boxes <= cells <= settings.max_boxes:
+        raise ValueError(f"grid {settings.grid}×{settings.grid} gives {cells} regions, outside "
+                         f"--min-boxes {settings.min_boxes} / --max-boxes {settings.max_boxes}")
+    trunk = ResNet(GRID_TRUNKS[size])
+    digest = None
+    if weights is not None:
+        problem = cnn_weights_problem(trunk, weights)
+        if problem:
+            raise ValueError(problem.replace("model.cnn_init", "--weights", 1))
+        load_cnn_weights(trunk, weights)
+        digest = file_sha256(weights)
+    return GridExtractor(f"grid-{size}", trunk, settings, digest)
