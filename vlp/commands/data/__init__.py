@@ -6,7 +6,7 @@ import importlib
 
 # subcommand → its module here (`import` is a keyword, so its module is `importing`)
 DATA_COMMANDS = {"synth": "synth", "audit": "audit", "validate": "validate", "import": "importing",
-                 "curate": "curate"}
+                 "curate": "curate", "extract": "extract"}
 
 
 def register(sub) -> None:

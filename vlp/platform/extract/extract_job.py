@@ -1,0 +1,218 @@
+"""`vlp data extract` as a Ray Data batch-inference job, laid out as Ray's guide lays one out:
+
+    ids + paths ─► read, decode, orient, prepare (CPU tasks) ─► extractor (actor pool, one per
+    GPU, or N CPU actors) ─► driver: validated shard writer + manifest, shard by shard
+
+Everything that can be checked is checked before Ray starts (inputs, names, settings, the
+weights against the model, the output folder's existing features): ``plan`` does it and
+``--check`` stops after it, having written nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlp.contract.uri_files import is_uri
+from vlp.datasets.importers.data_folder import check_compatible, images_dir, read_world, safe_name
+from vlp.datasets.storage.shard_format import SPLITS
+from vlp.models.vision.extractors.base import ExtractSettings
+from vlp.models.vision.extractors.registry import build_extractor, extractor_entry
+from vlp.platform.extract.image_sources import ImageRef, image_refs, images_in, images_listed
+from vlp.platform.extract.shard_sink import ExistingShards, ShardSink, extract_record
+
+
+@dataclass
+class ExtractOptions:
+    images: str | None
+    image_list: str | None
+    model: str
+    weights: str            # a path, a URI, or "random"
+    source: str
+    split: str
+    out: str
+    settings: ExtractSettings = field(default_factory=ExtractSettings)
+    batch_size: int = 4
+    gpus: int = 0
+    workers: int = 1
+    images_per_shard: int = 1000
+
+    @property
+    def weights_file(self) -> str | None:
+        return None if self.weights == "random" else self.weights
+
+
+@dataclass
+class ExtractPlan:
+    options: ExtractOptions
+    todo: list[ImageRef]
+    skipped: int
+    metadata: dict[str, str]
+    feature_dim: int
+    num_classes: int
+    existing: ExistingShards
+
+    def describe(self) -> str:
+        o = self.options
+        pool = (f"{o.gpus} GPU actor(s), 1 GPU each" if o.gpus
+                else f"{o.workers} CPU actor(s)")
+        return (f"extract: {len(self.todo)} images to extract ({self.skipped} already in "
+                f"{images_dir(Path(o.out), o.source)}) with {o.model} "
+                f"[{self.metadata['extract_settings']}; weights "
+                f"{self.metadata['weights_sha256']}] → {self.feature_dim}-d features"
+                f"{f', {self.num_classes} classes' if self.num_classes else ''}; "
+                f"batch {o.batch_size} on {pool}; shards "
+                f"{images_dir(Path(o.out), o.source)}/{o.split}-NNNNN.parquet "
+                f"(≤ {o.images_per_shard} images each)")
+
+
+def _check_options(o: ExtractOptions) -> None:
+    if (o.images is None) == (o.image_list is None):
+        raise ValueError("give one of --images DIR|URI and --image-list FILE")
+    extractor_entry(o.model)
+    safe_name("--source", o.source)
+    if o.split not in SPLITS:
+        raise ValueError(f"--split {o.split!r}: expected one of {', '.join(SPLITS)}")
+    if is_uri(o.out):
+        raise ValueError(f"--out {o.out}: extraction writes to a local or mounted folder "
+                         f"(shards are committed one by one and the manifest locked)")
+    problems = o.settings.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    for name in ("batch_size", "images_per_shard"):
+        if getattr(o, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(o, name)}: expected ≥ 1")
+    if o.gpus < 0 or o.workers < 1:
+        raise ValueError(f"--gpus {o.gpus} / --workers {o.workers}: expected gpus ≥ 0, "
+                         f"workers ≥ 1")
+    if o.weights_file and not is_uri(o.weights_file) and not Path(o.weights_file).is_file():
+        raise ValueError(f"--weights {o.weights}: no such file (a path, a URI, or random)")
+
+
+def _probe(o: ExtractOptions) -> tuple[dict[str, str], int, int]:
+    """Build the extractor as the actors will (weights checked key by key) and run it on one
+    small image: its metadata, feature width and class count, known before any actor."""
+    import numpy as np
+    import torch
+
+    from vlp.platform.training.pretrained_weights import local_weights
+
+    local = local_weights(o.weights_file) if o.weights_file else None
+    extractor = build_extractor(o.model, local, o.settings).eval()
+    rgb = np.full((64, 48, 3), 128, np.uint8)
+    x, scale = extractor.prepare(rgb)
+    out = extractor.extract([torch.from_numpy(x)], [scale], [(64, 48)])[0]
+    soft = out.get("soft_labels")
+    return extractor.metadata(), int(out["features"].shape[1]), (
+        0 if soft is None else int(soft.shape[1]))
+
+
+def plan(o: ExtractOptions) -> ExtractPlan:
+    """Every check that needs no cluster; raises ``ValueError`` with one line."""
+    _check_options(o)
+    where = o.images or o.image_list
+    refs = image_refs(images_in(o.images) if o.images else images_listed(o.image_list), where)
+    meta, dim, classes = _probe(o)
+    existing = ExistingShards(images_dir(Path(o.out), o.source))
+    problem = existing.problem(o.model, meta)
+    if problem:
+        raise ValueError(problem)
+    check_compatible(read_world(Path(o.out)), o.source, feature_dim=dim,
+                     num_classes=classes, feature_extractor=o.model)
+    todo = [r for r in refs if r.image_id not in existing.ids]
+    return ExtractPlan(o, todo, len(refs) - len(todo), meta, dim, classes, existing)
+
+
+def build_dataset(p: ExtractPlan):
+    """The lazy Ray Dataset: rows of ``RESULT_SCHEMA`` (one per image, failures included)."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    from vlp.platform.extract.decode_stage import PrepareImages
+    from vlp.platform.extract.model_stage import RunExtractor
+
+    o = p.options
+    items = [{"image_id": r.image_id, "location": r.location} for r in p.todo]
+    # enough blocks that every decode task and actor has work from the start
+    blocks = max(1, min(len(items), (len(items) + o.batch_size - 1) // o.batch_size))
+    ds = ray.data.from_items(items, override_num_blocks=blocks)
+    ds = ds.map_batches(PrepareImages(o.model, o.settings), batch_size=o.batch_size,
+                        batch_format="numpy", num_cpus=1)
+    actors = o.gpus or o.workers
+    resources = {"num_gpus": 1} if o.gpus else {"num_cpus": 1}
+    return ds.map_batches(RunExtractor, fn_constructor_args=(o.model, o.weights_file,
+                                                              o.settings, bool(o.gpus)),
+                          compute=ActorPoolStrategy(size=actors), batch_size=o.batch_size,
+                          batch_format="numpy", **resources)
+
+
+@dataclass
+class ExtractReport:
+    written: int = 0
+    skipped: int = 0
+    failed: list[str] = field(default_factory=list)
+    shards: int = 0
+    seconds: float = 0.0
+
+    @property
+    def images_per_s(self) -> float:
+        return self.written / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Progress:
+    def __init__(self, total: int, every_s: float = 10.0, stream=sys.stderr):
+        self.total, self.every_s, self.stream = total, every_s, stream
+        self.start = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.every_s and done < self.total:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        print(f"extract: {done}/{self.total} images, {rate:.2f} images/s, ETA "
+              f"{eta / 60:.1f} min", file=self.stream, flush=True)
+
+
+def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
+    """Run the job (Ray must be initialised); writes shards as results arrive."""
+    from vlp.platform.extract.model_stage import decode_result
+
+    o = p.options
+    report = ExtractReport(skipped=p.skipped)
+    start = time.perf_counter()
+    sink = ShardSink(Path(o.out), o.source, o.split, o.model, p.metadata, p.existing,
+                     o.images_per_shard)
+    progress = _Progress(len(p.todo), progress_every_s)
+    if p.todo:
+        done = 0
+        for batch in build_dataset(p).iter_batches(batch_size=None, batch_format="pyarrow"):
+            for row in batch.to_pylist():
+                done += 1
+                if row["error"]:
+                    report.failed.append(f"{row['location']}: {row['error']}")
+                    continue
+                refused = sink.add(decode_result(row), row["location"])
+                if refused:
+                    report.failed.append(refused)
+                else:
+                    report.written += 1
+            progress.update(done)
+    report.seconds = time.perf_counter() - start
+    sink.finish(extract_record([o.images or o.image_list], {
+        "images": report.written, "skipped": report.skipped, "failed": len(report.failed)},
+        {"model": o.model, "weights": o.weights, "source": o.source, "split": o.split,
+         **p.metadata}, [f"images/{o.source}"]))
+    report.shards = sink.shards_written
+    return report
+
+
+def summary(p: ExtractPlan, r: ExtractReport) -> str:
+    o = p.options
+    return (f"extract: {r.written} images written in {r.shards} shard(s) to "
+            f"{images_dir(Path(o.out), o.source)} ({r.skipped} skipped as already extracted, "
+            f"{len(r.failed)} failed) in {r.seconds:.1f} s, {r.images_per_s:.2f} images/s, "
+            f"{o.model} on {o.gpus or o.workers} {'GPU' if o.gpus else 'CPU'} actor(s)")
