@@ -109,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
     print(p.describe(), flush=True)
     if args.check:
         return 0
-    import ray
-    if not ray.is_initialized():
-        ray.init()   # inside `ray job submit` this attaches to the cluster
+    from vlp.platform.cluster.ray_session import ensure_ray
+    # the job's cluster (`ray job submit`, `ray start`) or a local instance with a CPU per
+    # actor and one for the decode tasks
+    ensure_ray(cpus_wanted=(0 if args.gpus else args.workers) + 1)
     report = run_job(p)
     for line in report.failed:
         print(f"extract: failed: {line}", file=sys.stderr)

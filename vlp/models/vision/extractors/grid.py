@@ -82,7 +82,7 @@ def build_grid(weights: str | None, settings: ExtractSettings, size: str = "r50"
     if weights is not None:
         problem = cnn_weights_problem(trunk, weights)
         if problem:
-            raise ValueError(problem.replace("model.cnn_init", "--weights", 1))
+            raise ValueError(problem.replace("model.cnn_init:", "--weights", 1))
         load_cnn_weights(trunk, weights)
         digest = file_sha256(weights)
     return GridExtractor(f"grid-{size}", trunk, settings, digest)
