@@ -1,0 +1,114 @@
+"""Images/s of `vlp data extract` (the Ray Data job) against a bare loop of the same model on
+the same decoded images, in one run.
+
+    python jobs/benchmarks/extract_throughput.py [--model grid-r50] [--images 96]
+        [--short-side 224] [--long-side 320] [--workers 2] [--gpus 0] [--batch-size 4]
+
+- ``bare_loop``: the extractor in this process, ``extract`` over the images already decoded
+  and prepared (``prepare``), ``--batch-size`` at a time; torch gets as many threads as the
+  job has CPU actors (on a GPU: one GPU, inputs already on it). Decoding is not counted.
+- ``job``: the whole job (`plan` done before timing, Ray started before timing): read the
+  files, decode + prepare, the model in the actor pool, shards written and the manifest
+  updated; from the first dataset block to the last shard, so actor start-up counts.
+
+Goal on CPU: job ≥ 0.9 × bare loop. Prints settings, then one figure per line
+(``name value unit``), the ratio last. Images are random-texture JPEGs of 480×640.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _write_images(folder: Path, n: int) -> None:
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for i in range(n):   # smooth random colour fields: JPEG sizes like photographs'
+        small = (rng.random((6, 8, 3)) * 255).astype(np.uint8)
+        Image.fromarray(small).resize((640, 480), Image.BICUBIC).save(
+            folder / f"img{i:05d}.jpg", quality=90)
+
+
+def bare_loop(model: str, settings, files: list[Path], batch: int, threads: int,
+              gpu: bool) -> float:
+    import torch
+
+    from vlp.models.vision.extractors.registry import build_extractor
+    from vlp.platform.extract.decode_stage import decode_rgb
+
+    torch.set_num_threads(threads)
+    device = torch.device("cuda" if gpu else "cpu")
+    ext = build_extractor(model, None, settings).to(device).eval()
+    decoded = [decode_rgb(f.read_bytes()) for f in files]
+    prepared = [ext.prepare(im) for im in decoded]
+    inputs = [torch.from_numpy(x).to(device) for x, _ in prepared]
+    ext.extract(inputs[:batch], [s for _, s in prepared[:batch]],
+                [im.shape[:2] for im in decoded[:batch]])            # warm-up
+    if gpu:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(0, len(inputs), batch):
+        ext.extract(inputs[i:i + batch], [s for _, s in prepared[i:i + batch]],
+                    [im.shape[:2] for im in decoded[i:i + batch]])
+    if gpu:
+        torch.cuda.synchronize()
+    return len(inputs) / (time.perf_counter() - start)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="grid-r50")
+    p.add_argument("--images", type=int, default=96)
+    p.add_argument("--short-side", type=int, default=224)
+    p.add_argument("--long-side", type=int, default=320)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=4)
+    args = p.parse_args(argv)
+
+    from vlp.models.vision.extractors.base import ExtractSettings
+    from vlp.platform.cluster.ray_session import ensure_ray
+    from vlp.platform.extract.extract_job import ExtractOptions, plan, run
+
+    settings = ExtractSettings(short_side=args.short_side, long_side=args.long_side)
+    actors = args.gpus or args.workers
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "images"
+        _write_images(folder, args.images)
+        files = sorted(folder.glob("*.jpg"))
+        print(f"settings: model {args.model}, {args.images} images 480x640 → "
+              f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
+              f"{f'{args.gpus} GPU' if args.gpus else f'{args.workers} CPU'} actor(s)")
+        bare = bare_loop(args.model, settings, files, args.batch_size,
+                         threads=max(1, args.workers), gpu=bool(args.gpus))
+        opts = ExtractOptions(images=str(folder), image_list=None, model=args.model,
+                              weights="random", source="bench", split="train",
+                              out=str(Path(tmp) / "world"), settings=settings,
+                              batch_size=args.batch_size, gpus=args.gpus,
+                              workers=args.workers)
+        job_plan = plan(opts)
+        ensure_ray(cpus_wanted=(0 if args.gpus else args.workers) + 1)
+        report = run(job_plan, progress_every_s=1e9)
+        if report.failed or report.written != args.images:
+            print(f"job wrote {report.written} of {args.images} images: {report.failed[:3]}",
+                  file=sys.stderr)
+            return 1
+        per = "per GPU" if args.gpus else "total"
+        print(f"bare_loop {bare:.2f} images/s")
+        print(f"job {report.images_per_s:.2f} images/s ({per}: "
+              f"{report.images_per_s / actors if args.gpus else report.images_per_s:.2f})")
+        print(f"job_seconds {report.seconds:.1f} s")
+        print(f"ratio_job_over_bare_loop {report.images_per_s / bare:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
