@@ -20,7 +20,6 @@ class ExtractorEntry:
     builder: str          # "module:function" taking (weights, settings, size=...)
     size: str             # the size the builder is asked for
     summary: str
-    needs_gpu_weights: bool = False
 
     def build(self, weights: str | None, settings: ExtractSettings) -> Extractor:
         module, func = self.builder.split(":")
