@@ -74,6 +74,6 @@ def test_extract_writes_validated_shards_reports_bad_images_and_resumes(ray_loca
     assert load_manifest(out).sources["coco"].images == 5
 
     # other settings into the same folder would mix stores: refused before anything runs
-    assert main(args[:-len(GRID)] + GRID[:2] + ["--grid", "3", "--short-side", "64",
+    assert main(args[:-len(GRID)] + GRID[:2] + ["--grid", "5", "--short-side", "64",
                                                 "--long-side", "96"]) == 2
     assert "holds features of 'grid-tiny'" in capsys.readouterr().err

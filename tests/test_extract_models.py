@@ -138,3 +138,23 @@ def test_two_files_with_one_image_id_are_refused(tmp_path, capsys):
     assert main(["data", "extract", "--images", str(imgs), "--model", "grid-tiny", "--source",
                  "coco", "--out", str(tmp_path / "w"), "--check"]) == 2
     assert "same image id '1'" in capsys.readouterr().err
+
+
+def test_images_by_uri_are_listed_and_decoded_from_object_storage(s3_env, tmp_path):
+    """An s3:// folder: listed (hidden names and non-images skipped) and read by the decode
+    stage through pyarrow.fs, with the endpoint from the standard AWS environment."""
+    from vlp.platform.extract.decode_stage import PrepareImages
+    from vlp.platform.extract.image_sources import image_refs, images_in
+    imgs = _images(tmp_path / "imgs", n=2)
+    (imgs / "readme.txt").write_text("not an image")
+    (imgs / "truncated.jpg").write_bytes((imgs / "COCO_val2014_000000000001.jpg").read_bytes()[:99])
+    s3_env.create_bucket("extract-images")
+    uri = s3_env.upload(imgs, "extract-images/coco")
+    refs = image_refs(images_in(uri), uri)
+    assert [r.image_id for r in refs] == ["1", "2", "truncated"]
+    assert refs[0].location == f"{uri}/COCO_val2014_000000000001.jpg"
+    out = PrepareImages("grid-tiny", SMALL)({"image_id": np.array([r.image_id for r in refs]),
+                                             "location": np.array([r.location for r in refs])})
+    assert out["input"][0].shape == (3, 64, 96) and out["height"].tolist()[:2] == [40, 40]
+    assert out["error"][:2].tolist() == ["", ""] and "truncated" not in out["error"][2]
+    assert out["error"][2].startswith("OSError")
