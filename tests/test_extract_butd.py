@@ -109,12 +109,15 @@ def _butd_reference(boxes, probs, nms_t, conf_t, lo, hi):
     return ranked[:min(len(chosen), hi)], max_conf
 
 
-@pytest.mark.parametrize("sharpness,lo,hi", [(6.0, 3, 8), (0.3, 5, 9)])
-def test_region_rule_matches_the_reference_loop(sharpness, lo, hi):
+# peaked rows (enough pass 0.2), flat rows over few classes (the floor drops once), flat
+# rows over many classes (the floor drops to the full problem)
+@pytest.mark.parametrize("sharpness,classes,lo,hi", [(6.0, 9, 3, 8), (0.3, 9, 5, 9),
+                                                     (0.1, 120, 6, 9)])
+def test_region_rule_matches_the_reference_loop(sharpness, classes, lo, hi):
     g = torch.Generator().manual_seed(7)
     xy = torch.rand(40, 2, generator=g) * 60
     boxes = torch.cat([xy, xy + 8 + torch.rand(40, 2, generator=g) * 30], dim=1)
-    probs = torch.softmax(torch.randn(40, 9, generator=g) * sharpness, dim=1)[:, 1:]
+    probs = torch.softmax(torch.randn(40, classes, generator=g) * sharpness, dim=1)[:, 1:]
     idx, conf = select_regions(boxes, probs, 0.3, 0.2, lo, hi)
     want, max_conf = _butd_reference(boxes.tolist(), probs.double().numpy(), 0.3, 0.2, lo, hi)
     assert idx.tolist() == want

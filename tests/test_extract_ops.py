@@ -158,12 +158,16 @@ def test_classwise_keep_is_nms_per_class_on_shared_boxes():
     boxes = _random_boxes(50, g)
     scores = torch.softmax(torch.randn(50, 7, generator=g) * 2, dim=1)
     valid = scores >= 0.1
-    keep = classwise_keep(boxes, scores, 0.3, valid=valid, classes_per_chunk=3)
+    keep = classwise_keep(boxes, scores, 0.3, valid=valid, max_elements=3 * 50 * 50)
     for c in range(7):
         idx = valid[:, c].nonzero().squeeze(1).tolist()
         ref = _nms_reference([boxes[i].tolist() for i in idx],
                              [scores[i, c].item() for i in idx], 0.3)
         assert set(keep[:, c].nonzero().squeeze(1).tolist()) == {idx[i] for i in ref}
+    every = classwise_keep(boxes, scores, 0.3)
+    for c in range(7):
+        ref = _nms_reference(boxes.tolist(), scores[:, c].tolist(), 0.3)
+        assert set(every[:, c].nonzero().squeeze(1).tolist()) == set(ref)
 
 
 def test_box_coder_round_trip_and_clip():

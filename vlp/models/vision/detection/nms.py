@@ -94,28 +94,37 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor,
 
 
 def classwise_keep(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float,
-                   valid: torch.Tensor | None = None, classes_per_chunk: int = 64
+                   valid: torch.Tensor | None = None, max_elements: int = 1 << 23
                    ) -> torch.Tensor:
     """Per-class greedy NMS when every class scores the same R boxes (Fast R-CNN's
     unregressed RoIs): ``scores`` (R, C) → keep mask (R, C).
 
-    The IoU matrix is computed once and shared; classes are solved together in chunks (the
-    (chunk, R, R) suppression tensor bounds the memory). ``valid`` (R, C) leaves entries out
-    entirely; an entry's fate depends only on higher-scored entries of its class, so
-    leaving out every entry below a floor does not change the fate of those above it.
+    The IoU matrix is computed once and shared; classes are solved together in chunks whose
+    (classes, K, K) suppression tensor stays under ``max_elements``. ``valid`` (R, C) leaves
+    entries out entirely; an entry's fate depends only on higher-scored entries of its
+    class, so leaving out every entry below a floor does not change the fate of those above
+    it — and then only each class's K valid entries (its top K by score) take part.
     """
     r, c = scores.shape
     keep = torch.zeros(r, c, dtype=torch.bool, device=scores.device)
     if r == 0 or c == 0:
         return keep
     over = box_iou(boxes.float(), boxes.float()) > iou_threshold           # (R, R)
-    for start in range(0, c, classes_per_chunk):
-        s = scores[:, start:start + classes_per_chunk].t()                  # (c', R)
-        order = torch.sort(s, dim=1, descending=True, stable=True).indices  # (c', R)
-        sup = over[order[:, :, None], order[:, None, :]]                    # (c', R, R)
-        v = None if valid is None else torch.gather(
-            valid[:, start:start + classes_per_chunk].t(), 1, order)
+    counts = torch.full((c,), r, device=scores.device) if valid is None else valid.sum(0)
+    by_count = torch.sort(counts, descending=True, stable=True).indices
+    sizes = counts[by_count].tolist()                       # chunking is planned on the host
+    start = 0
+    while start < c and sizes[start] > 0:
+        k = sizes[start]                                    # the chunk's largest class
+        width = max(1, min(c - start, max_elements // (k * k)))
+        cls = by_count[start:start + width]
+        s = scores[:, cls].t()                                              # (c', R)
+        order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]
+        sup = over[order[:, :, None], order[:, None, :]]                    # (c', K, K)
+        v = None if valid is None else torch.gather(valid[:, cls].t(), 1, order)
         kept_ranked = greedy_keep(sup, v)
-        kept = torch.zeros_like(kept_ranked).scatter_(1, order, kept_ranked)
-        keep[:, start:start + classes_per_chunk] = kept.t()
+        kept = torch.zeros(cls.shape[0], r, dtype=torch.bool, device=scores.device)
+        kept.scatter_(1, order, kept_ranked)
+        keep[:, cls] = kept.t()
+        start += width
     return keep
