@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -41,10 +42,13 @@ def _run(extractor, images):
                              [s for _, s in prepared], [im.shape[:2] for im in images])
 
 
-@pytest.fixture(scope="module")
-def tiny():
+@pytest.fixture(scope="module", params=["roi_pool", "roi_align"])
+def tiny(request):
     torch.manual_seed(0)
-    return build_butd(None, SETTINGS, size="tiny")
+    extractor = build_butd(None, SETTINGS, size="tiny")
+    # the same weights with the other pooler (the public weights use roi_pool)
+    extractor.detector.roi_heads.cfg = replace(extractor.detector.cfg, pooler=request.param)
+    return extractor
 
 
 def test_butd_tiny_regions_meet_the_contract(tiny):

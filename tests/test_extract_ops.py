@@ -13,6 +13,7 @@ from vlp.models.vision.detection.anchors import cell_anchors, grid_anchors
 from vlp.models.vision.detection.box_coder import BoxCoder, clip_boxes
 from vlp.models.vision.detection.nms import batched_nms, classwise_keep, nms
 from vlp.models.vision.detection.roi_align import roi_align
+from vlp.models.vision.detection.roi_pool import roi_pool
 
 # tiny convs: one thread beats two threads fighting the other tests for 2 cores
 torch.set_num_threads(1)
@@ -91,6 +92,45 @@ def test_roi_align_chunks_give_the_same_result():
     whole = roi_align(feats, rois, 3, 1 / 8)
     chunked = roi_align(feats, rois, 3, 1 / 8, max_elements=1)
     torch.testing.assert_close(whole, chunked)
+
+
+def _c_round(v):
+    return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
+
+
+def _roi_pool_reference(feats, rois, out, scale):
+    """torchvision's / detectron2's ROIPool CPU kernel, loop by loop."""
+    _, c, h, w = feats.shape
+    result = torch.zeros(len(rois), c, out, out, dtype=torch.float64)
+    for k, (b, x1, y1, x2, y2) in enumerate(rois.tolist()):
+        sw, sh, ew, eh = (_c_round(v * scale) for v in (x1, y1, x2, y2))
+        rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
+        for ph in range(out):
+            for pw in range(out):
+                hs = min(max(math.floor(ph * rh / out) + sh, 0), h)
+                he = min(max(math.ceil((ph + 1) * rh / out) + sh, 0), h)
+                ws = min(max(math.floor(pw * rw / out) + sw, 0), w)
+                we = min(max(math.ceil((pw + 1) * rw / out) + sw, 0), w)
+                if he <= hs or we <= ws:
+                    continue
+                result[k, :, ph, pw] = feats[int(b), :, hs:he, ws:we].double().amax(dim=(1, 2))
+    return result
+
+
+def test_roi_pool_matches_the_max_over_each_bin():
+    g = torch.Generator().manual_seed(8)
+    feats = torch.randn(2, 3, 9, 13, generator=g)
+    rois = torch.tensor([[0, 0.0, 0.0, 104.0, 72.0],
+                         [1, 10.3, 7.1, 40.9, 30.2],
+                         [0, 90.0, 60.0, 140.0, 90.0],    # partly outside
+                         [1, 33.0, 20.0, 35.0, 21.0],     # below one cell
+                         [0, -20.0, -12.0, 8.0, 5.0],     # starts before the map
+                         [1, 12.0, 4.0, 60.0, 4.0],       # flat: bins repeat one row
+                         [0, 20.0, 20.0, 20.0, 20.0]])    # a point; 20/8 = 2.5 rounds up
+    got = roi_pool(feats, rois, output_size=4, spatial_scale=1 / 8)
+    torch.testing.assert_close(got.double(), _roi_pool_reference(feats, rois, 4, 1 / 8))
+    chunked = roi_pool(feats, rois, output_size=4, spatial_scale=1 / 8, max_elements=1)
+    torch.testing.assert_close(chunked, got)
 
 
 def _iou(a, b):

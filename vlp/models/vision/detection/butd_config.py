@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from vlp.models.vision.detection.resnet_c4 import C4Shape
 from vlp.models.vision.detection.rpn import RpnSettings
 
+POOLERS = ("roi_pool", "roi_align")
 # Caffe's BGR pixel means, on 0–255 pixels, no std (the weights were trained on these)
 CAFFE_PIXEL_MEAN_BGR = (102.9801, 115.9465, 122.7717)
 
@@ -21,10 +22,18 @@ class ButdConfig:
     num_attributes: int           # attribute classes + "no attribute" (index 0)
     attribute_embed: int          # the class embedding the attribute head concatenates
     attribute_hidden: int
+    # "roi_pool": what the public weights were trained with (Caffe's ROIPooling, kept by
+    # py-bottom-up-attention's POOLER_TYPE "ROIPool"); "roi_align": detectron2's ROIAlignV2
+    # (aligned, adaptive sampling) for weights trained with it
+    pooler: str = "roi_pool"
     pooler_resolution: int = 14
     sampling_ratio: int = 0
     aligned: bool = True
     pixel_mean_bgr: tuple[float, float, float] = CAFFE_PIXEL_MEAN_BGR
+
+    def __post_init__(self):
+        if self.pooler not in POOLERS:
+            raise ValueError(f"butd pooler {self.pooler!r}: expected one of {', '.join(POOLERS)}")
 
 
 BUTD_SIZES: dict[str, ButdConfig] = {

@@ -1,6 +1,6 @@
 """BUTD's Faster R-CNN (Anderson et al. 2018) as a torch module, in detectron2's parameter
 layout: ``backbone`` (ResNet C4), ``proposal_generator`` (single-level RPN),
-``roi_heads.res5`` (RoIAlign 14×14 → res5 → mean-pooled 2048-d) and
+``roi_heads.res5`` (RoI pooling 14×14 → res5 → mean-pooled 2048-d) and
 ``roi_heads.box_predictor`` (1601-way classifier; per-class box deltas; the attribute head
 when the weights have one)."""
 
@@ -12,6 +12,7 @@ from torch import nn
 from vlp.models.vision.detection.butd_config import ButdConfig
 from vlp.models.vision.detection.resnet_c4 import ResNetC4, init_random, res5_head
 from vlp.models.vision.detection.roi_align import roi_align
+from vlp.models.vision.detection.roi_pool import roi_pool
 from vlp.models.vision.detection.rpn import Rpn
 
 
@@ -44,8 +45,11 @@ class RoiHeads(nn.Module):
 
     def pooled(self, c4: torch.Tensor, rois: torch.Tensor, stride: int) -> torch.Tensor:
         """(K, 5) RoIs (image index, x1y1x2y2 in input pixels) → (K, D) features."""
-        x = roi_align(c4, rois, self.cfg.pooler_resolution, 1.0 / stride,
-                      self.cfg.sampling_ratio, self.cfg.aligned)
+        if self.cfg.pooler == "roi_pool":
+            x = roi_pool(c4, rois, self.cfg.pooler_resolution, 1.0 / stride)
+        else:
+            x = roi_align(c4, rois, self.cfg.pooler_resolution, 1.0 / stride,
+                          self.cfg.sampling_ratio, self.cfg.aligned)
         return self.res5(x).float().mean(dim=(2, 3))
 
 
