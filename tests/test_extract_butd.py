@@ -208,6 +208,10 @@ def test_converter_loads_pkl_and_pth_alike(tmp_path):
         if k != "pixel_mean":
             np.testing.assert_array_equal(own[k].numpy(), v)
     assert a.detector.pixel_mean.tolist() == [100.0, 110.0, 120.0]
+    # prepare: RGB → BGR less the checkpoint's means, shorter side to short_side
+    x, scale = a.prepare(np.tile(np.asarray([120, 110, 100], np.uint8), (120, 180, 1)))
+    assert x.shape == (3, 96, 144) and x.dtype == np.float32 and scale == pytest.approx(0.8)
+    np.testing.assert_allclose(x, 0.0, atol=1e-4)
     assert a.detector.has_attributes
     images = [_image(100, 150, 8)]
     ra, rb = _run(a, images)[0], _run(b, images)[0]

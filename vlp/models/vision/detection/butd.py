@@ -37,6 +37,9 @@ class ButdExtractor(Extractor):
         self.settings = settings
         self.name = name
         self.weights_sha256 = weights_sha256
+        # host copies: prepare() runs in CPU workers and must not touch the model's device
+        self._pixel_mean = detector.pixel_mean.detach().cpu().numpy().astype(np.float32)
+        self._pixel_std = detector.pixel_std.detach().cpu().numpy().astype(np.float32)
 
     def prepare(self, rgb: np.ndarray) -> tuple[np.ndarray, float]:
         """HWC uint8 RGB → CHW float32 BGR less the Caffe means (the weights' input), with
@@ -45,10 +48,9 @@ class ButdExtractor(Extractor):
         rh, rw, scale = resized_hw(h, w, self.settings)
         if (rh, rw) != (h, w):
             rgb = np.asarray(Image.fromarray(rgb).resize((rw, rh), Image.BILINEAR))
-        mean = self.detector.pixel_mean.cpu().numpy().astype(np.float32)
-        std = self.detector.pixel_std.cpu().numpy().astype(np.float32)
         bgr = rgb[:, :, ::-1].astype(np.float32)
-        return np.ascontiguousarray(((bgr - mean) / std).transpose(2, 0, 1)), scale
+        chw = ((bgr - self._pixel_mean) / self._pixel_std).transpose(2, 0, 1)
+        return np.ascontiguousarray(chw), scale
 
     def _autocast_dtype(self, device: torch.device) -> torch.dtype | None:
         # fp16 on GPUs (tensor cores; the stored features are fp16 anyway); fp32 on CPU
