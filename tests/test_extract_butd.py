@@ -164,7 +164,8 @@ def _public_layout(size: str, attributes: bool) -> dict[str, tuple[int, ...]]:
                  f"{rpn}.anchor_deltas.weight": (4 * a, w["rpn"], 1, 1),
                  f"{rpn}.anchor_deltas.bias": (4 * a,)})
     bp = "roi_heads.box_predictor"
-    keys.update({f"{bp}.cls_score.weight": (w["classes"], d), f"{bp}.cls_score.bias": (w["classes"],),
+    keys.update({f"{bp}.cls_score.weight": (w["classes"], d),
+                 f"{bp}.cls_score.bias": (w["classes"],),
                  f"{bp}.bbox_pred.weight": ((w["classes"] - 1) * 4, d),
                  f"{bp}.bbox_pred.bias": ((w["classes"] - 1) * 4,)})
     if attributes:
@@ -178,7 +179,8 @@ def _public_layout(size: str, attributes: bool) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("attributes", [False, True])
 def test_base_model_has_the_public_checkpoint_layout(attributes):
-    state = {k: torch.empty(s, device="meta") for k, s in _public_layout("base", attributes).items()}
+    layout = _public_layout("base", attributes)
+    state = {k: torch.empty(s, device="meta") for k, s in layout.items()}
     assert weights_problems(state, butd_config("base")) == []
 
 

@@ -236,4 +236,5 @@ def test_anchors_layout():
     grid = grid_anchors(cell, feat_h=2, feat_w=3, stride=16)
     assert grid.shape == (2 * 3 * 6, 4)
     # location (y=1, x=2) → shift (32, 16), anchor 4 → cell[4] shifted
-    torch.testing.assert_close(grid[(1 * 3 + 2) * 6 + 4], cell[4] + torch.tensor([32.0, 16, 32, 16]))
+    torch.testing.assert_close(grid[(1 * 3 + 2) * 6 + 4],
+                               cell[4] + torch.tensor([32.0, 16, 32, 16]))

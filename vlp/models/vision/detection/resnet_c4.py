@@ -105,7 +105,7 @@ class Stem(nn.Module):
 
 
 class ResNetC4(nn.Module):
-    """[B, 3, H, W] → C4 map [B, 4·res2_out, ~H/16, ~W/16] (keys stem.*, res2.*, res3.*, res4.*)."""
+    """[B, 3, H, W] → C4 map [B, 4·res2_out, ~H/16, ~W/16] (keys stem, res2, res3, res4)."""
 
     stride = 16
 

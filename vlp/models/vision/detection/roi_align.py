@@ -35,7 +35,7 @@ def _axis_weights(start: torch.Tensor, end: torch.Tensor, out_size: int, size: i
     ph = torch.arange(out_size, device=start.device, dtype=start.dtype)
     # sample coordinate of bin p, sample i: start + p·bin + (i + ½)·bin / grid
     y = (start[:, None, None] + ph[None, :, None] * bin_len[:, None, None]
-         + (iy[None, None, :] + 0.5) * (bin_len / grid.clamp(min=1.0))[:, None, None])      # (K, P, G)
+         + (iy[None, None, :] + 0.5) * (bin_len / grid.clamp(min=1.0))[:, None, None])  # K,P,G
     used = (iy[None, None, :] < grid[:, None, None]).expand_as(y)
     inside = (y >= -1.0) & (y <= size)
     y = y.clamp(min=0.0)

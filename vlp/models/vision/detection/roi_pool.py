@@ -1,6 +1,6 @@
 """RoIPool (Fast R-CNN's max pooling over quantised bins) in plain torch, with the
 semantics of detectron2's / torchvision's ``ROIPool``: RoI corners rounded to map cells,
-≥ 1-cell RoIs, bin p spanning ⌊p·bin⌋ … ⌈(p+1)·bin⌉ clipped to the map, an empty bin 0.
+≥ 1-cell RoIs, bin p spanning ⌊p·bin⌋ … ⌈(p+1)·bin⌉ clipped to the map, empty bins 0.
 
 The public BUTD weights were trained with it (the Caffe network's ``ROIPooling`` 14×14,
 kept by py-bottom-up-attention's ``POOLER_TYPE: "ROIPool"``), so their features are
