@@ -191,7 +191,8 @@ def _tiny_state(seed: int = 0) -> dict[str, np.ndarray]:
     for k in state:
         if k.endswith("running_var"):
             state[k] = np.abs(state[k]) + 1.0
-    state["pixel_mean"] = np.asarray([100.0, 110.0, 120.0], np.float32).reshape(3, 1, 1)
+    state["pixel_mean"] = np.asarray([102.9801, 115.9465, 122.7717], np.float32).reshape(3, 1, 1)
+    state["pixel_std"] = np.ones((3, 1, 1), np.float32)
     return state
 
 
@@ -207,13 +208,13 @@ def test_converter_loads_pkl_and_pth_alike(tmp_path):
     assert a.metadata()["weights_sha256"] == a.weights_sha256
     own = a.detector.state_dict()
     for k, v in state.items():
-        if k != "pixel_mean":
+        if not k.startswith("pixel_"):
             np.testing.assert_array_equal(own[k].numpy(), v)
-    assert a.detector.pixel_mean.tolist() == [100.0, 110.0, 120.0]
-    # prepare: RGB → BGR less the checkpoint's means, shorter side to short_side
-    x, scale = a.prepare(np.tile(np.asarray([120, 110, 100], np.uint8), (120, 180, 1)))
+    # prepare: RGB → BGR less Caffe's means, shorter side to short_side
+    x, scale = a.prepare(np.tile(np.asarray([123, 116, 103], np.uint8), (120, 180, 1)))
     assert x.shape == (3, 96, 144) and x.dtype == np.float32 and scale == pytest.approx(0.8)
-    np.testing.assert_allclose(x, 0.0, atol=1e-4)
+    np.testing.assert_allclose(x[:, 5, 7], [103 - 102.9801, 116 - 115.9465, 123 - 122.7717],
+                               atol=1e-4)
     assert a.detector.has_attributes
     images = [_image(100, 150, 8)]
     ra, rb = _run(a, images)[0], _run(b, images)[0]
@@ -236,6 +237,15 @@ def test_converter_names_each_bad_key_in_one_line(tmp_path):
     with pytest.raises(ValueError) as e:
         build_butd(str(path), SETTINGS, "tiny")
     assert str(e.value).splitlines() == lines
+
+
+def test_converter_refuses_other_input_normalisation(tmp_path):
+    state = _tiny_state()
+    state["pixel_mean"] = np.asarray([123.675, 116.28, 103.53], np.float32)   # RGB order
+    path = tmp_path / "rgb.pth"
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, path)
+    (line,) = check_butd_weights(str(path), "tiny")
+    assert "pixel_mean is [123.675, 116.28, 103.53]" in line and "102.9801" in line
 
 
 def test_converter_refuses_a_pickle_that_names_code(tmp_path):

@@ -10,8 +10,10 @@ pickles use for raw bytes) and refuses any other global, so a file cannot run co
 
 Every key of the model must be there with the model's shape; the attribute head is taken
 when all its keys are there (the "attr" checkpoint) and left out when none is; the
-GeneralizedRCNN buffers ``pixel_mean`` / ``pixel_std`` may be there or not and, when
-there, set the input normalisation. Anything else — a missing key, an unknown key, a
+GeneralizedRCNN buffers ``pixel_mean`` / ``pixel_std`` may be there or not, and when there
+must be the normalisation vlp applies (Caffe's BGR means, std 1): images are prepared in
+CPU workers that never read the checkpoint, so a checkpoint trained on other inputs is
+refused rather than fed the wrong pixels. Anything else — a missing key, an unknown key, a
 wrong shape — is one line each, all reported together, before any weights are copied.
 """
 
@@ -96,9 +98,15 @@ def weights_problems(state: dict[str, torch.Tensor], cfg: ButdConfig,
              for k, shape in own.items() if k not in state]
     for k, v in state.items():
         if k in INPUT_KEYS:
+            want = cfg.pixel_mean_bgr if k == "pixel_mean" else (1.0, 1.0, 1.0)
             if v.numel() != 3:
                 lines.append(f"{shown}: key {k} has shape {tuple(v.shape)}, expected 3 values "
                              "(one per BGR channel)")
+            elif not torch.allclose(v.reshape(3).double().cpu(),
+                                    torch.tensor(want, dtype=torch.float64), atol=1e-3):
+                got = [round(x, 4) for x in v.reshape(3).tolist()]
+                lines.append(f"{shown}: key {k} is {got}, expected {list(want)} (the BGR "
+                             "normalisation images are prepared with)")
         elif k not in own:
             lines.append(f"{shown}: unknown key {k} (shape {tuple(v.shape)}): not part of the "
                          f"BUTD R101-C4 layout")
@@ -128,7 +136,4 @@ def load_butd_weights(path: str, cfg: ButdConfig) -> tuple[ButdDetector, str]:
     detector = ButdDetector(cfg, attributes=any(k.startswith(ATTRIBUTE_KEYS) for k in state))
     weights = {k: v for k, v in state.items() if k not in INPUT_KEYS}
     detector.load_state_dict(weights, strict=True)
-    for key in INPUT_KEYS:
-        if key in state:
-            getattr(detector, key).copy_(state[key].reshape(3).float())
     return detector, file_sha256(Path(path).expanduser())

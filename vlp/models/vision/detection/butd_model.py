@@ -61,7 +61,7 @@ class ButdDetector(nn.Module):
         self.proposal_generator = Rpn(cfg.backbone.c4_channels, cfg.rpn_hidden, cfg.rpn,
                                       stride=ResNetC4.stride)
         self.roi_heads = RoiHeads(cfg, attributes)
-        # what the pixels are normalised with; a checkpoint's own values replace these
+        # what the pixels are normalised with (a checkpoint must agree: butd_convert.py)
         self.register_buffer("pixel_mean", torch.tensor(cfg.pixel_mean_bgr), persistent=False)
         self.register_buffer("pixel_std", torch.ones(3), persistent=False)
 
