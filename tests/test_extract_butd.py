@@ -256,3 +256,15 @@ def test_converter_refuses_a_pickle_that_names_code(tmp_path):
     path.write_bytes(pickle.dumps({"model": {"x": Boom()}}))
     (line,) = check_butd_weights(str(path), "tiny")
     assert "refused" in line and "builtins.print" in line and str(path) in line
+
+
+def test_low_precision_path_runs_and_stays_close(tiny, monkeypatch):
+    """The GPU's autocast path (fp16 there) exercised on CPU with bf16: mixed dtypes through
+    the trunk, the pooling and the head still give finite features near fp32's."""
+    images = [_image(120, 180, 9)]
+    full = _run(tiny, images)[0]
+    monkeypatch.setattr(tiny, "_autocast_dtype", lambda device: torch.bfloat16)
+    low = _run(tiny, images)[0]
+    assert np.isfinite(low["features"]).all() and low["features"].dtype == np.float16
+    a, b = full["image_feature"].astype(np.float32), low["image_feature"].astype(np.float32)
+    assert np.abs(a - b).max() <= 0.03 * np.abs(a).max()
