@@ -5,6 +5,7 @@ process group, never `ray stop` (which would end every Ray on the machine)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,3 +114,28 @@ class S3Server:
     def stop(self) -> None:
         stop_tree(self.proc.pid)
         self._log.close()
+
+
+def bashrc_env(setup_commands: list[str], home: Path, bucket: str,
+               head_ip: str | None = None) -> dict[str, str]:
+    """What cluster.yaml's ``setup_commands`` leave in a node's ``~/.bashrc``, as the
+    environment a shell (and so ``ray start``, its job drivers and workers) gets from it:
+    the commands that write ``~/.bashrc`` (not the venv's activation) run in bash with HOME
+    at ``home``, ``VLP_BUCKET`` replaced by ``bucket``, and ``RAY_HEAD_IP`` set as Ray's
+    updater sets it on a worker (``head_ip``) or unset as on the head (None). Only the
+    variables the file sets are returned."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".bashrc").write_text("")
+    cmds = [c for c in setup_commands if "~/.bashrc" in c and "vlp-venv" not in c]
+    env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    if head_ip is not None:
+        env["RAY_HEAD_IP"] = head_ip
+    for cmd in cmds:
+        subprocess.run(["bash", "-c", cmd], env=env, check=True, timeout=30)
+    text = (home / ".bashrc").read_text()
+    text = re.sub(r"^export VLP_BUCKET=.*$", f"export VLP_BUCKET={bucket}", text, flags=re.M)
+    (home / ".bashrc").write_text(text)
+    out = subprocess.run(["bash", "-c", "source ~/.bashrc && env -0"], env={**env, "HOME": str(home)},
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    after = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+    return {k: v for k, v in after.items() if env.get(k) != v and k not in ("PWD", "SHLVL", "_")}

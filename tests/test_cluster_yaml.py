@@ -251,7 +251,6 @@ def test_mlflow_runs_on_postgres_with_s3_artifacts_and_restarts(cfg):
     assert "sqlite" not in unit and "password" not in unit.lower()
     assert "systemctl enable --now vlp-mlflow" in head
     start = " ".join(cfg["head_start_ray_commands"])
-    assert "MLFLOW_TRACKING_URI=$(cat ~/mlflow/tracking_uri)" in start
     assert "--dashboard-host=127.0.0.1" in start and "mlflow server" not in start
 
 
@@ -284,3 +283,55 @@ def test_the_dashboard_is_reached_the_same_way_everywhere():
             submits += 1
     assert submits >= 10
     assert "ray dashboard cluster.yaml" in texts["docs/cluster.md"]
+
+
+# ---- issue 27: storage, tracking and NCCL right by default on every node -------------------
+
+def test_every_node_gets_s3_run_storage_and_the_heads_tracking_server(cfg, tmp_path):
+    """What ~/.bashrc gives `ray start` (so every job driver and worker) and an SSH session,
+    on the head and on a worker: checkpoints in the bucket, MLflow on the head's server at
+    the address and port it listens on, NCCL sockets never on lo/docker."""
+    import subprocess
+
+    from cluster_helpers import bashrc_env
+
+    worker = bashrc_env(cfg["setup_commands"], tmp_path / "worker", "my-bucket", "10.0.1.23")
+    head = bashrc_env(cfg["setup_commands"], tmp_path / "head", "my-bucket")
+    for env in (worker, head):
+        assert env["VLP_STORAGE"] == "s3://my-bucket/runs"
+        assert env["RAY_AUTH_MODE"] == "token"
+        assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+        assert "FI_PROVIDER" not in env      # no EFA device on this machine
+    assert worker["MLFLOW_TRACKING_URI"] == "http://10.0.1.23:5000"
+    own_ip = subprocess.run(["bash", "-c", "hostname -I | cut -d' ' -f1"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert head["MLFLOW_TRACKING_URI"] == f"http://{own_ip}:5000"
+    unit = mlflow_unit(cfg, head_ip=own_ip)       # the server listens there
+    assert f"--host {own_ip} --port 5000" in unit
+    # a second `ray up` rewrites the tracking line instead of adding another
+    again = bashrc_env(cfg["setup_commands"] * 2, tmp_path / "twice", "b", "10.0.1.24")
+    assert again["MLFLOW_TRACKING_URI"] == "http://10.0.1.24:5000"
+    assert (tmp_path / "twice" / ".bashrc").read_text().count("MLFLOW_TRACKING_URI") == 1
+
+
+def test_the_a100_type_has_efa_and_a_cluster_placement_group(cfg):
+    """Multi-node A100 runs all-reduce across nodes: four EFA interfaces (one per network
+    card of a p4d), each naming its subnet and security group as Ray requires, in a cluster
+    placement group; EFA's libfabric provider is set where the node has an EFA device."""
+    from ray.autoscaler._private.aws.config import _configure_node_type_from_network_interface
+
+    p4d = [t for t in worker_types(cfg).values()
+           if t["node_config"]["InstanceType"] == "p4d.24xlarge"]
+    assert len(p4d) == 1
+    nc = p4d[0]["node_config"]
+    nics = nc["NetworkInterfaces"]
+    assert sorted(n["NetworkCardIndex"] for n in nics) == [0, 1, 2, 3]
+    assert all(n["InterfaceType"] == "efa" and n["SubnetId"] and n["Groups"] for n in nics)
+    assert [n["DeviceIndex"] for n in nics] == [0, 1, 1, 1]
+    assert nc["Placement"]["GroupName"]
+    # Ray's own step that takes the subnet and groups from the interfaces accepts it
+    _configure_node_type_from_network_interface(p4d[0])
+    setup = " ".join(cfg["setup_commands"])
+    assert "/sys/class/infiniband" in setup and "FI_PROVIDER=efa" in setup
+    docs = (ROOT / "docs/cluster.md").read_text()
+    assert nc["Placement"]["GroupName"] in docs and "aws ec2 create-placement-group" in docs

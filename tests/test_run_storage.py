@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from vlp.platform.cluster import run_storage
+from vlp.platform.cluster import job_nodes, run_storage
 from vlp.platform.pretrain.experiment_config import load_experiment_config
-from vlp.platform.pretrain.run import preflight, resolve, tracking_spec
+from vlp.platform.pretrain.run import check_cluster, preflight, resolve, tracking_spec
 from vlp.platform.tracking.mlflow_run import TrackingUnreachable, run_key
 from vlp.platform.tracking.choice import check_tracking_shared, choose_tracking_uri
 
@@ -94,11 +94,58 @@ def test_multi_node_refuses_storage_other_nodes_cannot_read(no_env, tmp_path):
     run_storage.check_shared(run_storage.open_location("s3://b/vlp"), nodes=3)
 
 
-def test_multi_node_refusal_happens_in_resolve_before_anything_starts(no_env, tmp_path):
+HEAD_ONLY = [{"NodeID": "head", "Alive": True, "Resources": {"CPU": 0.0, "memory": 1e10}},
+             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 8.0, "GPU": 4.0}}]
+
+
+def test_a_job_spans_nodes_when_this_node_cannot_hold_its_workers():
+    """An autoscaling cluster at submit time: only the head is alive, and it holds no
+    training work (cluster.yaml: CPU 0). Counting live nodes says 1; the job's workers will
+    run on nodes the autoscaler starts."""
+    gpu = job_nodes.worker_resources(4, True, "A10G")
+    assert gpu == {"CPU": 4.0, "GPU": 1.0, "accelerator_type:A10G": 0.001}
+    span = job_nodes.job_span(8, gpu, nodes=HEAD_ONLY, here="head")
+    assert span.nodes > 1 and "CPU 0" in span.why and "GPU" in span.why
+    # a laptop's local Ray that holds every worker: one node
+    laptop = [{"NodeID": "me", "Alive": True, "Resources": {"CPU": 8.0}}]
+    assert job_nodes.job_span(2, job_nodes.worker_resources(2, False), nodes=laptop,
+                              here="me").nodes == 1
+    assert job_nodes.job_span(5, job_nodes.worker_resources(2, False), nodes=laptop,
+                              here="me").nodes == 2
+    # several live nodes: they count as before
+    assert job_nodes.job_span(1, {"CPU": 1}, nodes=laptop * 3, here="me").nodes == 3
+
+
+def test_the_refusal_comes_after_ray_is_attached_and_counts_the_workers(no_env, tmp_path):
+    """resolve (before Ray) no longer decides; check_cluster (Ray attached, before any
+    worker) refuses the node-local default for a job whose workers run elsewhere, in one line
+    naming VLP_STORAGE; the MLflow file store too."""
     no_env.chdir(tmp_path)
-    no_env.setattr(run_storage, "alive_nodes", lambda: 3)
-    with pytest.raises(run_storage.StorageError, match="relative path"):
-        resolve(config())
+    cfg = resolve(config())                      # output_dir "runs", no VLP_STORAGE
+    no_env.setattr(job_nodes, "job_span", lambda workers, per_worker: job_nodes.JobSpan(
+        2, "this node (CPU 0) cannot hold the 2 worker(s)' CPU"))
+    with pytest.raises(run_storage.StorageError, match="relative path") as e:
+        check_cluster(cfg, "runs")
+    assert "\n" not in str(e.value) and "VLP_STORAGE=s3://" in str(e.value)
+    assert "cannot hold the 2 worker(s)" in str(e.value)
+    with pytest.raises(run_storage.StorageError, match="inside the job's working folder"):
+        check_cluster(cfg)                       # the resolved path alone
+    shared = resolve(config(storage=str(tmp_path.parent / "nfs")))
+    with pytest.raises(TrackingUnreachable, match="MLFLOW_TRACKING_URI=http"):
+        check_cluster(shared)                    # the sqlite default: on one node
+    check_cluster(shared.model_copy(update=dict(mlflow=shared.mlflow.model_copy(
+        update=dict(tracking_uri="http://head:5000")))))
+    no_env.setattr(job_nodes, "job_span", lambda workers, per_worker: job_nodes.JobSpan(
+        1, "every worker fits on this node"))
+    check_cluster(cfg, "runs")                   # one node: the local default is fine
+
+
+def test_a_real_local_ray_holding_the_workers_is_one_node(ray_local):
+    assert job_nodes.job_span(1, job_nodes.worker_resources(1, False)).nodes == 1
+    span = job_nodes.job_span(64, job_nodes.worker_resources(1, False))
+    assert span.nodes == 2 and "cannot hold the 64 worker(s)' CPU" in span.why
+    span = job_nodes.job_span(1, job_nodes.worker_resources(1, True))
+    assert span.nodes == 2 and "GPU 0" in span.why
 
 
 def test_credentials_in_a_storage_uri_are_refused():

@@ -191,10 +191,11 @@ def alive_nodes() -> int:
 
 
 def check_shared(storage: RunStorage, nodes: int | None = None,
-                 workdir: str | Path | None = None) -> None:
-    """On a cluster of more than one node, refuse a local root that cannot be shared: a
-    relative path, or one inside the job's working folder (``ray job submit`` unpacks it
-    on the head only, under a name that changes with every code edit)."""
+                 workdir: str | Path | None = None, why: str = "") -> None:
+    """On a job spanning more than one node (``nodes``; ``job_nodes.job_span`` counts them
+    after Ray is attached, ``why`` says why), refuse a local root that cannot be shared: a
+    relative path, or one inside the job's working folder (``ray job submit`` unpacks it on
+    the head only, under a name that changes with every code edit)."""
     nodes = alive_nodes() if nodes is None else nodes
     if nodes <= 1 or not storage.is_local:
         return
@@ -204,11 +205,13 @@ def check_shared(storage: RunStorage, nodes: int | None = None,
     relative = not Path(given).expanduser().is_absolute()
     inside = Path(storage.root) == work or work in Path(storage.root).parents
     if relative or inside:
-        why = "a relative path" if relative else f"inside the job's working folder {work}"
+        where = "a relative path" if relative else f"inside the job's working folder {work}"
+        span = why or f"a {nodes}-node cluster"
         raise StorageError(
-            f"run storage {storage.given!r} is {why}, on a {nodes}-node cluster whose other "
-            f"nodes cannot read it: set VLP_STORAGE=s3://bucket/vlp (or run.storage), or an "
-            f"absolute path on a mount every node shares")
+            f"run storage {storage.given!r} is {where}, which other nodes cannot read, and "
+            f"this job spans nodes ({span}): set VLP_STORAGE=s3://<bucket>/runs (cluster.yaml "
+            f"exports it on every node) or run.storage, or an absolute path on a mount every "
+            f"node shares")
 
 
 # ---- reading a checkpoint from a URI ----------------------------------------------------

@@ -23,6 +23,7 @@ from vlp.benchmarks import BenchmarkContext, get_benchmark, task_id
 from vlp.benchmarks.meta_sum import complete, meta_sum
 from vlp.contract.config_loader import flatten, to_yaml
 from vlp.platform.cluster import run_storage
+from vlp.platform.cluster.job_nodes import scaling_span
 from vlp.platform.cluster.ray_session import ensure_ray
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.components import FinetuneComponents
@@ -110,9 +111,10 @@ def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
-    run_storage.check_shared(storage)      # needs the cluster's node count
+    span = scaling_span(cfg.scaling)       # after Ray is attached: the nodes the job spans
+    run_storage.check_shared(storage, nodes=span.nodes, why=span.why)
     if parent is not None:
-        check_tracking_shared(parent.tracking_uri)
+        check_tracking_shared(parent.tracking_uri, nodes=span.nodes, why=span.why)
     reports = {}
     for name in cfg.benchmarks:
         reports[name] = finetune_one(cfg, name, prepared, parent, storage.root)

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from vlp.platform.cluster import run_storage
+from vlp.platform.cluster.job_nodes import scaling_span
 from vlp.platform.finetune import tracking
 from vlp.platform.finetune.finetune_config import FinetuneConfig
 from vlp.platform.finetune.preflight import prepare
@@ -59,14 +60,15 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
     storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
     storage.create_root()
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
-    run_storage.check_shared(storage)      # needs the cluster's node count
+    span = scaling_span(cfg.scaling)       # after Ray is attached: the nodes the job spans
+    run_storage.check_shared(storage, nodes=span.nodes, why=span.why)
     parent = None
     if cfg.mlflow.enabled:
         parent = tracking.resolve_parent(
             tracking_uri=cfg.mlflow.tracking_uri, experiment=cfg.mlflow.experiment,
             run_name=cfg.run.name, output_dir=cfg.run.output_dir,
             parent_run_id=cfg.mlflow.parent_run_id, checkpoint=cfg.model.checkpoint)
-        check_tracking_shared(parent.tracking_uri)
+        check_tracking_shared(parent.tracking_uri, nodes=span.nodes, why=span.why)
     out = {}
     for name in cfg.benchmarks:
         _, batch_size, _, options = cfg.settings_for(name)

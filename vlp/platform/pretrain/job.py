@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vlp.platform.cluster.run_storage import is_uri
+from vlp.platform.cluster.run_storage import is_uri, storage_root
 from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
-from vlp.platform.pretrain.run import (PretrainResult, launch_pretraining, objective_of,
-                                       preflight, resolve)
+from vlp.platform.pretrain.run import (PretrainResult, check_cluster, launch_pretraining,
+                                       objective_of, preflight, resolve)
 from vlp.platform.pretrain.components import PretrainComponents
 from vlp.platform.pretrain.data import PretrainSetup, prepare
 from vlp.platform.training import objective
@@ -47,7 +47,10 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
     attached to. ``parent_run_id`` nests its MLflow run (sweeps); ``callbacks`` are extra
     ``ray.train.UserCallback``s (Tune's ``TuneReportCallback``); ``progress`` prints a line
     per report; ``start_ray`` attaches to or starts Ray once every check has passed (a bad
-    config or checkpoint then fails before any Ray process exists)."""
+    config or checkpoint then fails before any Ray process exists); once attached, storage
+    and tracking that other nodes cannot reach are refused (``run.check_cluster``), before
+    any worker starts."""
+    given_storage = storage_root(cfg.run.storage, cfg.run.output_dir)
     cfg = resolved(cfg)             # once per job: launch_pretraining neither resolves nor checks
     setup = prepare(cfg)            # ConfigError naming every bad key, before any compute
     # tracking store reachable, resumable checkpoint fits: before the summary reads data and
@@ -62,6 +65,7 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
         extra.insert(0, ProgressPrinter(cfg.total_steps(), [s.name for s in setup.stages]))
     if start_ray is not None:
         start_ray()
+    check_cluster(cfg, given_storage)
     return launch_pretraining(cfg, PretrainComponents(setup), parent_run_id=parent_run_id,
                               callbacks=extra)
 

@@ -15,11 +15,13 @@ resume) and re-attaches to the same MLflow run.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from vlp.contract.config_loader import flatten, to_yaml
 from vlp.platform.cluster import run_storage
+from vlp.platform.cluster.job_nodes import scaling_span
 from vlp.platform.pretrain.experiment_config import ExperimentConfig
 from vlp.platform.tracking.choice import check_tracking_shared, choose_tracking_uri
 from vlp.platform.tracking.mlflow_run import check_reachable
@@ -36,19 +38,30 @@ PretrainResult = LoopResult     # what a pretraining run returns (the loop's res
 def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
     """A copy with absolute paths (Ray workers and job drivers run in other folders), the
     run storage (``run.storage``, else ``$VLP_STORAGE``, else ``run.output_dir``) and the
-    tracking URI (``tracking_choice``) filled in. On a multi-node cluster a storage or
-    tracking store that other nodes cannot reach is refused here, before anything starts."""
+    tracking URI (``tracking_choice``) filled in. Whether other nodes must reach them is
+    ``check_cluster``'s question, once Ray is attached."""
     root = Path(cfg.run.output_dir).expanduser().resolve()
     storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
-    run_storage.check_shared(storage)
     run = cfg.run.model_copy(update=dict(output_dir=str(root), storage=storage.root))
     mlflow = cfg.mlflow.model_copy(update=dict(tracking_uri=choose_tracking_uri(
         cfg.mlflow.tracking_uri, root)))
-    if mlflow.enabled:
-        check_tracking_shared(mlflow.tracking_uri)
     train = cfg.train.model_copy(update=dict(
         extensions_dir=extensions_dir(cfg.train.extensions_dir), objective=objective_of(cfg)))
     return cfg.model_copy(update=dict(run=run, mlflow=mlflow, train=train))
+
+
+def check_cluster(cfg: ExperimentConfig, given_storage: str = "") -> None:
+    """Once Ray is attached, before any worker starts: on a job whose workers span nodes
+    (``job_nodes.job_span``: the live nodes, or the workers this node cannot hold), a run
+    storage or MLflow file store that only this node reaches is refused. ``given_storage``:
+    the storage as configured, before ``resolve`` made it absolute (names a relative path)."""
+    span = scaling_span(cfg.scaling)
+    storage = run_storage.open_location(cfg.run.storage)
+    if given_storage and not run_storage.is_uri(given_storage):
+        storage = dataclasses.replace(storage, given=given_storage)
+    run_storage.check_shared(storage, nodes=span.nodes, why=span.why)
+    if cfg.mlflow.enabled:
+        check_tracking_shared(cfg.mlflow.tracking_uri, nodes=span.nodes, why=span.why)
 
 
 def objective_of(cfg: ExperimentConfig) -> str:
@@ -103,8 +116,10 @@ def run_pretraining(cfg: ExperimentConfig, components: Components, *,
     """Resolve and check ``cfg``, then run (or resume) it. ``parent_run_id`` nests the
     MLflow run (sweeps); ``callbacks`` are ``ray.train.UserCallback``s (e.g. Tune's
     ``TuneReportCallback``)."""
+    given = run_storage.storage_root(cfg.run.storage, cfg.run.output_dir)
     cfg = resolve(cfg)
     preflight(cfg)
+    check_cluster(cfg, given)
     return launch_pretraining(cfg, components, parent_run_id=parent_run_id, callbacks=callbacks)
 
 

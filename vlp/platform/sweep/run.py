@@ -33,6 +33,7 @@ from vlp.platform.sweep.sweep_config import SweepConfig
 from vlp.platform.sweep.preflight import SweepPlan, check_sweep
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.space import SpaceSampler
+from vlp.platform.cluster.job_nodes import job_span, worker_resources
 from vlp.platform.cluster.run_storage import RunStorage, check_shared
 from vlp.platform.sweep.trial_configs import resolve_text_init
 from vlp.platform.tracking.choice import check_tracking_shared
@@ -84,9 +85,12 @@ def run_sweep(cfg: SweepConfig, *, say: Callable[[str], None] = _print,
     trials_dir = storage.uri(f"trials-{instance}")
     per_trial = trial_cpus(cfg)
     ensure_ray(per_trial * max(1, cfg.sweep.max_concurrent), dashboard=True)
-    # a multi-node cluster: the sweep folder and the MLflow store must reach every node
-    check_shared(storage)
-    check_tracking_shared(cfg.mlflow.tracking_uri)
+    # trials spanning nodes: the sweep folder and the MLflow store must reach every node
+    workers, cpus, use_gpu = _pretrain_scaling(cfg)
+    span = job_span(int(max(workers, cfg.finetune.num_workers)),
+                    worker_resources(cpus, use_gpu or cfg.finetune.use_gpu))
+    check_shared(storage, nodes=span.nodes, why=span.why)
+    check_tracking_shared(cfg.mlflow.tracking_uri, nodes=span.nodes, why=span.why)
     concurrency = cfg.sweep.max_concurrent or auto_concurrency(per_trial, trial_gpus(cfg))
     from vlp.platform.cluster.console import RAY_LOG, log_to
 

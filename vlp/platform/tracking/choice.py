@@ -28,13 +28,15 @@ def is_file_store(uri: str) -> bool:
     return urllib.parse.urlparse(uri).scheme.lower() in ("", "file", "sqlite")
 
 
-def check_tracking_shared(uri: str, nodes: int | None = None) -> None:
-    """Raise ``TrackingUnreachable`` for a file store on a multi-node cluster."""
+def check_tracking_shared(uri: str, nodes: int | None = None, why: str = "") -> None:
+    """Raise ``TrackingUnreachable`` for a file store on a job spanning ``nodes`` > 1 nodes
+    (``why`` says why; without ``nodes``, the live nodes are counted)."""
     if not is_file_store(uri):
         return
     nodes = alive_nodes() if nodes is None else nodes
     if nodes > 1:
         raise TrackingUnreachable(
-            f"MLflow store {redact(uri)} is a file on one node of a {nodes}-node cluster: set "
-            f"MLFLOW_TRACKING_URI=http://<head>:5000 (a tracking server every node reaches) "
+            f"MLflow store {redact(uri)} is a file on one node, and this job spans nodes "
+            f"({why or f'a {nodes}-node cluster'}): set MLFLOW_TRACKING_URI=http://<head>:5000 "
+            f"(a tracking server every node reaches; cluster.yaml exports it on every node) "
             f"or mlflow.tracking_uri")

@@ -88,8 +88,10 @@ def optimizer_params(cfg: LoopConfig) -> dict[str, Any]:
 
 
 def resolve_precision(cfg: LoopConfig, device: torch.device | None = None) -> str:
-    """``train.precision`` with ``auto`` resolved: bf16 on a CUDA device that supports it,
-    else fp32. Without a device (the driver), ``scaling.use_gpu`` stands for one."""
+    """``train.precision`` with ``auto`` resolved: on a CUDA device bf16 where it supports it
+    (Ampere and later: no loss scaling), else fp16 with dynamic loss scaling (V100, T4); fp32
+    on CPU (bf16 runs there, but without AVX-512 BF16 it is slower than fp32). Without a
+    device (the driver), ``scaling.use_gpu`` stands for one."""
     precision = cfg.train.precision
     if precision != "auto":
         return precision
@@ -97,8 +99,20 @@ def resolve_precision(cfg: LoopConfig, device: torch.device | None = None) -> st
     if not cuda:
         return "fp32"
     if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16"   # the driver without a GPU: every GPU the platform targets has bf16
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16"   # the driver without a GPU: the GPU types cluster.yaml offers have bf16
+
+
+def precision_line(cfg: LoopConfig, precision: str, device: torch.device | None) -> str:
+    """One line saying which precision runs and why (rank 0 prints it at start)."""
+    if cfg.train.precision != "auto":
+        return f"precision {precision} (train.precision)"
+    if device is None or device.type != "cuda":
+        return f"precision {precision} (auto: {'no GPU' if device is None else device.type})"
+    name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "GPU"
+    why = ("supports bf16" if precision == "bf16"
+           else "has no bf16: fp16 with dynamic loss scaling")
+    return f"precision {precision} (auto: {name} {why})"
 
 
 def zero_bucket_elements(num_parameters: int) -> int:
@@ -111,15 +125,70 @@ def zero_bucket_elements(num_parameters: int) -> int:
     return elements - elements % 1024
 
 
-def zero_stage(stage: str | int, world_size: int) -> int:
-    """``train.zero_stage`` (``stage``) with ``auto`` resolved: ZeRO-2 across several
-    workers; with one there is nothing to partition, and ZeRO would only copy every gradient
-    into its buckets and partition and every updated weight back (a large share of a CPU
-    step). A resumed run has taken its checkpoint's stage instead of ``auto`` before
-    (``checkpointing.follow_checkpoint``)."""
-    if stage == "auto":
-        return 2 if world_size > 1 else 0
-    return stage
+# share of a device's memory that model state may take for ZeRO-1 to be chosen; the rest is
+# for activations, the allocator's slack, NCCL and the CUDA context
+MODEL_STATE_SHARE = 0.5
+
+
+def model_state_bytes(num_parameters: int, world_size: int, stage: int, precision: str) -> int:
+    """Bytes of model state per worker under ZeRO ``stage``: weights and their gradients in
+    the compute dtype, an fp32 gradient buffer under bf16, fp32 master weights and Adam's two
+    moments (12 bytes, partitioned from ZeRO-1 on); ZeRO-2 partitions the gradients too."""
+    half = precision in ("bf16", "fp16")
+    weights = 2 if half else 4
+    grads = (2 + 4) if precision == "bf16" else weights
+    optimizer = 12 if half else 8          # fp32 weights are the master copy already
+    if stage >= 1:
+        optimizer = optimizer / world_size
+    if stage >= 2:
+        grads = grads / world_size
+    return int(num_parameters * (weights + grads + optimizer))
+
+
+def zero_stage(stage: str | int, world_size: int, *, precision: str = "fp32",
+               num_parameters: int | None = None, device_memory: int | None = None) -> int:
+    """``train.zero_stage`` (``stage``) with ``auto`` resolved.
+
+    Several workers: ZeRO-1 where a worker's model state fits in ``MODEL_STATE_SHARE`` of
+    its device's memory (unknown memory: assumed to fit; every model here does), else
+    ZeRO-2. ZeRO-1 reduces gradients once per optimizer step, at the last micro-batch;
+    ZeRO-2 reduce-scatters at every micro-batch, so its traffic grows with accumulation.
+    One worker: nothing to partition, so no ZeRO (it would only copy every gradient into
+    buckets and every weight back) — except under bf16, where DeepSpeed accumulates
+    gradients in fp32 only with ZeRO >= 1. A resumed run has taken its checkpoint's stage
+    instead of ``auto`` before (``checkpointing.follow_checkpoint``)."""
+    if stage != "auto":
+        return stage
+    if world_size == 1:
+        return 1 if precision == "bf16" else 0
+    if num_parameters and device_memory:
+        fits = model_state_bytes(num_parameters, world_size, 1, precision) <= \
+            MODEL_STATE_SHARE * device_memory
+        return 1 if fits else 2
+    return 1
+
+
+def device_memory_bytes(device: torch.device | None) -> int | None:
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
+
+
+def gradient_line(ds: dict[str, Any]) -> str:
+    """One line: the ZeRO stage, the dtypes gradients accumulate and reduce in, and when the
+    reduction happens (rank 0 prints it at start)."""
+    stage = ds["zero_optimization"]["stage"]
+    half = "bf16" if ds.get("bf16", {}).get("enabled") else (
+        "fp16" if ds.get("fp16", {}).get("enabled") else "fp32")
+    accum = ds.get("data_types", {}).get("grad_accum_dtype", half)
+    comm = ds.get("communication_data_type", half)
+    when = ("at every micro-batch (reduce-scatter)" if stage >= 2
+            else "once per optimizer step")
+    line = (f"ZeRO-{stage}; gradients accumulate in {accum}, reduce in {comm} {when}"
+            f" over {ds['gradient_accumulation_steps']} micro-batch(es)")
+    if half == "bf16" and accum != "fp32":
+        line += " (DeepSpeed accumulates bf16 gradients in fp32 only with ZeRO >= 1)"
+    return line
 
 
 def deepspeed_config(cfg: LoopConfig, world_size: int, *,
@@ -128,7 +197,10 @@ def deepspeed_config(cfg: LoopConfig, world_size: int, *,
     """The DeepSpeed JSON config. Batches are variable-sized (filled to an input-unit
     budget), so DeepSpeed's batch fields count micro-batches: 1 per worker per micro-step."""
     gas = cfg.train.grad_accum
-    stage = zero_stage(cfg.train.zero_stage, world_size)
+    precision = resolve_precision(cfg, device)
+    stage = zero_stage(cfg.train.zero_stage, world_size, precision=precision,
+                       num_parameters=num_parameters,
+                       device_memory=device_memory_bytes(device))
     zero: dict[str, Any] = {"stage": stage}
     if num_parameters and stage > 0:
         bucket = zero_bucket_elements(num_parameters)
@@ -147,9 +219,14 @@ def deepspeed_config(cfg: LoopConfig, world_size: int, *,
     }
     if cfg.optimizer.grad_clip > 0:
         ds["gradient_clipping"] = cfg.optimizer.grad_clip
-    precision = resolve_precision(cfg, device)
     if precision == "bf16":
         ds["bf16"] = {"enabled": True}
+        if stage >= 1:
+            # bf16 keeps 8 mantissa bits: summed over micro-batches and workers in bf16, small
+            # gradient contributions round away. DeepSpeed's default for both is the model's
+            # dtype; with ZeRO >= 1 it accumulates into an fp32 buffer and reduces that.
+            ds["data_types"] = {"grad_accum_dtype": "fp32"}
+            ds["communication_data_type"] = "fp32"
     elif precision == "fp16":
         # dynamic loss scaling: DeepSpeed skips overflowing steps itself (and their
         # scheduler step); the loop does not count them as steps

@@ -11,6 +11,19 @@ from vlp.platform.training.device_peaks import device_name
 from vlp.platform.training.loop_config import LoopConfig
 
 
+def engine_lines(c: LoopConfig, *, world: int, device: Any, n_params: int,
+                 precision: str) -> list[str]:
+    """Why this precision, the ZeRO stage and the gradients' dtypes, and the network a
+    multi-node GPU run crosses."""
+    from vlp.platform.cluster.interconnect import interconnect_line
+    from vlp.platform.training.engine import deepspeed_config, gradient_line, precision_line
+
+    ds = deepspeed_config(c, world, device=device, num_parameters=n_params)
+    lines = [precision_line(c, precision, device), gradient_line(ds)]
+    network = interconnect_line(c.scaling.use_gpu, world)
+    return lines + ([network] if network else [])
+
+
 def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, total: int,
                task_names: list[str], precision: str, device: Any, peak: float
                ) -> tuple[list[str], dict[str, int]]:
@@ -37,6 +50,8 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
                      f"against {peak / 1e12:.1f} TFLOP/s per device ({name})"
                      if peak else f"unknown: no peak FLOP/s known for {name} "
                      "(set train.peak_tflops)"))
+    lines += engine_lines(c, world=world, device=device, n_params=n_params,
+                          precision=precision)
     figures = {"parameters": n_params, "trainable_parameters": n_trainable,
                "total_steps": total, "micro_batches_per_step": micro}
     if budget:
