@@ -18,13 +18,14 @@ from typing import Mapping
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
 
+from vlp.contract import batch_spec as bs
 from vlp.contract.encoder_output import EncoderOutput
 from vlp.models import attention
 from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
+from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
 from vlp.models.packing import pack
 
@@ -73,14 +74,13 @@ class VLBackbone(nn.Module):
     def forward(self, batch: Mapping[str, torch.Tensor], pool: bool = False,
                 visual_masking: bool = False) -> EncoderOutput:
         inputs = self.visual(batch, self.text_embeddings, visual_masking=visual_masking)
-        rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask)
+        rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask,
+                    packed_width(batch, inputs))
         configured = self.bert_config._attn_implementation
         attention = self._attention_for(rows.embeddings, configured)
         try:   # the layers read the implementation from the shared config at call time
             self.bert_config._attn_implementation = attention
-            mask = create_bidirectional_mask(config=self.bert_config,
-                                             inputs_embeds=rows.embeddings,
-                                             attention_mask=rows.attention_mask)
+            mask = padding_mask(rows.attention_mask, attention, rows.embeddings.dtype)
             sequence = self.encoder(rows.embeddings, attention_mask=mask).last_hidden_state
         finally:
             self.bert_config._attn_implementation = configured
@@ -95,3 +95,31 @@ class VLBackbone(nn.Module):
             pooled_output=self.pooler(sequence) if pool else None,
             extras=inputs.extras,
         )
+
+
+def packed_width(batch: Mapping[str, torch.Tensor], inputs: EmbeddedInputs) -> int | None:
+    """The packed row's length as a host integer, where the batch says it: its text + regions
+    (``ROW_LENGTH``), plus the family's extra visual tokens, which every row with regions
+    has (VL-BERT's [END]). SOHO's grid: every image's cells (the batch's images share one padded size), the
+    row's upper bound. None: the packer asks the device."""
+    row = batch.get(bs.ROW_LENGTH)
+    if row is not None:
+        # the extras counted by their mask's width: a batch without regions has none (its
+        # ones-like [END] mask of zero width), though the token itself is embedded
+        return int(row) + inputs.visual_mask.shape[1] - inputs.num_regions
+    if bs.PIXELS in batch:
+        return inputs.text.shape[1] + inputs.visual.shape[1]
+    return None
+
+
+def padding_mask(attention_mask: torch.Tensor, implementation: str,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, 1, L] key padding mask for the encoder's attention: boolean (True = attend) for
+    SDPA, additive (0 or the dtype's minimum) for eager attention — the masks ``transformers``
+    builds, broadcast over queries, without its check whether any row is padded (a read of a
+    device value; the check would let SDPA drop the mask for an unpadded batch)."""
+    keep = attention_mask.bool()[:, None, None, :]
+    if implementation == "sdpa":
+        return keep
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, torch.finfo(dtype).min)

@@ -31,6 +31,7 @@ import torch
 
 NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/contract/batch_spec.py
 BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS)
+HOST_INTS = ("row_length",)     # batch_spec.HOST_INTS: handed to the model as Python ints
 TASK_BATCHES = "task_batches"   # the summed objective's batch per task (batch_spec)
 
 
@@ -180,6 +181,8 @@ class Prefetcher:
         for k, v in host.items():
             if isinstance(v, dict):
                 v = self._copy(v)
+            elif k in HOST_INTS and isinstance(v, torch.Tensor):
+                v = int(v)   # a host tensor: the model packs to it without reading the device
             elif isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
                 if self.cuda and not v.is_pinned():
                     v = v.pin_memory()
