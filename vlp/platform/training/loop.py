@@ -267,7 +267,7 @@ class _Worker:
                 continue
             self.engine.backward(out["loss"])
             micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
-                          item.input_units))
+                          item.input_units, item.real_units * item.passes))
             passes += item.passes
             done += 1
             if done == gas:   # before the update: a non-finite loss must not reach the weights
@@ -284,6 +284,7 @@ class _Worker:
         record = {"step": state.step, "stage": state.stage, "tasks": [m[0] for m in micro],
                   "lr": lr, "global_batch_examples": stats["examples"],
                   "global_batch_input_units": stats["input_units"],
+                  "global_batch_real_units": stats["real_units"],
                   "data_wait_s": self.prefetch.wait_s - wait0}
         # since the last step's record: this step and the bookkeeping after the last one
         now, since = step_clock(), self._step_end or start
@@ -293,6 +294,9 @@ class _Worker:
             # summed objective: every task's forward of the set (this rank's ratio)
             record["model_flops"] = passes / gas * self.shape.train_flops(
                 stats["examples"], stats["input_units"])
+            # the same on the unpadded tokens (the real units summed over the passes)
+            record["model_flops_real"] = self.shape.train_flops(
+                stats["examples"] * passes / gas, stats["real_units"])
         record.update(stats["means"])
         record["loss"] = stats["loss_sum"] / gas
         return record
