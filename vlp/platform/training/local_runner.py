@@ -20,7 +20,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -105,9 +105,11 @@ def one_process_group(use_gpu: bool) -> Iterator[None]:
 
 
 def run_local(loop: LoopConfig, components: Any, tracking: dict[str, Any],
-              run_dir: str | Path) -> dict[str, Any]:
+              run_dir: str | Path, after: Callable[[Any], None] | None = None
+              ) -> dict[str, Any]:
     """Run (or resume from ``run_dir``) ``loop`` in this process; the loop's return value
-    (history, final step, checkpoint path, ...)."""
+    (history, final step, checkpoint path, ...). ``after(worker)`` runs once the loop is
+    done, before the engine goes (the GPU check times a bare loop on that engine)."""
     if loop.scaling.num_workers != 1:
         raise ValueError(f"the local runner is one process: scaling.num_workers is "
                          f"{loop.scaling.num_workers} (set scaling.num_workers=1)")
@@ -118,7 +120,10 @@ def run_local(loop: LoopConfig, components: Any, tracking: dict[str, Any],
                                 "run_dir": str(run_dir),
                                 "context": LocalContext(run_dir, loop.checkpoint_keep)})
         try:
-            return worker.run()
+            value = worker.run()
+            if after is not None:
+                after(worker)
+            return value
         finally:
             if worker.engine is not None:
                 worker.engine.destroy()
