@@ -12,6 +12,7 @@ examples:
   vlp pretrain --config jobs/configs/pretrain-tiny.yaml --set train.steps=60 \\
       --set tasks="{mlm: 1, itm: 1}" --name tiny-mlm-itm
   vlp pretrain --config jobs/configs/imagebert-base-two-stage.yaml --check
+  vlp pretrain --config jobs/configs/pretrain-tiny.yaml --local --steps 4   # no Ray
   ray dashboard cluster.yaml &      # the dashboard listens on the head's 127.0.0.1 only
   RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
       python jobs/pretrain.py --config jobs/configs/uniter-base-indomain.yaml
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                           "OUTPUT_DIR)")
     p.add_argument("--no-mlflow", action="store_true", help="do not track in MLflow")
     p.add_argument("--parent-run-id", help="MLflow run to nest this run under (sweeps)")
+    p.add_argument("--local", action="store_true",
+                   help="run in this process without Ray (one worker, the local batch "
+                        "stream, checkpoints to OUTPUT_DIR/NAME): for debugging on one machine")
     p.add_argument("--check", action="store_true",
                    help="validate the config and the data, print the derived sizes, exit "
                         "(no Ray, no training)")
@@ -104,6 +108,12 @@ def _run(args: argparse.Namespace) -> int:
         for line in summary(cfg, prepare(cfg)):
             print(f"[vlp pretrain] {line}")
         return 0
+    if getattr(args, "local", False):
+        from vlp.platform.pretrain.local import pretrain_local
+
+        result = pretrain_local(cfg)
+        print("\n".join(result_lines(result)))
+        return 0 if result.completed or cfg.train.stop_after else 1
     from vlp.platform.cluster import console
 
     console.configure(quiet=not getattr(args, "verbose", False))

@@ -65,6 +65,23 @@ NUM_EXAMPLES = "num_examples"      # long [] examples in the batch
 INPUT_UNITS = "input_units"        # long [] B × max_b(text_len_b + regions_b): UNITER's batch unit,
                                    #   the packed row the model computes on (pixels: B × (T + V))
 
+# ---- what the model would otherwise read back from the device (pretraining batches) -----
+# Computed by the collate on the host (``vlp.contract.batch_indices``), so the forward never
+# waits for the device to learn a length or where the masked positions are.
+ROW_LENGTH = "row_length"          # long [] max_b(text_len_b + regions_b): the packed row's
+                                   #   length (pixels: T + the padded image's cells); the
+                                   #   prefetcher hands it over as a Python int (never copied
+                                   #   to the device)
+MLM_TARGETS = "mlm_targets"        # long [2, M] (mlm) (row, column) of the text tokens whose
+                                   #   MLM loss counts: masked, real, in a true pair; row-major
+REGION_TARGETS = "region_targets"  # long [2, M] (region tasks) (row, column) of the regions
+                                   #   whose loss counts: masked, real, in a true pair, and
+                                   #   labelled where the batch has class labels; row-major
+REAL_UNITS = "real_units"          # long [] the input units that are not padding: Σ_b text_len_b
+                                   #   + regions_b (pixels: every grid cell counts); MFU on
+                                   #   real tokens divides by these
+HOST_INTS = (ROW_LENGTH, REAL_UNITS)          # host integers, never copied to the device
+
 # ---- the summed objective (ImageBERT, SOHO) -------------------------------------------
 TASK_BATCHES = "task_batches"      # {task: batch}: one example set, a batch per task (its own
                                    #   masking and ITM negatives); beside it the set's

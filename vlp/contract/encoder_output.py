@@ -54,3 +54,13 @@ class EncoderOutput:
         """[M, H] outputs of the regions where ``select`` (bool [B, N]) holds."""
         rows, cols = select.nonzero(as_tuple=True)
         return self.sequence_output[rows, self.region_positions[rows, cols]]
+
+    def text_at(self, targets: torch.Tensor) -> torch.Tensor:
+        """[M, H] outputs of the text tokens at ``targets`` (long [2, M]: rows, columns)."""
+        rows, cols = targets[0], targets[1]
+        return self.sequence_output[rows, self.text_positions[rows, cols]]
+
+    def regions_at(self, targets: torch.Tensor) -> torch.Tensor:
+        """[M, H] outputs of the regions at ``targets`` (long [2, M]: rows, columns)."""
+        rows, cols = targets[0], targets[1]
+        return self.sequence_output[rows, self.region_positions[rows, cols]]

@@ -21,10 +21,12 @@ from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
 
+from vlp.contract import batch_spec as bs
 from vlp.contract.encoder_output import EncoderOutput
 from vlp.models import attention
 from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
+from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
 from vlp.models.packing import pack
 
@@ -73,14 +75,20 @@ class VLBackbone(nn.Module):
     def forward(self, batch: Mapping[str, torch.Tensor], pool: bool = False,
                 visual_masking: bool = False) -> EncoderOutput:
         inputs = self.visual(batch, self.text_embeddings, visual_masking=visual_masking)
-        rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask)
+        layout = host_layout(batch, inputs)
+        rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask,
+                    None if layout is None else layout[0])
         configured = self.bert_config._attn_implementation
         attention = self._attention_for(rows.embeddings, configured)
         try:   # the layers read the implementation from the shared config at call time
             self.bert_config._attn_implementation = attention
-            mask = create_bidirectional_mask(config=self.bert_config,
-                                             inputs_embeds=rows.embeddings,
-                                             attention_mask=rows.attention_mask)
+            if layout is None:   # transformers' mask: it asks the device whether any row is padded
+                mask = create_bidirectional_mask(config=self.bert_config,
+                                                 inputs_embeds=rows.embeddings,
+                                                 attention_mask=rows.attention_mask)
+            else:   # no mask for an unpadded batch: SDPA may pick its flash kernel
+                mask = (padding_mask(rows.attention_mask, attention, rows.embeddings.dtype)
+                        if layout[1] else None)
             sequence = self.encoder(rows.embeddings, attention_mask=mask).last_hidden_state
         finally:
             self.bert_config._attn_implementation = configured
@@ -95,3 +103,36 @@ class VLBackbone(nn.Module):
             pooled_output=self.pooler(sequence) if pool else None,
             extras=inputs.extras,
         )
+
+
+def host_layout(batch: Mapping[str, torch.Tensor], inputs: EmbeddedInputs
+                ) -> tuple[int, bool] | None:
+    """(packed width, whether any row is padded) as host values, where the batch carries
+    them (the pretraining collate: ``ROW_LENGTH``, ``REAL_UNITS``, handed over as Python ints
+    by the prefetcher); None for a batch built elsewhere (the device is asked). The width is
+    the row's text + regions plus the family's extra visual tokens, counted by their mask's
+    width (VL-BERT's [END]: none in a batch without regions, whose [END] mask has zero
+    width); SOHO's rows are text + every grid cell (the collate's count of the padded image)."""
+    row = batch.get(bs.ROW_LENGTH)
+    if row is None:
+        return None
+    extras = inputs.visual_mask.shape[1] - inputs.num_regions
+    width = min(int(row) + extras, inputs.text.shape[1] + inputs.visual.shape[1])
+    real = batch.get(bs.REAL_UNITS)
+    # a pixel batch's cells of a smaller image are padding the host does not see
+    padded = (bs.PIXELS in batch or real is None
+              or int(real) != inputs.text.shape[0] * int(row))
+    return width, padded
+
+
+def padding_mask(attention_mask: torch.Tensor, implementation: str,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, 1, L] key padding mask for the encoder's attention: boolean (True = attend) for
+    SDPA, additive (0 or the dtype's minimum) for eager attention — the masks ``transformers``
+    builds, broadcast over queries, without its check whether any row is padded (a read of a
+    device value: the host knows, ``host_layout``)."""
+    keep = attention_mask.bool()[:, None, None, :]
+    if implementation == "sdpa":
+        return keep
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, torch.finfo(dtype).min)

@@ -22,13 +22,16 @@ class PackedRows:
 
 
 def pack(text: torch.Tensor, text_mask: torch.Tensor, visual: torch.Tensor,
-         visual_mask: torch.Tensor) -> PackedRows:
+         visual_mask: torch.Tensor, width: int | None = None) -> PackedRows:
+    """``width``: the longest row (text + visual tokens), a host integer the batch carries
+    (``batch_spec.ROW_LENGTH``); without it the device is asked, and the host waits."""
     b, t, hidden = text.shape
     v = visual.shape[1]
     text_mask, visual_mask = text_mask.bool(), visual_mask.bool()
     text_len = text_mask.sum(1)
     lengths = text_len + visual_mask.sum(1)
-    width = int(lengths.max())  # one host sync per batch, as every padded-batch model pays
+    if width is None:
+        width = int(lengths.max())   # a host sync: batches built outside the pretraining collate
     # packed slot of every source token; padding goes to a spill slot (index `width`)
     text_slot = torch.where(text_mask, text_mask.cumsum(1) - 1, width)
     visual_slot = torch.where(visual_mask, text_len[:, None] + visual_mask.cumsum(1) - 1, width)

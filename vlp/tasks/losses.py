@@ -27,3 +27,29 @@ def masked_regions(enc: EncoderOutput, batch: Batch, who: str) -> torch.Tensor:
     masked = require(batch, bs.REGION_MASKED, who).bool()
     positive = positive_pairs(batch, masked.shape[0], masked.device)
     return masked & enc.region_mask & positive[:, None]
+
+
+def text_targets(enc: EncoderOutput, batch: Batch, labels: torch.Tensor) -> torch.Tensor:
+    """long [2, M]: (row, column) of the text tokens whose MLM loss counts — labelled, real,
+    in a true pair. The pretraining collate computes them on the host (``MLM_TARGETS``); a
+    batch built elsewhere gets them from the device (a host sync)."""
+    targets = batch.get(bs.MLM_TARGETS)
+    if targets is not None:
+        return targets
+    positive = positive_pairs(batch, labels.shape[0], labels.device)
+    select = (labels != -100) & enc.text_mask & positive[:, None]
+    return torch.stack(select.nonzero(as_tuple=True))
+
+
+def region_targets(enc: EncoderOutput, batch: Batch, who: str,
+                   labels: torch.Tensor | None = None) -> torch.Tensor:
+    """long [2, M]: (row, column) of the regions whose loss counts — masked, real, in a true
+    pair (and labelled, where ``labels`` are given). From the batch (``REGION_TARGETS``,
+    computed on the host) where it has them; else from the device (a host sync)."""
+    targets = batch.get(bs.REGION_TARGETS)
+    if targets is not None:
+        return targets
+    select = masked_regions(enc, batch, who)
+    if labels is not None:
+        select = select & (labels != -100)
+    return torch.stack(select.nonzero(as_tuple=True))

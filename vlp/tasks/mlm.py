@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlp.contract import batch_spec as bs
-from vlp.contract.batch_access import positive_pairs, require
+from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy, zero_loss
+from vlp.tasks.losses import accuracy, text_targets, zero_loss
 from vlp.tasks.masking_text import mask_text
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -61,12 +61,11 @@ class MaskedLanguageModeling(Task):
 
     def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         labels = require(batch, bs.MLM_LABELS, "mlm")
-        positive = positive_pairs(batch, labels.shape[0], labels.device)
-        select = (labels != -100) & enc.text_mask & positive[:, None]
+        targets = text_targets(enc, batch, labels)   # [2, M], its size known on the host
         # keys named by the task, so mlm-obj and mlm-text (same head and loss) report their own
         loss, acc = f"{self.name}_loss", f"{self.name}_acc"
-        if not select.any():
+        if targets.shape[1] == 0:
             return {loss: zero_loss(enc), acc: zero_loss(enc).detach()}
-        logits = head(enc.select_text(select))
-        target = labels[select]
+        logits = head(enc.text_at(targets))
+        target = labels[targets[0], targets[1]]
         return {loss: F.cross_entropy(logits.float(), target), acc: accuracy(logits, target)}

@@ -20,7 +20,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import BatchError
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy, masked_regions, zero_loss
+from vlp.tasks.losses import accuracy, region_targets, zero_loss
 from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -53,11 +53,11 @@ def hard_region_labels(batch: Batch, who: str) -> torch.Tensor:
 def classification_terms(task: str, head: nn.Module, enc: EncoderOutput,
                          batch: Batch) -> dict[str, torch.Tensor]:
     labels = hard_region_labels(batch, task)
-    select = masked_regions(enc, batch, task) & (labels != -100)
-    if not select.any():
+    targets = region_targets(enc, batch, task, labels)   # [2, M], its size known on the host
+    if targets.shape[1] == 0:
         return {f"{task}_loss": zero_loss(enc), f"{task}_acc": zero_loss(enc).detach()}
-    logits = head(enc.select_regions(select))
-    target = labels[select]
+    logits = head(enc.regions_at(targets))
+    target = labels[targets[0], targets[1]]
     return {f"{task}_loss": F.cross_entropy(logits.float(), target),
             f"{task}_acc": accuracy(logits, target)}
 

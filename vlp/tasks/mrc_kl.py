@@ -20,7 +20,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import masked_regions, zero_loss
+from vlp.tasks.losses import region_targets, zero_loss
 from vlp.tasks.masking_visual import SOFT_LABELS, choose_regions, zero_regions
 from vlp.tasks.mrc import RegionClassifier
 from vlp.tasks.registry import register
@@ -46,11 +46,12 @@ class MaskedRegionClassificationKL(Task):
         return RegionClassifier(ctx)
 
     def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        select = masked_regions(enc, batch, self.name)
-        if not select.any():
+        targets = region_targets(enc, batch, self.name)   # [2, M], M known on the host
+        if targets.shape[1] == 0:
             return {"mrc-kl_loss": zero_loss(enc)}
-        target = require(batch, bs.REGION_SOFT_LABELS, self.name)[select].float()
-        log_prediction = F.log_softmax(head(enc.select_regions(select)).float(), dim=-1)
+        soft = require(batch, bs.REGION_SOFT_LABELS, self.name)
+        target = soft[targets[0], targets[1]].float()
+        log_prediction = F.log_softmax(head(enc.regions_at(targets)).float(), dim=-1)
         # kl_div(log q, p) = p (log p − log q), 0 where p = 0; sum over classes, mean over regions
-        kl = F.kl_div(log_prediction, target, reduction="sum") / select.sum()
+        kl = F.kl_div(log_prediction, target, reduction="sum") / targets.shape[1]
         return {"mrc-kl_loss": kl}

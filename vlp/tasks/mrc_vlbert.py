@@ -20,7 +20,7 @@ from torch import nn
 
 from vlp.contract import batch_spec as bs
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy, masked_regions, zero_loss
+from vlp.tasks.losses import accuracy, region_targets, zero_loss
 from vlp.tasks.masking_visual import SOFT_LABELS, choose_regions, mask_with_hard_labels
 from vlp.tasks.mrc import classification_terms
 from vlp.tasks.registry import register
@@ -60,10 +60,10 @@ class MaskedRoIClassification(Task):
         soft = batch.get(bs.REGION_SOFT_LABELS)
         if soft is None:
             return classification_terms(self.name, head, enc, batch)
-        select = masked_regions(enc, batch, self.name)
-        if not select.any():
+        targets = region_targets(enc, batch, self.name)   # [2, M], M known on the host
+        if targets.shape[1] == 0:
             return {"mrc-vlbert_loss": zero_loss(enc), "mrc-vlbert_acc": zero_loss(enc).detach()}
-        logits = head(enc.select_regions(select)).float()
-        target = soft[select].float()
+        logits = head(enc.regions_at(targets)).float()
+        target = soft[targets[0], targets[1]].float()
         loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
         return {"mrc-vlbert_loss": loss, "mrc-vlbert_acc": accuracy(logits, target.argmax(-1))}

@@ -16,7 +16,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import masked_regions, zero_loss
+from vlp.tasks.losses import region_targets, zero_loss
 from vlp.tasks.masking_visual import choose_regions, zero_regions
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -57,9 +57,9 @@ class MaskedRegionFeatureRegression(Task):
         return RegionFeatureRegression(ctx)
 
     def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        select = masked_regions(enc, batch, "mrfr")
-        if not select.any():
+        targets = region_targets(enc, batch, "mrfr")   # [2, M], its size known on the host
+        if targets.shape[1] == 0:
             return {"mrfr_loss": zero_loss(enc)}
-        target = require(batch, bs.REGION_FEAT_TARGETS, "mrfr")[select]
-        prediction = head(enc.select_regions(select))
+        target = require(batch, bs.REGION_FEAT_TARGETS, "mrfr")[targets[0], targets[1]]
+        prediction = head(enc.regions_at(targets))
         return {"mrfr_loss": F.mse_loss(prediction.float(), target.float())}

@@ -21,7 +21,6 @@ from torch import nn
 
 from vlp.contract.batch_access import positive_pairs
 from vlp.contract.encoder_output import MVM_LABELS, EncoderOutput
-from vlp.tasks.losses import accuracy, zero_loss
 from vlp.tasks.masking_visual import flag_mvm_images
 from vlp.tasks.mlm import PredictionTransform
 from vlp.tasks.registry import register
@@ -74,8 +73,13 @@ class MaskedVisualModeling(Task):
         labels = enc.extras[MVM_LABELS]
         positive = positive_pairs(batch, labels.shape[0], labels.device)
         select = (labels != -100) & enc.region_mask & positive[:, None]
-        if not select.any():
-            return {"mvm_loss": zero_loss(enc), "mvm_acc": zero_loss(enc).detach()}
-        logits = head(enc.select_regions(select))
-        target = labels[select]
-        return {"mvm_loss": F.cross_entropy(logits, target), "mvm_acc": accuracy(logits, target)}
+        # the masked cells are known only on the device (the dictionary lookup picks them), so
+        # the head runs on every cell and the loss is the mean over the selected ones: no read
+        # of how many there are, no boolean index (each would make the host wait)
+        logits = head(enc.region_output())                                   # [B, N, K]
+        ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(),
+                             reduction="none").view_as(labels)
+        count = select.sum().clamp(min=1)
+        hit = (logits.detach().argmax(-1) == labels) & select
+        return {"mvm_loss": torch.where(select, ce, 0.0).sum() / count,
+                "mvm_acc": hit.sum() / count}

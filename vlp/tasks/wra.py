@@ -79,7 +79,9 @@ class WordRegionAlignment(Task):
         cost = cost.masked_fill(~(words.unsqueeze(2) & regions.unsqueeze(1)), 0.0)
         plan = ipot_plan(cost.detach(), words, regions)
         distance = (cost * plan).sum((1, 2))                      # [B]
-        ot = (distance[labels].sum() - distance[~labels].sum()) / distance.shape[0]
+        # matched pairs pulled together, mismatched pushed apart (a where, not a boolean
+        # index: no device read)
+        ot = torch.where(labels, distance, -distance).sum() / distance.shape[0]
         out["wra_loss"] = WRA_WEIGHT * ot
         out["wra_ot_distance"] = distance.detach().mean()
         return out

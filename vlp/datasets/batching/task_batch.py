@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from vlp.contract import batch_spec as K
+from vlp.contract.batch_indices import add_model_indices
 from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT,
                                            ExampleRefs, collate_examples, example_lengths)
 from vlp.datasets.batching.image_block import ImageBlock
@@ -87,6 +88,7 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
     if with_ids:   # image_key(image_id) of each example's visual side and of its caption
         batch[EXAMPLE_IMAGE_KEY] = batch[IMAGE_KEYS]
         batch[EXAMPLE_TEXT_KEY] = batch[TEXT_KEYS]
+    add_model_indices(batch)   # lengths and loss positions as host data: no device reads
     return to_torch(batch)
 
 

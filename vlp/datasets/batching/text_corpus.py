@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vlp.contract import batch_spec as K
+from vlp.contract.batch_indices import add_model_indices
 from vlp.tasks.masking_text import mask_text
 from vlp.tasks.spec import MaskContext
 
@@ -137,6 +138,7 @@ class TextCorpusBatches:
                  K.NUM_EXAMPLES: np.array(B, np.int64),
                  K.INPUT_UNITS: np.array(B * T, np.int64)}
         mask_text(batch, rng, self.ctx)
+        add_model_indices(batch)   # lengths and loss positions as host data: no device reads
         return {k: torch.from_numpy(np.ascontiguousarray(v)) if v.ndim else torch.tensor(v.item())
                 for k, v in batch.items()}
 

@@ -98,7 +98,11 @@ class SohoEmbedder(nn.Module):
         """The dictionary's usage on these images (device tensors: no host sync)."""
         k = self.dictionary.size
         cells = torch.where(valid, indices, k)
-        counts = torch.bincount(cells.flatten(), minlength=k + 1)[:k].float()
+        # a scatter-add, not bincount: bincount sizes its output by the largest index, which
+        # it reads from the device
+        flat = cells.flatten()
+        counts = torch.zeros(k + 1, dtype=torch.long, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))[:k].float()
         p = counts / counts.sum().clamp(min=1)
         entropy = -(p * p.clamp(min=1e-12).log()).sum()
         present = torch.zeros(indices.shape[0], k + 1, dtype=torch.bool, device=indices.device)

@@ -92,22 +92,30 @@ class VisualDictionary(nn.Module):
         quantised = self.embedding[indices].to(features.dtype)
         out = features + (quantised - features).detach()
         if self.training and self.updates:
-            keep = valid if valid is not None else torch.ones_like(indices, dtype=torch.bool)
-            self.update(features.detach()[keep], indices[keep])
+            self.update(features.detach(), indices, valid)
         return out, indices
 
     @torch.no_grad()
-    def update(self, features: torch.Tensor, indices: torch.Tensor) -> None:
-        """Moving-average update of the used entries from ``features`` [M, dim] assigned to
-        ``indices`` [M] (statistics summed over all ranks when torch.distributed is up)."""
-        sums = torch.zeros(self.size, self.dim, device=features.device, dtype=torch.float32)
-        sums.index_add_(0, indices, features.float())
-        counts = torch.bincount(indices, minlength=self.size).to(torch.float32)
+    def update(self, features: torch.Tensor, indices: torch.Tensor,
+               valid: torch.Tensor | None = None) -> None:
+        """Moving-average update of the used entries from ``features`` [..., dim] assigned to
+        ``indices`` [...], the cells where ``valid`` holds (statistics summed over all ranks
+        when torch.distributed is up). Padding cells enter with weight 0 rather than being
+        left out by a boolean index, and the unused entries are kept by a ``where``: nothing
+        here reads a device value (no host sync)."""
+        flat = features.reshape(-1, self.dim).float()
+        index = indices.reshape(-1)
+        weight = (torch.ones_like(index, dtype=torch.float32) if valid is None
+                  else valid.reshape(-1).to(torch.float32))
+        sums = torch.zeros(self.size, self.dim, device=flat.device, dtype=torch.float32)
+        sums.index_add_(0, index, flat * weight[:, None])
+        counts = torch.zeros(self.size, device=flat.device, dtype=torch.float32)
+        counts.index_add_(0, index, weight)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sums)
             dist.all_reduce(counts)
-        used = counts > 0
-        mean = sums[used] / counts[used].unsqueeze(1)
-        old = self.embedding[used].float()
-        self.embedding[used] = (self.momentum * old + (1 - self.momentum) * mean).to(
-            self.embedding.dtype)
+        used = (counts > 0)[:, None]
+        mean = sums / counts.clamp(min=1)[:, None]
+        old = self.embedding.float()
+        moved = self.momentum * old + (1 - self.momentum) * mean
+        self.embedding.copy_(torch.where(used, moved, old).to(self.embedding.dtype))

@@ -20,7 +20,10 @@ PEAK_16BIT_TFLOPS: dict[str, float] = {
     "NVIDIA A100-SXM4-80GB": 312.0,
     "NVIDIA A100-PCIE-40GB": 312.0,
     "NVIDIA A100 80GB PCIe": 312.0,
-    "NVIDIA A10": 125.0,                 # not the A10G (AWS; no NVIDIA datasheet figure)
+    "NVIDIA A10": 125.0,                 # not the A10G
+    # AWS's A10G (g5): no NVIDIA datasheet; 70 is the dense bf16 figure AWS-side tables give
+    # (unverified here: a run on one can override it with train.peak_tflops)
+    "NVIDIA A10G": 70.0,
     "NVIDIA L4": 121.0,
     "NVIDIA L40S": 362.05,
     "NVIDIA L40": 181.05,

@@ -41,7 +41,8 @@ from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
-from vlp.platform.training.reporter import Reporter, ray_report
+from vlp.platform.training.reporter import Reporter
+from vlp.platform.training.worker_context import RayTrainContext
 from vlp.platform.tracking.rank_zero import RankZeroTracker
 from vlp.platform.training.run_banner import run_banner
 from vlp.platform.training.step_stats import (ReportWindow, check_tasks, reduce_step,
@@ -53,7 +54,9 @@ HISTORY_LIMIT = 10_000          # per-step records kept for the return value (ML
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """Entry point for ``TorchTrainer``. ``loop_config``: ``config`` (a ``LoopConfig``, paths
     already absolute), ``components`` (a ``protocols.Components``), ``tracking``
-    (``launch.tracking_spec``) and ``run_dir`` (the Ray run folder)."""
+    (``launch.tracking_spec``) and ``run_dir`` (the Ray run folder); optionally ``context``
+    (a ``worker_context.WorkerContext``; Ray Train's when absent — the local runner passes
+    its own)."""
     with setup_phase("worker set-up"):      # an error here is not worth a retry
         cfg = loop_config["config"]
         if not isinstance(cfg, LoopConfig):
@@ -70,16 +73,14 @@ class _Worker:
     _step_end: tuple[float, float] | None = None
 
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
-        import ray.train
-        import ray.train.torch
-
         self.cfg = cfg
         self.components = loop_config["components"]
         self.run_dir = loop_config["run_dir"]
-        ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        device = ray.train.torch.get_device() if cfg.scaling.use_gpu else torch.device("cpu")
-        self.info = WorkerInfo(self.rank, self.world, ctx.get_local_rank(), device, cfg.seed)
+        ctx = loop_config.get("context") or RayTrainContext()
+        self.context = ctx
+        self.rank, self.world = ctx.rank, ctx.world_size
+        device = ctx.device(cfg.scaling.use_gpu)
+        self.info = WorkerInfo(self.rank, self.world, ctx.local_rank, device, cfg.seed)
         self.dtype = compute_dtype(cfg, device)
         self.precision = resolve_precision(cfg, device)
         self.peak = peak_flops(device_name(device), self.precision, cfg.train.peak_tflops)
@@ -140,8 +141,6 @@ class _Worker:
             close()
 
     def _setup(self) -> TrainerState:
-        import ray.train
-
         use_extensions_dir(self.cfg.train.extensions_dir)
         checkpointing.seed_everything(self.cfg.seed)   # identical model init on every rank
         model = self.components.build_model(self.cfg, list(self.task_ids))
@@ -158,15 +157,14 @@ class _Worker:
             model.compile(dynamic=True)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        ckpt = ray.train.get_checkpoint()
-        if ckpt is None:
-            self._build_stage(model, 0)
-            state = TrainerState(world_size=self.world,
-                                 sampler=self.prefetch.state_dict()["sampler"])
-            # per-rank streams (dropout, ...) from here on
-            checkpointing.seed_everything(self.cfg.seed + 1 + self.rank)
-            return state
-        with ckpt.as_directory() as folder:
+        with self.context.checkpoint_folder() as folder:
+            if folder is None:
+                self._build_stage(model, 0)
+                state = TrainerState(world_size=self.world,
+                                     sampler=self.prefetch.state_dict()["sampler"])
+                # per-rank streams (dropout, ...) from here on
+                checkpointing.seed_everything(self.cfg.seed + 1 + self.rank)
+                return state
             meta = checkpointing.read_meta(folder)
             self._check_plan(meta)
             self._build_stage(model, meta["stage"])
@@ -194,7 +192,7 @@ class _Worker:
         self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
                   f"{time.perf_counter() - t1:.1f} s")
         window = ReportWindow(self.peak, self.world)
-        self.reporter = Reporter(ray_report)
+        self.reporter = Reporter(self.context.report)
         self._step_end = step_clock()
         ok = False
         try:
@@ -267,7 +265,7 @@ class _Worker:
                 continue
             self.engine.backward(out["loss"])
             micro.append((task, {k: v.detach() for k, v in out.items()}, item.examples,
-                          item.input_units))
+                          item.input_units, item.real_units * item.passes))
             passes += item.passes
             done += 1
             if done == gas:   # before the update: a non-finite loss must not reach the weights
@@ -284,6 +282,7 @@ class _Worker:
         record = {"step": state.step, "stage": state.stage, "tasks": [m[0] for m in micro],
                   "lr": lr, "global_batch_examples": stats["examples"],
                   "global_batch_input_units": stats["input_units"],
+                  "global_batch_real_units": stats["real_units"],
                   "data_wait_s": self.prefetch.wait_s - wait0}
         # since the last step's record: this step and the bookkeeping after the last one
         now, since = step_clock(), self._step_end or start
@@ -293,6 +292,9 @@ class _Worker:
             # summed objective: every task's forward of the set (this rank's ratio)
             record["model_flops"] = passes / gas * self.shape.train_flops(
                 stats["examples"], stats["input_units"])
+            # the same on the unpadded tokens (the real units summed over the passes)
+            record["model_flops_real"] = self.shape.train_flops(
+                stats["examples"] * passes / gas, stats["real_units"])
         record.update(stats["means"])
         record["loss"] = stats["loss_sum"] / gas
         return record

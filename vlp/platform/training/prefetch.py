@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/contract/batch_spec.py
-BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS)
+REAL_UNITS = "real_units"
+BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS, REAL_UNITS)
+HOST_INTS = ("row_length", REAL_UNITS)   # batch_spec.HOST_INTS: to the model as Python ints
 TASK_BATCHES = "task_batches"   # the summed objective's batch per task (batch_spec)
 
 
@@ -43,6 +45,9 @@ class Prefetched:
     # forward passes' input units per input unit counted (summed objective: every task's
     # batch of the set runs through the model; 1 otherwise): for the model FLOPs
     passes: float = 1.0
+    # input units that are not padding, per forward pass (MFU on real tokens); the padded
+    # count where the batch does not say
+    real_units: float = 0.0
     before: dict[str, Any] = field(repr=False, default_factory=dict)   # states before drawing
     ready: Any = field(repr=False, default=None)   # CUDA event of the copy, else None
 
@@ -155,11 +160,14 @@ class Prefetcher:
                     else _leading_dim(host))
         units = int(host[INPUT_UNITS]) if INPUT_UNITS in host else 0
         passes = 1.0
+        real = float(host[REAL_UNITS]) if REAL_UNITS in host else float(units)
         if TASK_BATCHES in host and units:
-            passes = sum(int(b[INPUT_UNITS]) for b in host[TASK_BATCHES].values()
-                         if INPUT_UNITS in b) / units
+            parts = [b for b in host[TASK_BATCHES].values() if INPUT_UNITS in b]
+            passes = sum(int(b[INPUT_UNITS]) for b in parts) / units
+            real = sum(int(b.get(REAL_UNITS, b[INPUT_UNITS])) for b in parts) / passes
         batch, ready = self._to_device(host)
-        return Prefetched(task, batch, examples, units, passes, before, ready)
+        return Prefetched(task, batch, examples, units, passes, real_units=real, before=before,
+                          ready=ready)
 
     def _to_device(self, host: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         if self.device.type == "cpu":
@@ -180,6 +188,8 @@ class Prefetcher:
         for k, v in host.items():
             if isinstance(v, dict):
                 v = self._copy(v)
+            elif k in HOST_INTS and isinstance(v, torch.Tensor):
+                v = int(v)   # a host tensor: the model packs to it without reading the device
             elif isinstance(v, torch.Tensor) and k not in BOOKKEEPING_KEYS:
                 if self.cuda and not v.is_pinned():
                     v = v.pin_memory()

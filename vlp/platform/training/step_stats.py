@@ -18,7 +18,8 @@ from vlp.platform.training.objective import task_id
 
 # per-step record fields that are not model outputs (the rest: "loss", "mlm_loss", "mlm_acc")
 BOOKKEEPING = frozenset({"step", "stage", "tasks", "lr", "global_batch_examples",
-                         "global_batch_input_units", "data_wait_s", "model_flops",
+                         "global_batch_input_units", "global_batch_real_units",
+                         "data_wait_s", "model_flops", "model_flops_real",
                          "step_time_s", "process_cpu_s"})
 
 
@@ -29,16 +30,17 @@ def step_clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
-                task_ids: dict[str, int], world: int, rank: int, step: int) -> dict[str, Any]:
-    """The step's one all-reduce: per micro-batch a non-finite-loss flag, the task id and
-    its square, and the outputs (summed); then examples, input units and the number of
+def reduce_step(micro: list[tuple], task_ids: dict[str, int], world: int, rank: int,
+                step: int) -> dict[str, Any]:
+    """The step's one all-reduce: per micro-batch (task, outputs, examples, input units[,
+    real units]) a non-finite-loss flag, the task id and its square, and the outputs
+    (summed); then examples, input units, real (unpadded) units and the number of
     outputs. Raises when ranks drew differently or a loss is non-finite. Only ``*loss``
     entries decide finiteness (an accuracy may be NaN on an empty batch: counted as 0)."""
     n = len(micro)
     flags, values, keys = [], [], []
-    ids = [float(task_id(t, task_ids)) for t, _, _, _ in micro]
-    for _, out, _, _ in micro:
+    ids = [float(task_id(m[0], task_ids)) for m in micro]
+    for out in (m[1] for m in micro):
         names = sorted(out)
         vals = torch.stack([out[k].float().reshape(()) for k in names])
         is_loss = torch.tensor([k.endswith("loss") for k in names], device=vals.device)
@@ -47,8 +49,9 @@ def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
         keys.append(names)
     examples = sum(m[2] for m in micro)
     units = sum(m[3] for m in micro)
+    real = sum(m[4] if len(m) > 4 else m[3] for m in micro)
     n_vals = sum(len(k) for k in keys)
-    host = torch.tensor(ids + [i * i for i in ids] + [examples, units, n_vals],
+    host = torch.tensor(ids + [i * i for i in ids] + [examples, units, n_vals, real],
                         dtype=torch.float64)
     device = values[0].device
     vec = torch.cat([torch.stack(flags).double(), host.to(device, non_blocking=True),
@@ -56,7 +59,7 @@ def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
     dist.all_reduce(vec)
     g = vec.tolist()          # the step's one host sync
     nonfinite, id_sum, id_sq = g[:n], g[n:2 * n], g[2 * n:3 * n]
-    ex, un, nv = g[3 * n:3 * n + 3]
+    ex, un, nv, re = g[3 * n:3 * n + 4]
     check_tasks([m[0] for m in micro], id_sum, id_sq, world, rank, step,
                 outputs_agree=nv == world * n_vals)
     bad = [i for i, f in enumerate(nonfinite) if f > 0]
@@ -70,7 +73,7 @@ def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
             "drop such batches")
     sums: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
-    flat = iter(g[3 * n + 3:])
+    flat = iter(g[3 * n + 4:])
     loss_sum = 0.0
     for names in keys:
         for k in names:
@@ -79,7 +82,8 @@ def reduce_step(micro: list[tuple[Any, dict[str, torch.Tensor], int, int]],
             counts[k] += 1
             if k == "loss":
                 loss_sum += v
-    return {"examples": int(round(ex)), "input_units": int(round(un)), "loss_sum": loss_sum,
+    return {"examples": int(round(ex)), "input_units": int(round(un)),
+            "real_units": float(re), "loss_sum": loss_sum,
             "means": {k: sums[k] / counts[k] for k in sums}}
 
 
@@ -96,8 +100,10 @@ def check_tasks(tasks: list[str], id_sum: list[float], id_sq: list[float], world
 
 class ReportWindow:
     """Means and throughput over the steps since the last report: examples and input units
-    per second, model FLOP/s and MFU (``peak`` per device, None when unknown), and the share
-    of the time the loop waited for its next batch."""
+    per second, model FLOP/s and MFU (``peak`` per device, None when unknown) — counted on
+    the padded rows the device computes (``mfu``) and on the real tokens alone
+    (``mfu_real``: input units minus padding, the work that trains the model) — and the
+    share of the time the loop waited for its next batch."""
 
     def __init__(self, peak: float | None = None, world: int = 1):
         self.peak, self.world = peak, world
@@ -108,7 +114,7 @@ class ReportWindow:
         self.sums: dict[str, float] = collections.defaultdict(float)
         self.counts: dict[str, int] = collections.defaultdict(int)
         self.examples = self.units = 0
-        self.flops = self.wait = 0.0
+        self.flops = self.flops_real = self.wait = 0.0
         self.last: dict[str, Any] = {}
 
     def add(self, record: dict[str, Any]) -> None:
@@ -116,6 +122,7 @@ class ReportWindow:
         self.examples += record["global_batch_examples"]
         self.units += record["global_batch_input_units"]
         self.flops += record.get("model_flops", 0.0)
+        self.flops_real += record.get("model_flops_real", 0.0)
         self.wait += record.get("data_wait_s", 0.0)
         for k, v in record.items():
             if k not in BOOKKEEPING and isinstance(v, float) and math.isfinite(v):
@@ -131,6 +138,8 @@ class ReportWindow:
                    skipped_batches=state.skipped_batches, data_wait_share=self.wait / dt)
         if self.flops:
             out["model_tflops_per_s"] = self.flops / dt / 1e12
+            out["model_tflops_per_s_real"] = self.flops_real / dt / 1e12
             if self.peak:   # no "mfu" key when the device's peak is unknown (a CPU)
                 out["mfu"] = self.flops / dt / (self.peak * self.world)
+                out["mfu_real"] = self.flops_real / dt / (self.peak * self.world)
         return out

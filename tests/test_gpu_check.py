@@ -1,0 +1,77 @@
+"""The GPU check's CPU side (jobs/benchmarks/gpu_check.py): without a GPU, `make gpu-check`'s
+command says so in one line and exits 0; `--device cpu --quick` runs every part on the tiny
+model through the local runner and writes the JSON the GPU run writes — in a process where
+Ray, MLflow and Optuna cannot be imported (the GPU machine has none of them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "jobs" / "benchmarks" / "gpu_check.py"
+
+GUARDED = textwrap.dedent("""
+    import builtins, runpy, sys
+    real = builtins.__import__
+    def guarded(name, *a, **k):
+        if name.split(".")[0] in ("ray", "mlflow", "optuna"):
+            raise ImportError(f"the GPU check imported {name}")
+        return real(name, *a, **k)
+    builtins.__import__ = guarded
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, "-c", GUARDED, str(SCRIPT), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1"))
+
+
+def test_without_a_gpu_one_line_and_exit_0(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = _run(cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().count("\n") == 0
+    assert proc.stdout.startswith("gpu-check: no CUDA device")
+    assert not (tmp_path / "gpu_check.json").exists()
+
+
+@pytest.mark.integration
+def test_quick_cpu_run_writes_every_figure(tiny_world, tmp_path):
+    out = tmp_path / "check.json"
+    proc = _run("--device", "cpu", "--quick", "--world", str(tiny_world), "--out", str(out),
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["errors"] == {}, result["errors"]
+    steps = result["pretrain_uniter_tiny"]
+    for key in ("step_time_s", "data_wait_share", "model_tflops_per_s",
+                "model_tflops_per_s_real", "loop_overhead", "real_units_share"):
+        assert steps[key] > 0 or key == "data_wait_share", key
+    assert 0 < steps["real_units_share"] <= 1
+    syncs = steps["host_syncs"]
+    assert syncs["method"] == "recorder"
+    assert syncs["forward_per_step"] == 0 and syncs["backward_per_step"] == 0
+    precision = result["precision"]
+    assert set(precision["per_task_mean_loss"]) == {"bf16", "fp32"}   # no TF32 on a CPU
+    assert 0 <= precision["bf16_vs_fp32_max_rel_diff"] < 0.1
+    assert result["resume"]["next_step_loss_equal"] and result["resume"]["all_after_equal"]
+    assert result["sdpa"]["default_kernel"] in ("math", "flash", "mem_efficient", "cudnn")
+    assert result["sdpa"]["math_ms"] > 0
+    assert result["batcher"]["batcher_over_step_consumption"] > 0
+    lines = proc.stdout.splitlines()
+    assert "pretrain_uniter_tiny.loop_overhead" in " ".join(lines)
+    assert lines[-1] == f"json {out}"

@@ -1,0 +1,129 @@
+"""The worker side of a job in one process, without Ray: the loop (``loop._Worker``: model,
+tasks, batcher, DeepSpeed engine, prefetcher, the loop's own step, checkpoints) with
+``LocalContext`` in place of Ray Train's context — rank 0 of 1, a local batch stream (the
+components' own), checkpoints reported to a folder.
+
+    result = run_local(loop_config, components, tracking, run_dir)
+
+Used by ``vlp pretrain --local`` (debugging on one machine) and by the GPU check
+(``jobs/benchmarks/gpu_check.py``), which runs on a GPU box that has torch but no Ray. The
+checkpoint layout is Ray Train's (``<run_dir>/checkpoint_step…``), so a local run resumes
+from its own folder as a Ray run resumes from its storage. Nothing here imports Ray or
+MLflow (MLflow only if the tracking spec enables it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from vlp.platform.training.checkpointing import META_FILE
+from vlp.platform.training.loop import _Worker
+from vlp.platform.training.loop_config import LoopConfig
+
+METRICS_FILE = "metrics.jsonl"   # one line per report, beside the checkpoints
+
+
+class LocalContext:
+    """Ray Train's worker context for one local process: rank 0 of 1; the checkpoint to
+    resume is the newest complete one in ``run_dir``; a reported checkpoint is copied there
+    under its name (through a temporary name, renamed when complete), the oldest beyond
+    ``keep`` removed; every report's metrics are appended to ``metrics.jsonl``."""
+
+    rank, world_size, local_rank = 0, 1, 0
+
+    def __init__(self, run_dir: str | Path, keep: int = 0):
+        self.run_dir, self.keep = Path(run_dir), keep
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def device(self, use_gpu: bool) -> torch.device:
+        if not use_gpu:
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise RuntimeError("scaling.use_gpu is set but torch sees no CUDA device here "
+                               "(set scaling.use_gpu=false to run on the CPU)")
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (the name carries the zero-padded step)."""
+        return sorted(p for p in self.run_dir.glob("checkpoint_*")
+                      if p.is_dir() and (p / META_FILE).exists())
+
+    @contextlib.contextmanager
+    def checkpoint_folder(self) -> Iterator[str | None]:
+        found = self.checkpoints()
+        yield str(found[-1]) if found else None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None,
+               dir_name: str | None) -> None:
+        with open(self.run_dir / METRICS_FILE, "a") as f:
+            f.write(json.dumps(metrics, default=float) + "\n")
+        if checkpoint_dir is None:
+            return
+        final = self.run_dir / dir_name
+        partial = self.run_dir / f".{dir_name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(checkpoint_dir, partial)
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+        if self.keep > 0:
+            for old in self.checkpoints()[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def one_process_group(use_gpu: bool) -> Iterator[None]:
+    """A process group of one rank (DeepSpeed and the loop's all-reduce need one): NCCL on a
+    GPU, gloo otherwise, on a free local port; left as found if one is already up."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("nccl" if use_gpu else "gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local(loop: LoopConfig, components: Any, tracking: dict[str, Any],
+              run_dir: str | Path, after: Callable[[Any], None] | None = None
+              ) -> dict[str, Any]:
+    """Run (or resume from ``run_dir``) ``loop`` in this process; the loop's return value
+    (history, final step, checkpoint path, ...). ``after(worker)`` runs once the loop is
+    done, before the engine goes (the GPU check times a bare loop on that engine)."""
+    if loop.scaling.num_workers != 1:
+        raise ValueError(f"the local runner is one process: scaling.num_workers is "
+                         f"{loop.scaling.num_workers} (set scaling.num_workers=1)")
+    run_dir = Path(run_dir)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    with one_process_group(loop.scaling.use_gpu):
+        worker = _Worker(loop, {"config": loop, "components": components, "tracking": tracking,
+                                "run_dir": str(run_dir),
+                                "context": LocalContext(run_dir, loop.checkpoint_keep)})
+        try:
+            value = worker.run()
+            if after is not None:
+                after(worker)
+            return value
+        finally:
+            if worker.engine is not None:
+                worker.engine.destroy()

@@ -1,0 +1,62 @@
+"""Where a training worker learns who it is and where its checkpoints go: Ray Train's
+context on a cluster (``RayTrainContext``), or the local runner's stand-in
+(``local_runner.LocalContext``: rank 0 of 1, checkpoints to a folder) for one process
+without Ray. The loop (``loop._Worker``) reads only this interface."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Protocol
+
+import torch
+
+
+class WorkerContext(Protocol):
+    rank: int
+    world_size: int
+    local_rank: int
+
+    def device(self, use_gpu: bool) -> torch.device:
+        """This worker's device."""
+
+    def checkpoint_folder(self) -> contextlib.AbstractContextManager[str | None]:
+        """The folder of the checkpoint to resume from, inside the ``with`` (None: a fresh
+        run)."""
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None,
+               dir_name: str | None) -> None:
+        """Metrics of the steps since the last report, with a checkpoint folder to persist
+        under ``dir_name`` (the folder goes away after the call)."""
+
+
+class RayTrainContext:
+    """``ray.train``'s worker context (imported when built: the local path never needs Ray)."""
+
+    def __init__(self) -> None:
+        import ray.train
+
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.local_rank = ctx.get_local_rank()
+
+    def device(self, use_gpu: bool) -> torch.device:
+        import ray.train.torch
+
+        return ray.train.torch.get_device() if use_gpu else torch.device("cpu")
+
+    @contextlib.contextmanager
+    def checkpoint_folder(self) -> Iterator[str | None]:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            yield None
+            return
+        with ckpt.as_directory() as folder:
+            yield folder
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None,
+               dir_name: str | None) -> None:
+        from vlp.platform.training.reporter import ray_report
+
+        ray_report(metrics, checkpoint_dir, dir_name)
