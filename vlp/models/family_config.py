@@ -158,6 +158,22 @@ class SohoVisualConfig:
 
 VisualConfig = UniterVisualConfig | ImageBertVisualConfig | VLBertVisualConfig | SohoVisualConfig
 
+# Each paper's objective, by embedder kind (docs/paper-fidelity.md cites the sections).
+# UNITER: one task per mini-batch, conditional masking (UNITER §3.2, "we sample one task per
+# mini-batch"). VL-BERT: its reference code forwards each example once with words and RoIs
+# masked together and sums the losses (the paper, §3.3, trains its tasks together and says
+# nothing of sampling). ImageBERT: "four tasks simultaneously" (abstract, §4.1). SOHO: Eq. 9,
+# L = L_MLM + L_MVM + L_ITM.
+PAPER_OBJECTIVE = {"uniter": "sampled", "vlbert": "summed", "imagebert": "summed",
+                   "soho": "summed"}
+# Tasks that share one batch (each modality masked once, by the group's first task of it) and
+# one forward under summed. VL-BERT: all its tasks (joint masking, one forward per example).
+# ImageBERT: MOC and MRFR over one masked region set m_I (§3.3 Tasks 2-3, written over the
+# same m_I; MOC draws it: 15%, of those 90% zeroed and 10% kept); text stays conditional
+# (§4.1 "we use conditional mask in MLM, MOC and MRFR").
+FORWARD_GROUPS = {"vlbert": (("mlm", "mrc-vlbert", "sirp"),),
+                  "imagebert": (("moc", "mrfr"),)}
+
 
 @dataclass(frozen=True)
 class FamilyConfig:
@@ -166,15 +182,23 @@ class FamilyConfig:
     name: str
     transformer: TransformerConfig
     visual: VisualConfig
-    # the paper's pretraining objective (the experiment's train.objective default): sampled =
-    # one task per micro-batch drawn by mix ratio (UNITER, VL-BERT); summed = every task's
-    # loss on the same examples (ImageBERT: "four tasks simultaneously"; SOHO Eq. 9)
-    objective: str = "sampled"
+    # the paper's pretraining objective (the experiment's train.objective default), "" = its
+    # kind's (PAPER_OBJECTIVE): sampled = one task per micro-batch drawn by mix ratio;
+    # summed = every task's loss on the same examples, one backward
+    objective: str = ""
 
     def __post_init__(self) -> None:
+        if not self.objective:
+            object.__setattr__(self, "objective", PAPER_OBJECTIVE[self.visual.kind])
         if self.objective not in OBJECTIVES:
             raise ValueError(f"family {self.name!r}: objective={self.objective!r}: expected "
                              f"one of {', '.join(OBJECTIVES)}")
+
+    @property
+    def forward_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The paper's tasks that share one masked batch and one forward under ``summed``
+        (the experiment's train.forward_groups default; FORWARD_GROUPS)."""
+        return FORWARD_GROUPS.get(self.visual.kind, ())
 
     @property
     def tasks(self) -> tuple[str, ...]:

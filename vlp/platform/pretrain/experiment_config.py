@@ -148,6 +148,11 @@ class TrainSection(ConfigModel):
     # SOHO Eq. 9), the ratios as loss weights scaled to a mean of 1 (equal ratios: weight 1
     # each, the papers'; 2:2:1:1 → 4/3, 4/3, 2/3, 2/3); "" = the model family's paper's
     objective: Literal["", "sampled", "summed"] = ""
+    # under summed: tasks that share one masked batch and one forward (each modality masked
+    # once, by the group's first task of it); null = the family's paper's (VL-BERT: mlm,
+    # mrc-vlbert and sirp, words and RoIs masked together; ImageBERT: moc and mrfr on one
+    # masked region set); [] = every task its own batch and forward
+    forward_groups: list[list[str]] | None = None
     # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO; a

@@ -32,6 +32,8 @@ class LoopTrain:
     # sampled: one task per micro-batch, drawn by mix ratio; summed: every task's loss on
     # one example set, weighted by its ratio (training/objective.py)
     objective: Literal["sampled", "summed"] = "sampled"
+    # summed: tasks sharing one batch and one forward (resolved: the family's or the config's)
+    forward_groups: tuple[tuple[str, ...], ...] = ()
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: 2 with several workers, else 0
     activation_checkpointing: bool = False
