@@ -85,3 +85,10 @@ def test_imagebert_moc_and_mrfr_share_one_masked_region_set_under_summed(tiny_wo
     apart = src.next(SummedTasks(mix).next())["task_batches"]
     src.close()
     assert not torch.equal(apart["moc"][K.REGION_MASKED], apart["mrfr"][K.REGION_MASKED])
+
+
+def test_a_misspelt_forward_group_task_is_named():
+    from vlp.contract.config_loader import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.forward_groups.0.mrf"):
+        experiment("imagebert-tiny", "train.forward_groups=[[moc, mrf]]")

@@ -296,6 +296,8 @@ def check_task_names(cfg: ExperimentConfig, task_names: Iterable[str]) -> list[t
     problems = []
     mixes = [("tasks", cfg.tasks)] + [(f"stages.{i}.tasks", s.tasks)
                                        for i, s in enumerate(cfg.stages)]
+    mixes += [(f"train.forward_groups.{i}", {t: 1 for t in g})
+              for i, g in enumerate(cfg.train.forward_groups or [])]
     for key, mix in mixes:
         for name in mix:
             if name not in known:
