@@ -43,3 +43,40 @@ def test_bert_of_another_width_is_refused():
                      overrides={"transformer.num_layers": 3, "transformer.hidden_size": 192,
                                 "transformer.intermediate_size": 768,
                                 "transformer.num_heads": 6})
+
+
+def test_the_step_schedule_drops_both_optimizers_lr_at_the_milestones():
+    """SOHO §4.1: ×0.1 at epochs 25 and 35 of 40, here 40 steps: milestones 25 and 35, the
+    CNN's SGD and the Transformer's AdamW alike, through the experiment config."""
+    from vlp.platform.pretrain.run import loop_config
+    from vlp.platform.training.cnn_recipe import build_cnn_recipe
+    from vlp.platform.training.engine import cnn_recipe_for, schedule_for
+
+    from test_summed_objective import experiment
+
+    cfg = loop_config(experiment("soho-tiny", "train.steps=40", "optimizer.warmup_steps=0",
+                                 "optimizer.schedule=step", "optimizer.milestones=[25,35]"))
+    schedule = schedule_for(cfg.optimizer, 40)
+    model, _, _ = create_model("soho-tiny", ["mlm", "itm", "mvm"])
+    recipe = cnn_recipe_for(model, cfg, schedule)
+    assert recipe is not None and build_cnn_recipe is not None
+    opt = recipe.optimizer
+    sched = recipe.scheduler(opt)
+    base = [g["lr"] for g in opt.param_groups]
+    assert sorted({g["algo"] for g in opt.param_groups}) == ["adamw", "sgd"]
+    seen = {}
+    for step in range(40):            # the lr the step-th optimizer step (0-based) uses
+        seen[step] = [g["lr"] for g in opt.param_groups]
+        opt.step()
+        sched.step()
+    for step, factor in ((0, 1.0), (24, 1.0), (25, 0.1), (34, 0.1), (35, 0.01), (39, 0.01)):
+        assert seen[step] == pytest.approx([b * factor for b in base]), step
+
+
+def test_a_step_schedule_without_milestones_is_named():
+    from vlp.contract.config_loader import ConfigError
+
+    from test_summed_objective import experiment
+
+    with pytest.raises(ConfigError, match="optimizer.milestones"):
+        experiment("soho-tiny", "optimizer.schedule=step")

@@ -128,7 +128,11 @@ class OptimizerSection(ConfigModel):
     eps: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.01, ge=0)      # not applied to biases and norm weights
     warmup_steps: int = Field(10_000, ge=0)      # per stage
-    schedule: Literal["linear", "constant"] = "linear"   # after warm-up
+    # after warm-up: linear decay to 0, constant, or step: × decay_factor at each of
+    # `milestones` (optimizer steps of the stage; SOHO §4.1: ×0.1 at epochs 25 and 35 of 40)
+    schedule: Literal["linear", "constant", "step"] = "linear"
+    milestones: list[int] = Field(default_factory=list)
+    decay_factor: float = Field(0.1, gt=0, le=1)
     grad_clip: float = Field(5.0, ge=0)          # global grad-norm clip; 0 = off
     # auto: torch's fused AdamW, on GPU and CPU (its kernels ship in the wheel: nothing built)
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
@@ -248,7 +252,20 @@ class ExperimentConfig(ConfigModel):
             yield "model.cold_start_steps", (
                 f"is {self.model.cold_start_steps} but the first stage {first.name!r} has "
                 f"{first.steps} steps: the CNN would never train in it; expected fewer")
+        o = self.optimizer
+        if o.schedule == "step" and not o.milestones:
+            yield "optimizer.milestones", "is empty but optimizer.schedule is step: expected " \
+                                          "the steps where the learning rate drops"
+        if o.milestones and list(o.milestones) != sorted(set(o.milestones)):
+            yield "optimizer.milestones", f"is {o.milestones}: expected increasing steps"
+        if o.milestones and o.schedule != "step":
+            yield "optimizer.milestones", (f"is set but optimizer.schedule is {o.schedule}: "
+                                           f"milestones apply to schedule step only")
         for st in self.stage_plan():
+            if o.schedule == "step" and o.milestones and o.milestones[-1] >= st.steps:
+                yield "optimizer.milestones", (
+                    f"last milestone {o.milestones[-1]} is not inside stage {st.name!r} "
+                    f"({st.steps} steps)")
             if self.optimizer.schedule == "linear" and self.optimizer.warmup_steps >= st.steps:
                 yield "optimizer.warmup_steps", (
                     f"is {self.optimizer.warmup_steps} but stage {st.name!r} has only "

@@ -82,7 +82,8 @@ def loop_config(cfg: ExperimentConfig) -> LoopConfig:
         train=project(LoopTrain, cfg.train, objective=objective_of(cfg),
                       forward_groups=forward_groups_of(cfg)),
         optimizer=project(LoopOptimizer, cfg.optimizer,
-                          cold_start_steps=cfg.model.cold_start_steps),
+                          cold_start_steps=cfg.model.cold_start_steps,
+                          milestones=tuple(cfg.optimizer.milestones)),
         scaling=project(LoopScaling, cfg.scaling))
 
 

@@ -54,7 +54,9 @@ class LoopOptimizer:
     eps: float = 1e-6
     weight_decay: float = 0.01
     warmup_steps: int = 10_000            # per stage
-    schedule: Literal["linear", "constant"] = "linear"
+    schedule: Literal["linear", "constant", "step"] = "linear"
+    milestones: tuple[int, ...] = ()      # step: optimizer steps (per stage) where lr × factor
+    decay_factor: float = 0.1
     grad_clip: float = 5.0                # 0 = off
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
     # a model with a CNN (SOHO): its optimizer beside AdamW, and how many steps of the first
