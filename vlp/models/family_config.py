@@ -135,7 +135,8 @@ class SohoVisualConfig:
     resnet: ResNetConfig = RESNET18
     dictionary_size: int = 2048
     dictionary_momentum: float = 0.4  # γ in d ← γ d + (1 − γ) mean(assigned); the reference's
-    # data: entries = features of the first training batch (their scale); normal: N(0, 1)
+    # data (vlp's default): entries = features of the first training batch (their scale);
+    # normal: N(0, 1), the paper's ("randomly initialized", SOHO §3.2)
     dictionary_init: str = "data"
     image_min_side: int = 600  # shorter side resized to this, longer side capped (paper)
     image_max_side: int = 1000
