@@ -80,3 +80,23 @@ def test_a_step_schedule_without_milestones_is_named():
 
     with pytest.raises(ConfigError, match="optimizer.milestones"):
         experiment("soho-tiny", "optimizer.schedule=step")
+
+
+def test_the_shipped_recipes_carry_the_papers_numbers():
+    """SOHO §4.1 (ImageNet CNN, BERT Transformer, ×0.1 at 25 and 35 of 40 epochs) and VL-BERT
+    §3.3 / §4.1 (Task #1 SIRP, score > 0.5, 8k warm-up, lr 1e-4)."""
+    from pathlib import Path
+
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
+
+    configs = Path(__file__).resolve().parents[1] / "jobs" / "configs"
+    soho = load_experiment_config(configs / "soho-r18-l3.yaml")
+    assert soho.model.init == "bert" and soho.model.cnn_init
+    steps = soho.train.steps
+    assert soho.optimizer.schedule == "step" and soho.optimizer.decay_factor == 0.1
+    assert soho.optimizer.milestones == [steps * 25 // 40, steps * 35 // 40]
+    assert soho.model.cold_start_steps == steps * 10 // 40
+    vlbert = load_experiment_config(configs / "vlbert-base.yaml")
+    assert vlbert.tasks == {"sirp": 1, "mlm": 1, "mrc-vlbert": 1}
+    assert vlbert.data.regions.conf_threshold == 0.5
+    assert (vlbert.optimizer.lr, vlbert.optimizer.warmup_steps) == (1e-4, 8000)

@@ -114,7 +114,8 @@ def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:
     if not soho:
         return [(f"model.{key}", f"{family.name} has no CNN (only SOHO families have one)")
                 for key, on in (("cnn_init", cfg.model.cnn_init),
-                                ("cold_start_steps", cfg.model.cold_start_steps)) if on]
+                                ("cold_start_steps", cfg.model.cold_start_steps),
+                                ("dictionary_init", cfg.model.dictionary_init)) if on]
     if not cfg.model.cnn_init:
         return []
     import torch

@@ -63,6 +63,9 @@ class ModelSection(ConfigModel):
     # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
     cold_start_steps: int = Field(0, ge=0)
     cnn_init: str = ""     # SOHO: a torchvision ResNet state dict (ImageNet weights), path or URI
+    # SOHO's visual dictionary start: "" = the family's (data: the first batch's features,
+    # vlp's default); normal: N(0, 1), the paper's "randomly initialized" (§3.2)
+    dictionary_init: Literal["", "data", "normal"] = ""
     # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
     # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
     # carry their segments' types; "" = the family's own types
