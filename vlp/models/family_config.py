@@ -160,10 +160,11 @@ class SohoVisualConfig:
 VisualConfig = UniterVisualConfig | ImageBertVisualConfig | VLBertVisualConfig | SohoVisualConfig
 
 # Each paper's objective, by embedder kind (docs/paper-fidelity.md cites the sections).
-# UNITER: one task per mini-batch, conditional masking (UNITER §3.2, "we sample one task per
-# mini-batch"). VL-BERT: its reference code forwards each example once with words and RoIs
-# masked together and sums the losses (the paper, §3.3, trains its tasks together and says
-# nothing of sampling). ImageBERT: "four tasks simultaneously" (abstract, §4.1). SOHO: Eq. 9,
+# UNITER: conditional masking, "each time we only mask one modality" (§3.2); one task per
+# mini-batch drawn by ratio is its reference code's meta-loader (the paper names no sampling
+# and no ratio). VL-BERT: "three pre-training tasks are exploited to incur loss" (§3.3) with
+# words and RoIs masked in the same input (Fig. 1); its reference code forwards each example
+# once and sums the losses. ImageBERT: "four tasks simultaneously" (abstract). SOHO: Eq. 9,
 # L = L_MLM + L_MVM + L_ITM.
 PAPER_OBJECTIVE = {"uniter": "sampled", "vlbert": "summed", "imagebert": "summed",
                    "soho": "summed"}
