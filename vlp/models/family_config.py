@@ -170,9 +170,9 @@ PAPER_OBJECTIVE = {"uniter": "sampled", "vlbert": "summed", "imagebert": "summed
                    "soho": "summed"}
 # Tasks that share one batch (each modality masked once, by the group's first task of it) and
 # one forward under summed. VL-BERT: all its tasks (joint masking, one forward per example).
-# ImageBERT: MOC and MRFR over one masked region set m_I (§3.3 Tasks 2-3, written over the
+# ImageBERT: MOC and MRFR over one masked region set m_I (§4.3 Tasks 2-3, written over the
 # same m_I; MOC draws it: 15%, of those 90% zeroed and 10% kept); text stays conditional
-# (§4.1 "we use conditional mask in MLM, MOC and MRFR").
+# (§5.1 "we use conditional mask in MLM, MOC and MRFR").
 FORWARD_GROUPS = {"vlbert": (("mlm", "mrc-vlbert", "sirp"),),
                   "imagebert": (("moc", "mrfr"),)}
 

@@ -36,7 +36,7 @@ class MaskedObjectClassification(Task):
         mask_with_hard_labels(batch, masked, masked & (rng.random(masked.shape) < ZERO_SHARE))
 
     def share_mask(self, batch: ArrayBatch, raw_feats: np.ndarray) -> None:
-        """ImageBERT writes MOC and MRFR over one masked set m_I (§4.2): classify the regions
+        """ImageBERT writes MOC and MRFR over one masked set m_I (§4.3): classify the regions
         MRFR masked."""
         batch[K.REGION_CLASS_LABELS] = hard_labels(batch, batch[K.REGION_MASKED])
 

@@ -23,7 +23,7 @@ Tasks of one forward group (``TaskSet.groups``) share one batch (each modality m
 ``apply_group_masking``) and one forward: ``TASK_BATCHES`` holds that batch once, under the
 group's first task. VL-BERT's group is its whole mix (words and RoIs masked in the same example, the
 reference code's one forward per example); ImageBERT's is MOC + MRFR (one masked region set
-m_I, §3.3 of its paper).
+m_I, §4.3 of its paper).
 """
 
 from __future__ import annotations
