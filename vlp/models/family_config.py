@@ -163,9 +163,9 @@ VisualConfig = UniterVisualConfig | ImageBertVisualConfig | VLBertVisualConfig |
 # UNITER: conditional masking, "each time we only mask one modality" (§3.2); one task per
 # mini-batch drawn by ratio is its reference code's meta-loader (the paper names no sampling
 # and no ratio). VL-BERT: "three pre-training tasks are exploited to incur loss" (§3.3), words
-# and RoIs each masked at 15% with no word of one modality at a time (UNITER §2 counts VL-BERT
-# among the models that "randomly mask both"); its reference code forwards each example once
-# and sums the losses. ImageBERT: "four tasks simultaneously" (abstract). SOHO: Eq. 9,
+# and RoIs each masked at 15%, nowhere one modality at a time (UNITER §2 counts VL-BERT among
+# the models "randomly masking both image regions and sentence words"); its reference code
+# forwards each example once and sums the losses. ImageBERT: "four tasks simultaneously" (abstract). SOHO: Eq. 9,
 # L = L_MLM + L_MVM + L_ITM.
 PAPER_OBJECTIVE = {"uniter": "sampled", "vlbert": "summed", "imagebert": "summed",
                    "soho": "summed"}
