@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from vlp.contract.batch_spec import TASK_BATCHES
-from vlp.datasets.batching.task_sampler import SummedTasks, loss_weights
+from vlp.datasets.batching.task_sampler import SummedTasks, forward_groups, loss_weights
 from vlp.models.running_stats import images_encoded_once, statistics_frozen
 
 OBJECTIVES = ("sampled", "summed")
@@ -49,8 +49,12 @@ def describe(objective: str, mixes: list[dict[str, float]]) -> str:
             f"backward; loss weights {weights}")
 
 
-def describe_groups(objective: str, groups: tuple[tuple[str, ...], ...]) -> str:
-    """The forward groups' log line ('' when there are none or the objective is sampled)."""
+def describe_groups(objective: str, groups: tuple[tuple[str, ...], ...],
+                    mixes: list[dict[str, float]]) -> str:
+    """The forward groups' log line, each group as the stages' mixes hold it ('' when there
+    are none or the objective is sampled)."""
+    groups = tuple(dict.fromkeys(
+        g for m in mixes for g in forward_groups(groups, [t for t, r in m.items() if r > 0])))
     if objective != "summed" or not groups:
         return ""
     return ("one batch and one forward for " + "; ".join(" + ".join(g) for g in groups)
