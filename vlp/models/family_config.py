@@ -165,8 +165,8 @@ VisualConfig = UniterVisualConfig | ImageBertVisualConfig | VLBertVisualConfig |
 # and no ratio). VL-BERT: "three pre-training tasks are exploited to incur loss" (§3.3), words
 # and RoIs each masked at 15%, nowhere one modality at a time (UNITER §2 counts VL-BERT among
 # the models "randomly masking both image regions and sentence words"); its reference code
-# forwards each example once and sums the losses. ImageBERT: "four tasks simultaneously" (abstract). SOHO: Eq. 9,
-# L = L_MLM + L_MVM + L_ITM.
+# forwards each example once and sums the losses. ImageBERT: "four tasks simultaneously"
+# (abstract). SOHO: Eq. 9, L = L_MLM + L_MVM + L_ITM.
 PAPER_OBJECTIVE = {"uniter": "sampled", "vlbert": "summed", "imagebert": "summed",
                    "soho": "summed"}
 # Tasks that share one batch (each modality masked once, by the group's first task of it) and

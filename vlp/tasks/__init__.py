@@ -38,5 +38,5 @@ from vlp.tasks.spec import HeadContext, MaskContext, Task
 discover()
 
 __all__ = ["TASKS", "HeadContext", "MaskContext", "Task", "apply_group_masking", "apply_masking",
-           "family_tasks", "get_task", "register", "task_label", "task_names", "task_order", "unregister",
-           "visual_problem"]
+           "family_tasks", "get_task", "register", "task_label", "task_names", "task_order",
+           "unregister", "visual_problem"]

@@ -58,8 +58,9 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                  text_only: Callable[[str], dict[str, torch.Tensor]] | None = None
                  ) -> dict:
     """``{TASK_BATCHES: {task: batch}, NUM_EXAMPLES, INPUT_UNITS}`` for the example set
-    ``refs`` (a forward group's batch under its first task); ``rng_of(i)``: the generator of the i-th task of ``tasks``; ``collated``: the
-    set's unmasked arrays (region input), copied per task since masking writes in place;
+    ``refs`` (a forward group's batch under its first task); ``rng_of(i)``: the generator
+    of the i-th task of ``tasks`` (a group: its first task's); ``collated``: the set's
+    unmasked arrays (region input), copied per batch since masking writes in place;
     ``text_only(task)``: the batch of a text-only task (VL-BERT's corpus MLM: not the set's
     examples, so not counted)."""
     per_task: dict[str, dict[str, torch.Tensor]] = {}

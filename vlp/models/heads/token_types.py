@@ -21,7 +21,8 @@ LAYOUTS = ("nlvr2-triplet", "vcr")
 def layout_types(family: FamilyConfig, layout: str) -> tuple[list[int], dict[str, tuple]]:
     """(rows to append, each copied from an existing row; the type ids the data adapter
     uses: ``image_types`` (first, second image) or ``vcr_types`` (per stage: the type of
-    each segment, q2a (question, answer), qa2r (question, answer, rationale))) — a pure function of the family, so data and model agree without talking."""
+    each segment, q2a (question, answer), qa2r (question, answer, rationale))) — a pure
+    function of the family, so data and model agree without talking."""
     kind = family.visual.kind
     n = family.transformer.type_vocab_size
     image = IMAGE_TYPE[kind]
