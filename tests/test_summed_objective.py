@@ -1,8 +1,9 @@
 """The per-family objective (issue 18, item 3): ``sampled`` trains one task per micro-batch
 (UNITER), ``summed`` every task's loss on the same examples with one backward (VL-BERT's
-reference code, ImageBERT's "four tasks simultaneously", SOHO's Eq. 9; issue 29). Under ``summed`` each task gets its own
-batch of the example set, SOHO's negative texts feed ITM only, the total is the weighted sum of
-the per-task losses (each still reported under its own key), and a restored stream or loop
+reference code, ImageBERT's "four tasks simultaneously", SOHO's Eq. 9; issue 29). Under
+``summed`` each task (or forward group, ``test_paper_objectives.py``) gets its own batch of
+the example set, SOHO's negative texts feed ITM only, the total is the weighted sum of the
+per-task losses (each still reported under its own key), and a restored stream or loop
 continues with the same example sets."""
 
 from __future__ import annotations
