@@ -95,7 +95,7 @@ def test_every_adapter_yields_the_batch_contract(cfg, tiny_world, make, rows_per
 
 
 def test_segments_get_cls_sep_and_their_token_types(cfg):
-    vcr = VcrData(cfg, "train", types=(0, 2, 3))
+    vcr = VcrData(cfg, "train", types={"q2a": (0, 2), "qa2r": (0, 2, 3)})
     b = vcr.batch(np.array([0]), stages=("qa2r",))
     ids, types, mask = b[K.INPUT_IDS][0], b[K.TEXT_TYPE_IDS][0], b[K.TEXT_MASK][0].bool()
     seps = (ids == vcr.tok.sep_id).nonzero()[:, 0].tolist()
@@ -106,6 +106,32 @@ def test_segments_get_cls_sep_and_their_token_types(cfg):
     answer = vcr.answers.tokens[vcr.answers.start[right]:vcr.answers.start[right + 1]]  # row 0
     assert ids[seps[0] + 1:seps[1]].tolist() == answer.tolist()   # the right answer, always
     assert b[D.LABELS].tolist() == [vcr.rationale_labels[0]]
+
+
+def test_vlbert_qa2r_puts_question_and_answer_in_a_and_the_rationale_in_b(cfg):
+    """VL-BERT §4.2.1: for QA→R "the concatenation of 'Q' and 'A' is filled to the Question
+    section, and 'R' is filled to the Answer section" (sentence A = 0, B = 1); Q→A is
+    question A, answer B."""
+    from vlp.models.families import get_family
+    from vlp.models.heads import layout_types
+
+    types = layout_types(get_family("vlbert-tiny"), "vcr")[1]["vcr_types"]
+    vcr = VcrData(cfg, "train", types=types)
+    b = vcr.batch(np.array([0]), stages=("qa2r",))
+    ids, kinds, mask = b[K.INPUT_IDS][0], b[K.TEXT_TYPE_IDS][0], b[K.TEXT_MASK][0].bool()
+    seps = (ids == vcr.tok.sep_id).nonzero()[:, 0].tolist()
+    assert len(seps) == 2                                   # (question answer) [SEP] rationale
+    q = vcr.questions.lengths(np.array([0]))[0]
+    right = vcr.answer_labels[0]
+    answer = vcr.answers.tokens[vcr.answers.start[right]:vcr.answers.start[right + 1]]
+    assert ids[1 + q:seps[0]].tolist() == answer.tolist()   # right after the question
+    assert kinds[:seps[0] + 1].eq(0).all()                  # [CLS] question answer [SEP]: A
+    assert kinds[seps[0] + 1:seps[1] + 1].eq(1).all()       # rationale [SEP]: B
+    assert not kinds[~mask].any()
+    q2a = vcr.batch(np.array([0]), stages=("q2a",))
+    ids, kinds = q2a[K.INPUT_IDS][0], q2a[K.TEXT_TYPE_IDS][0]
+    seps = (ids == vcr.tok.sep_id).nonzero()[:, 0].tolist()
+    assert kinds[:seps[0] + 1].eq(0).all() and kinds[seps[0] + 1:seps[1] + 1].eq(1).all()
 
 
 def test_text_batch_truncates_and_pads(cfg):

@@ -163,7 +163,7 @@ def test_token_type_extension_keeps_pretrained_rows_and_outputs():
     with pytest.raises(ValueError, match="extended twice"):
         extend_for(base.backbone, "vcr")
     vcr_base, _, _ = create_model("uniter-tiny", ["itm"])
-    assert extend_for(vcr_base.backbone, "vcr") == {"vcr_types": (0, 2, 3)}
+    assert extend_for(vcr_base.backbone, "vcr") == {"vcr_types": {"q2a": (0, 2), "qa2r": (0, 2, 3)}}
     vl, _, _ = create_model("vlbert-tiny", ["itm"])
     assert layout_types(vl.family, "nlvr2-triplet")[1] == {"image_types": (2, 3)}
     soho, _, _ = create_model("soho-tiny", ["itm"])

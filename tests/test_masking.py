@@ -120,15 +120,18 @@ def test_background_never_a_hard_label(ctx):
     assert (b[K.REGION_CLASS_LABELS][b[K.REGION_MASKED]] >= 1).all()
 
 
-def test_vlbert_whole_image_feature_excludes_masked(ctx):
+def test_vlbert_whole_image_feature_is_the_images_whatever_the_masking(ctx):
+    """Without a stored whole-image RoI: the mean of the image's real regions, taken before
+    masking (the pipeline's order), so a masked RoI does not change it (issue 29)."""
     rng = np.random.default_rng(4)
     b = full_batch(rng, B=50)
     feats = b[K.REGION_FEATS].copy()
-    apply_masking("mrc-vlbert", b, rng, ctx, "conditional", "regions")
     img = whole_image_feature(b)
-    keep = (b[K.REGION_MASK] == 1) & ~b[K.REGION_MASKED]
+    apply_masking("mrc-vlbert", b, rng, ctx, "conditional", "regions")
+    assert b[K.REGION_ZEROED].any()
+    real = b[K.REGION_MASK] == 1
     for i in range(50):
-        assert np.allclose(img[i], feats[i][keep[i]].mean(0), atol=1e-5)
+        assert np.allclose(img[i], feats[i][real[i]].mean(0), atol=1e-5)
 
 
 def test_conditional_masks_one_modality_joint_both(ctx):

@@ -1,5 +1,6 @@
 """VQA (UNITER §4.1): answer vocabulary from the training answers, soft scores from the 10
-annotators, Linear(H,2H)→GELU→LN→Linear(2H,#answers) on [CLS], BCE summed over answers;
+annotators, Linear(H,2H)→GELU→LN→Linear(2H,#answers) on [CLS] (VL-BERT: on an appended
+[MASK], §4.2.2; ``answer_token``), BCE summed over answers;
 scored with the official evaluator's accuracy (leave-one-out over the 10 annotators)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -25,6 +27,19 @@ from vlp.benchmarks.registry import register
 class VqaOptions(ConfigModel):
     max_answers: int = Field(3129, gt=0)   # VQA v2: the 3129 most frequent answers
     min_count: int = Field(1, gt=0)        # questions whose majority answer it is (BUTD: 9)
+    # where the answer is read: cls = the pooled [CLS] (UNITER §4.1); mask = a [MASK] appended
+    # as the answer segment (VL-BERT §4.2.2); "" = the family's paper's (VL-BERT: mask)
+    answer_token: Literal["", "cls", "mask"] = ""
+
+
+def answer_token(ctx: BenchmarkContext) -> str:
+    return ctx.options.answer_token or ("mask" if ctx.family.visual.kind == "vlbert" else "cls")
+
+
+def answer_type(ctx: BenchmarkContext) -> int:
+    """The [MASK]'s segment: VL-BERT's sentence B (1); a family with one text type (UNITER:
+    text 0, image 1) keeps it in the text's."""
+    return 1 if ctx.family.visual.kind == "vlbert" else 0
 
 
 @lru_cache(maxsize=4)
@@ -49,14 +64,16 @@ class Vqa(Benchmark):
         return answer_vocab(ctx.data.world, o.max_answers, o.min_count)
 
     def train_data(self, ctx):
-        return VqaData(ctx.data, "train", self.vocab(ctx))
+        return VqaData(ctx.data, "train", self.vocab(ctx), answer_token(ctx), answer_type(ctx))
 
     def eval_data(self, ctx):
-        return VqaData(ctx.data, ctx.eval_split, self.vocab(ctx))
+        return VqaData(ctx.data, ctx.eval_split, self.vocab(ctx), answer_token(ctx),
+                       answer_type(ctx))
 
     def build_head(self, ctx, backbone, itm_head):
         return build_head("soft-score-classifier", name=self.task, hidden=hidden_size(ctx),
-                          num_answers=len(self.vocab(ctx)), eps=layer_norm_eps(ctx))
+                          num_answers=len(self.vocab(ctx)), eps=layer_norm_eps(ctx),
+                          from_token=answer_token(ctx) == "mask")
 
     def evaluate(self, ctx: BenchmarkContext, data: VqaData, runner) -> EvalResult | None:
         logits = runner.predict_sharded(data.batch, len(data))

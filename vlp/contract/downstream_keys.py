@@ -11,8 +11,10 @@ EXAMPLE_INDEX = "example_index"  # long [E] row of the task table (evaluation: p
 GROUP_SIZE = "group_size"        # long [] rows per example (pair: 2, VCR: 4, retrieval: 1+k+k)
 IMAGE_NEGATIVES = "image_negatives"  # long [] retrieval: negatives with another image per group
 TEXT_NEGATIVES = "text_negatives"    # long [] retrieval: negatives with another text per group
+ANSWER_POSITION = "answer_position"  # long [E] VQA from a token: the text position of the
+                                 #   appended [MASK] whose output is classified (VL-BERT)
 HARD_KEEP = "hard_keep"          # long [] retrieval: of each side's candidates keep the top k
                                  #   (0 = use all: random negatives)
 
 LABEL_KEYS = (LABELS, TARGETS, EXAMPLE_INDEX, GROUP_SIZE, IMAGE_NEGATIVES, TEXT_NEGATIVES,
-              HARD_KEEP)
+              HARD_KEEP, ANSWER_POSITION)

@@ -135,7 +135,8 @@ class SohoVisualConfig:
     resnet: ResNetConfig = RESNET18
     dictionary_size: int = 2048
     dictionary_momentum: float = 0.4  # γ in d ← γ d + (1 − γ) mean(assigned); the reference's
-    # data: entries = features of the first training batch (their scale); normal: N(0, 1)
+    # data (vlp's default): entries = features of the first training batch (their scale);
+    # normal: N(0, 1), the paper's ("randomly initialized", SOHO §3.2)
     dictionary_init: str = "data"
     image_min_side: int = 600  # shorter side resized to this, longer side capped (paper)
     image_max_side: int = 1000
@@ -158,6 +159,24 @@ class SohoVisualConfig:
 
 VisualConfig = UniterVisualConfig | ImageBertVisualConfig | VLBertVisualConfig | SohoVisualConfig
 
+# Each paper's objective, by embedder kind (docs/paper-fidelity.md cites the sections).
+# UNITER: conditional masking, "each time we only mask one modality" (§3.2); one task per
+# mini-batch drawn by ratio is its reference code's meta-loader (the paper names no sampling
+# and no ratio). VL-BERT: "three pre-training tasks are exploited to incur loss" (§3.3), words
+# and RoIs each masked at 15%, nowhere one modality at a time (UNITER §2 counts VL-BERT among
+# the models "randomly masking both image regions and sentence words"); its reference code
+# forwards each example once and sums the losses. ImageBERT: "four tasks simultaneously"
+# (abstract). SOHO: Eq. 9, L = L_MLM + L_MVM + L_ITM.
+PAPER_OBJECTIVE = {"uniter": "sampled", "vlbert": "summed", "imagebert": "summed",
+                   "soho": "summed"}
+# Tasks that share one batch (each modality masked once, by the group's first task of it) and
+# one forward under summed. VL-BERT: all its tasks (joint masking, one forward per example).
+# ImageBERT: MOC and MRFR over one masked region set m_I (§4.3 Tasks 2-3, written over the
+# same m_I; MOC draws it: 15%, of those 90% zeroed and 10% kept); text stays conditional
+# (§5.1 "we use conditional mask in MLM, MOC and MRFR").
+FORWARD_GROUPS = {"vlbert": (("mlm", "mrc-vlbert", "sirp"),),
+                  "imagebert": (("moc", "mrfr"),)}
+
 
 @dataclass(frozen=True)
 class FamilyConfig:
@@ -166,15 +185,23 @@ class FamilyConfig:
     name: str
     transformer: TransformerConfig
     visual: VisualConfig
-    # the paper's pretraining objective (the experiment's train.objective default): sampled =
-    # one task per micro-batch drawn by mix ratio (UNITER, VL-BERT); summed = every task's
-    # loss on the same examples (ImageBERT: "four tasks simultaneously"; SOHO Eq. 9)
-    objective: str = "sampled"
+    # the paper's pretraining objective (the experiment's train.objective default), "" = its
+    # kind's (PAPER_OBJECTIVE): sampled = one task per micro-batch drawn by mix ratio;
+    # summed = every task's loss on the same examples, one backward
+    objective: str = ""
 
     def __post_init__(self) -> None:
+        if not self.objective:
+            object.__setattr__(self, "objective", PAPER_OBJECTIVE[self.visual.kind])
         if self.objective not in OBJECTIVES:
             raise ValueError(f"family {self.name!r}: objective={self.objective!r}: expected "
                              f"one of {', '.join(OBJECTIVES)}")
+
+    @property
+    def forward_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The paper's tasks that share one masked batch and one forward under ``summed``
+        (the experiment's train.forward_groups default; FORWARD_GROUPS)."""
+        return FORWARD_GROUPS.get(self.visual.kind, ())
 
     @property
     def tasks(self) -> tuple[str, ...]:

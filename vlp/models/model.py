@@ -52,16 +52,29 @@ class VLPModel(nn.Module):
                            f"{list(self.task_names)}, not {name!r}")
         return get_task(name)
 
-    def forward(self, batch: Mapping[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:
-        spec = self.task(task)
+    def forward(self, batch: Mapping[str, torch.Tensor], task: str | tuple[str, ...],
+                weights: Mapping[str, float] | None = None) -> dict[str, torch.Tensor]:
+        """One task's outputs; for a tuple of tasks (a forward group: one batch masked for all
+        of them) one backbone pass and every task's head on it, ``loss`` = Σ weight · loss."""
+        names = (task,) if isinstance(task, str) else tuple(task)
+        specs = [self.task(t) for t in names]
         # joint masking flags images on the other tasks' batches too (tasks/masking_modes.py):
         # the embedder masks wherever the pipeline asked, whatever the task
-        enc = self.backbone(batch, pool=spec.needs_pooled,
-                            visual_masking=spec.masks_visual_tokens or bs.MVM_APPLY in batch)
-        out = spec.compute(self.heads[spec.head_name], enc, batch)
+        enc = self.backbone(batch, pool=any(s.needs_pooled for s in specs),
+                            visual_masking=any(s.masks_visual_tokens for s in specs)
+                            or bs.MVM_APPLY in batch)
+        out: dict[str, torch.Tensor] = {}
+        total = None
+        for name, spec in zip(names, specs):
+            terms = spec.compute(self.heads[spec.head_name], enc, batch)
+            w = 1.0 if weights is None else weights.get(name, 1.0)
+            for k, v in terms.items():
+                if k.endswith("_loss"):
+                    total = w * v if total is None else total + w * v
+            out.update(terms)
         out.update({k[len(METRIC_PREFIX):]: v.detach() for k, v in enc.extras.items()
                     if k.startswith(METRIC_PREFIX)})
-        out["loss"] = sum(v for k, v in out.items() if k.endswith("_loss"))
+        out["loss"] = total
         return out
 
     def set_activation_checkpointing(self, on: bool = True) -> None:

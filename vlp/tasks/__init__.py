@@ -30,13 +30,13 @@ choice, zeroing, SOHO's image flags), ``masking_modes`` (conditional / joint mas
 Imports only ``vlp.contract``, torch and numpy.
 """
 
-from vlp.tasks.masking_modes import apply_masking
+from vlp.tasks.masking_modes import apply_group_masking, apply_masking
 from vlp.tasks.registry import (TASKS, discover, family_tasks, get_task, register, task_label,
                                 task_names, task_order, unregister, visual_problem)
 from vlp.tasks.spec import HeadContext, MaskContext, Task
 
 discover()
 
-__all__ = ["TASKS", "HeadContext", "MaskContext", "Task", "apply_masking", "family_tasks",
-           "get_task", "register", "task_label", "task_names", "task_order", "unregister",
-           "visual_problem"]
+__all__ = ["TASKS", "HeadContext", "MaskContext", "Task", "apply_group_masking", "apply_masking",
+           "family_tasks", "get_task", "register", "task_label", "task_names", "task_order",
+           "unregister", "visual_problem"]

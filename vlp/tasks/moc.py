@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
+from vlp.contract import batch_spec as K
+from vlp.tasks.masking_visual import choose_regions, hard_labels, mask_with_hard_labels
 from vlp.tasks.mrc import RegionClassifier, classification_terms
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -33,6 +34,11 @@ class MaskedObjectClassification(Task):
     def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
         masked = choose_regions(batch, rng, ctx)
         mask_with_hard_labels(batch, masked, masked & (rng.random(masked.shape) < ZERO_SHARE))
+
+    def share_mask(self, batch: ArrayBatch, raw_feats: np.ndarray) -> None:
+        """ImageBERT writes MOC and MRFR over one masked set m_I (§4.3): classify the regions
+        MRFR masked."""
+        batch[K.REGION_CLASS_LABELS] = hard_labels(batch, batch[K.REGION_MASKED])
 
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RegionClassifier(ctx)

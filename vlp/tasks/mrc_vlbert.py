@@ -1,10 +1,10 @@
 """Masked RoI classification with linguistic clues (VL-BERT).
 
 The masked RoI's visual feature embedding is replaced by a learned embedding (the embedder
-does it for ``region_zeroed`` rows; the input row is zeroed so nothing of it leaks) and the
-whole-image feature that every text token carries is recomputed by the pipeline without it
-(after masking, for every batch that carries ``image_feat``), so the class must come from the
-text. Head:
+does it for ``region_zeroed`` rows; the input row is zeroed so nothing of it leaks in the
+region stream). The whole-image feature every text token carries is the intact image's (the
+paper recomputes it from the image with the RoI's pixels zeroed, which precomputed features
+cannot: ``task_batch.whole_image_feature``). Head:
 Linear → GELU → Linear(H, C). Target: the detector's class. When the batch carries the
 detector's distribution (``region_soft_labels``) the loss is the soft cross-entropy
 −Σ_c p_c log q_c as in the reference; otherwise CE against ``region_class_labels``. Mean over

@@ -53,6 +53,10 @@ class MaskedRegionFeatureRegression(Task):
         zero_regions(batch, masked)
         batch[bs.REGION_MASKED] = masked
 
+    def share_mask(self, batch: ArrayBatch, raw_feats: np.ndarray) -> None:
+        """Regress the regions another task of the group masked (ImageBERT: MOC's m_I)."""
+        batch[bs.REGION_FEAT_TARGETS] = raw_feats
+
     def build_head(self, ctx: HeadContext) -> nn.Module:
         return RegionFeatureRegression(ctx)
 

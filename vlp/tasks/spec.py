@@ -80,6 +80,13 @@ class Task:
     def mask(self, batch: ArrayBatch, rng: np.random.Generator, ctx: MaskContext) -> None:
         """Mask ``batch`` in place and add the task's targets; only positive pairs get any."""
 
+    def share_mask(self, batch: ArrayBatch, raw_feats: np.ndarray) -> None:
+        """Add this task's targets for the positions another task of its forward group has
+        already masked in this task's modality (``raw_feats``: the region input before any
+        masking). A task that cannot follow another's mask refuses, naming itself."""
+        raise ValueError(f"task {self.name!r} draws its own {self.modality} mask: it cannot "
+                         f"share one with another task of its forward group")
+
     def build_head(self, ctx: HeadContext) -> nn.Module:
         raise NotImplementedError
 

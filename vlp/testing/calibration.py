@@ -73,7 +73,8 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
                      tasks, model=spec)
     summed = (objective or get_family(family).objective) == "summed"
     batches = local_batches(plan)
-    sampler = SummedTasks(tasks, seed) if summed else TaskSampler(tasks, seed)
+    sampler = (SummedTasks(tasks, seed, groups=get_family(family).forward_groups) if summed
+               else TaskSampler(tasks, seed))
     # the platform's recipe: AdamW (0.9, 0.98), no decay on biases/norms, warm-up + linear
     opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.98), eps=1e-6)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, WarmupLinearDecay(max(1, steps // 10), steps))

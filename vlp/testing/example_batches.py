@@ -110,11 +110,12 @@ def example_batch(spec: PreprocessSpec, task: str, batch_size: int = 4, text_len
         units = t
 
     rng = np.random.default_rng(seed)
-    apply_masking(task, batch, rng, mask_context(spec.vocab_size), "conditional",
-                  spec.input_kind)
     if spec.input_kind == "regions" and (spec.needs_image_feat or policy.image_feat):
+        # before masking, as the pipeline does (the unmasked image's feature)
         batch[bs.IMAGE_FEAT] = (np.zeros((b, spec.region_feat_dim), np.float32)
                                 if policy.text_only else whole_image_feature(batch))
+    apply_masking(task, batch, rng, mask_context(spec.vocab_size), "conditional",
+                  spec.input_kind)
     batch[bs.NUM_EXAMPLES] = np.array(b, np.int64)
     batch[bs.INPUT_UNITS] = np.array(b * units if not policy.text_only else b * t, np.int64)
     return to_torch(batch)

@@ -306,7 +306,7 @@ class PretrainBatches:
                 self._warned_sources.add(name)
                 log.warning("source %s: images without a whole-image RoI feature (null "
                             "image_feature): their text tokens and [END] get the mean of the "
-                            "unmasked region features instead", name)
+                            "image's region features instead", name)
 
     def _cut(self, final: bool) -> None:
         if self.cfg.visual == "regions":

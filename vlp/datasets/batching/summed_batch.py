@@ -18,6 +18,12 @@ pair), which lets the model encode them once for all tasks (``images_encoded_onc
 
 The set is counted once: its examples and input units are its largest task batch's (the
 whole set wherever a task reads every example, ITM included).
+
+Tasks of one forward group (``TaskSet.groups``) share one batch (each modality masked once,
+``apply_group_masking``) and one forward: ``TASK_BATCHES`` holds that batch once, under the
+group's first task. VL-BERT's group is its whole mix (words and RoIs masked in the same example, the
+reference code's one forward per example); ImageBERT's is MOC + MRFR (one masked region set
+m_I, §4.3 of its paper).
 """
 
 from __future__ import annotations
@@ -52,27 +58,30 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                  text_only: Callable[[str], dict[str, torch.Tensor]] | None = None
                  ) -> dict:
     """``{TASK_BATCHES: {task: batch}, NUM_EXAMPLES, INPUT_UNITS}`` for the example set
-    ``refs``; ``rng_of(i)``: the generator of the i-th task of ``tasks``; ``collated``: the
-    set's unmasked arrays (region input), copied per task since masking writes in place;
+    ``refs`` (a forward group's batch under its first task); ``rng_of(i)``: the generator
+    of the i-th task of ``tasks`` (a group: its first task's); ``collated``: the set's
+    unmasked arrays (region input), copied per batch since masking writes in place;
     ``text_only(task)``: the batch of a text-only task (VL-BERT's corpus MLM: not the set's
     examples, so not counted)."""
     per_task: dict[str, dict[str, torch.Tensor]] = {}
     examples = units = 0
     images = None   # the set's images, as the first pixel task's batch holds them
-    for i, task in enumerate(tasks):
+    forwards = tasks.forwards() if hasattr(tasks, "forwards") else [(t,) for t in tasks]
+    for group in forwards:
+        task, i = group[0], tasks.index(group[0])   # a group's generator: its first task's
         if get_task(task).text_only:
             if text_only is None:
                 raise ValueError(f"task {task!r} reads the text corpus; this loader has none")
             per_task[task] = text_only(task)
             continue
-        mine = task_refs(refs, task)
+        mine = refs if any(get_task(t).itm_negatives for t in group) else task_refs(refs, task)
         if collated is not None and len(mine) != len(refs):
             raise ValueError("collated arrays cover the whole example set; a task needing a "
                              "subset must collate its own (pixel input)")
         copy = None if collated is None else {
             k: v.copy() if isinstance(v, np.ndarray) else v for k, v in collated.items()}
-        batch = task_batch(plan, tok, ctx, blocks, mine, task, rng_of(i), stats,
-                           with_ids=with_ids, collated=copy)
+        batch = task_batch(plan, tok, ctx, blocks, mine, group if len(group) > 1 else task,
+                           rng_of(i), stats, with_ids=with_ids, collated=copy)
         if K.PIXELS in batch:   # the model encodes them once for every task (running_stats)
             mine_images = np.unique(image_idents(mine))
             if images is None:

@@ -20,7 +20,7 @@ from vlp.datasets.batching.segment_types import segment_type_ids
 from vlp.datasets.batching.window_collate import swap_negatives
 from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
-from vlp.tasks import MaskContext, apply_masking, get_task
+from vlp.tasks import MaskContext, apply_group_masking, get_task
 from vlp.tasks.masking_visual import SOFT_LABELS
 
 EXAMPLE_IMAGE_KEY = "example_image_key"   # optional extras (with_ids): long [B]
@@ -43,25 +43,28 @@ def object_word_ids(tok: TextTokenizer, words: tuple[str, ...]) -> np.ndarray:
 
 
 def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
-               blocks: Mapping[int, ImageBlock], refs: ExampleRefs, task: str,
-               rng: np.random.Generator, stats: Counter | None = None, *,
-               with_ids: bool = False, collated: dict | None = None
-               ) -> dict[str, torch.Tensor]:
-    """The batch of ``refs`` for ``task``: ITM negatives, masking, tensors. ``collated``: the
-    refs' unmasked arrays from ``collate_window`` (region input; written to), else the refs
-    are collated here. Both give the same batch for the same generator."""
+               blocks: Mapping[int, ImageBlock], refs: ExampleRefs,
+               task: str | tuple[str, ...], rng: np.random.Generator,
+               stats: Counter | None = None, *, with_ids: bool = False,
+               collated: dict | None = None) -> dict[str, torch.Tensor]:
+    """The batch of ``refs`` for ``task`` — or for a forward group of tasks (one batch, each
+    modality masked once: ``apply_group_masking``): ITM negatives, masking, tensors.
+    ``collated``: the refs' unmasked arrays from ``collate_window`` (region input; written
+    to), else the refs are collated here. Both give the same batch for the same generator."""
     cfg = plan.config
-    policy = get_task(task)
-    need_soft = policy.needs_soft_labels and cfg.visual == "regions"
+    tasks = (task,) if isinstance(task, str) else tuple(task)
+    policies = [get_task(t) for t in tasks]
+    need_soft = any(p.needs_soft_labels for p in policies) and cfg.visual == "regions"
+    itm = next((p for p in policies if p.itm_negatives), None)
     donors = None
-    if policy.itm_negatives and cfg.visual == "regions":
+    if itm is not None and cfg.visual == "regions":
         if collated is not None:
             keys = collated[TEXT_KEYS]
             text_len, regions = collated[K.TEXT_MASK].sum(1), collated[K.REGION_MASK].sum(1)
         else:
             keys, text_len, regions = example_lengths(blocks, refs)
         donors = choose_donors(keys, text_len, regions, cfg.itm_neg_prob, rng,
-                               text_only=policy.negatives_swap == "text")
+                               text_only=itm.negatives_swap == "text")
         if stats is not None:
             stats["itm_negatives"] += int(donors.negative.sum())
             stats["itm_no_donor"] += donors.no_donor
@@ -77,14 +80,16 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                                  feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
                                  num_classes=plan.num_classes, need_soft=need_soft,
                                  pixel_cfg=cfg.pixels)
-    if policy.itm_negatives:
+    if itm is not None:
         batch[K.ITM_LABELS] = batch[K.POSITIVE].astype(np.int64)
     if cfg.text_segment_types:   # from the ids before MLM replaces any
         batch[K.TEXT_TYPE_IDS] = segment_type_ids(batch[K.INPUT_IDS], batch[K.TEXT_MASK],
                                                   tok.sep_id, cfg.text_segment_types)
-    apply_masking(task, batch, rng, ctx, cfg.masking, cfg.visual)
-    if (cfg.image_feat or policy.image_feat) and cfg.visual == "regions":
+    # VL-BERT's whole-image feature, from the image as it is (before any RoI is masked): the
+    # text tokens see the same visual feature whatever the masking (whole_image_feature)
+    if (cfg.image_feat or any(p.image_feat for p in policies)) and cfg.visual == "regions":
         batch[K.IMAGE_FEAT] = whole_image_feature(batch)
+    apply_group_masking(tasks, batch, rng, ctx, cfg.masking, cfg.visual)
     if with_ids:   # image_key(image_id) of each example's visual side and of its caption
         batch[EXAMPLE_IMAGE_KEY] = batch[IMAGE_KEYS]
         batch[EXAMPLE_TEXT_KEY] = batch[TEXT_KEYS]
@@ -93,25 +98,23 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
 
 
 def whole_image_feature(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """VL-BERT's whole-image feature: the stored feature of the RoI covering the image, where
-    the shard has one; otherwise the mean of the regions that are not masked at the input.
+    """VL-BERT's whole-image feature (§3.2: the detector's feature of an RoI covering the whole
+    image), the same in every example of an image, masked RoI or not: the stored feature
+    where the shard has one, else the mean of the image's real regions. Call it before any
+    masking (the pipeline does): masking zeroes the masked RoIs' input rows in place.
 
-    An example whose RoIs are masked at the input (MRC with linguistic clues, joint masking)
-    also takes the mean: the paper zeroes the masked RoIs' pixels before computing the
-    whole-image feature so that nothing leaks, which a feature computed once from the intact
-    image cannot do (it would show the masked object to every text token)."""
-    use = batch[K.REGION_MASK] == 1
-    zeroed = batch.get(K.REGION_ZEROED)
-    if zeroed is not None:
-        use &= ~zeroed
-    w = use.astype(np.float32)[..., None]
-    mean = (batch[K.REGION_FEATS] * w).sum(1) / np.maximum(w.sum(1), 1.0)
+    The paper (§3.3, Task #3) zeroes the masked RoI's pixels before running the detector, so
+    its text tokens see a whole-image feature without the masked object. Region input carries
+    features computed once from the intact image, so this cannot be done here: vlp's text
+    tokens see the intact image's feature (the masked RoI's own row is zeroed and replaced by
+    the learned embedding in the region stream, so the RoI itself does not leak; its content
+    reaches the text tokens only through the one whole-image vector). Recomputing it per
+    masking would need the detector in the batch path (pixels); vlp does not do that."""
+    use = (batch[K.REGION_MASK] == 1).astype(np.float32)[..., None]
+    mean = (batch[K.REGION_FEATS] * use).sum(1) / np.maximum(use.sum(1), 1.0)
     if HAS_WHOLE not in batch:
         return mean
-    stored = batch[HAS_WHOLE].copy()
-    if zeroed is not None:
-        stored &= ~zeroed.any(1)
-    return np.where(stored[:, None], batch[WHOLE_FEAT].astype(np.float32), mean)
+    return np.where(batch[HAS_WHOLE][:, None], batch[WHOLE_FEAT].astype(np.float32), mean)
 
 
 def to_torch(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -109,30 +109,68 @@ def loss_weights(mix: Mapping[str, float]) -> dict[str, float]:
 
 class TaskSet(tuple):
     """The ``summed`` objective's draw: every task of the mix (a tuple of names, what the batch
-    source reads) with its loss weight (what the loop reads)."""
+    source reads) with its loss weight (what the loop reads), and the ``groups`` of tasks that
+    share one batch and one forward (one masking per modality: VL-BERT's words and RoIs masked
+    in the same example, ImageBERT's MOC and MRFR on one masked region set)."""
 
     weights: dict[str, float]
+    groups: tuple[tuple[str, ...], ...]
 
-    def __new__(cls, weights: Mapping[str, float]) -> "TaskSet":
+    def __new__(cls, weights: Mapping[str, float],
+                groups: Iterable[Iterable[str]] = ()) -> "TaskSet":
         obj = super().__new__(cls, weights)
         obj.weights = dict(weights)
+        obj.groups = forward_groups(groups, obj.weights)
         return obj
 
-    def __getnewargs__(self):   # pickle and copy rebuild it from the weights
-        return (self.weights,)
+    def __getnewargs__(self):   # pickle and copy rebuild it from the weights and groups
+        return (self.weights, self.groups)
+
+    def forwards(self) -> list[tuple[str, ...]]:
+        """The set's forwards in task order: a group once (at its first member), every other
+        task alone."""
+        grouped = {t: g for g in self.groups for t in g}
+        out: list[tuple[str, ...]] = []
+        for t in self:
+            g = grouped.get(t, (t,))
+            if g not in out:
+                out.append(g)
+        return out
+
+
+def forward_groups(groups: Iterable[Iterable[str]], mix: Iterable[str]
+                   ) -> tuple[tuple[str, ...], ...]:
+    """``groups`` restricted to the tasks of ``mix`` (in the group's own order: its first task
+    of a modality draws that modality's mask); groups left with one task drop out. A task in
+    two groups is an error naming it."""
+    mix = set(mix)
+    out: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for g in groups:
+        members = tuple(t for t in g if t in mix)
+        for t in members:
+            if t in seen:
+                raise ValueError(f"train.forward_groups: task {t!r} is in two groups")
+            seen.add(t)
+        if len(members) > 1:
+            out.append(members)
+    return tuple(out)
 
 
 class SummedTasks:
     """The ``summed`` objective's sampler: ``next()`` → every task with a positive ratio, as a
     tuple (the same each micro-batch): the batch source builds each task's batch from one
-    example set and the loop sums ``weights[t] · loss_t``."""
+    example set and the loop sums ``weights[t] · loss_t``. ``groups``: tasks that share one
+    batch and one forward (``TaskSet``)."""
 
     def __init__(self, mix: Mapping[str, float], seed: int = 0,
-                 known: Iterable[str] | None = None):
+                 known: Iterable[str] | None = None,
+                 groups: Iterable[Iterable[str]] = ()):
         self.mix = validate_mix(mix, known)
         self.seed = int(seed)
         self.step = 0
         self.weights = loss_weights(self.mix)
+        self.groups = forward_groups(groups, self.weights)
 
     @property
     def tasks(self) -> list[str]:
@@ -140,7 +178,7 @@ class SummedTasks:
 
     def next(self) -> TaskSet:
         self.step += 1
-        return TaskSet(self.weights)
+        return TaskSet(self.weights, self.groups)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "seed": self.seed, "mix": dict(self.mix),

@@ -40,26 +40,31 @@ class TokenizedTexts:
         return self.start[idx + 1] - self.start[idx]
 
 
-def text_batch(tok: TextTokenizer, segments: list[tuple[TokenizedTexts, np.ndarray, int]]
-               ) -> dict[str, np.ndarray]:
-    """Padded text arrays for B rows built from segments ``(texts, index [B], type)``:
-    ``[CLS] s1 [SEP] s2 [SEP] ...``; ``text_type_ids`` is added when a segment has a type
-    other than 0 ([CLS] and each [SEP] take the type of the segment they close)."""
+def text_batch(tok: TextTokenizer, segments: list[tuple]) -> dict[str, np.ndarray]:
+    """Padded text arrays for B rows built from segments ``(texts, index [B], type)`` or
+    ``(texts, index [B], type, closes)``: ``[CLS] s1 [SEP] s2 [SEP] ...``, where a segment
+    with ``closes`` False runs straight into the next one (no [SEP]: VL-BERT's QA→R writes
+    question and answer as one sentence A); ``text_type_ids`` is added when a segment has a
+    type other than 0 ([CLS] and each [SEP] take the type of the segment they close)."""
+    closes = [True if len(seg) < 4 else bool(seg[3]) for seg in segments]
+    segments = [seg[:3] for seg in segments]
     B = len(segments[0][1])
     lens = [texts.lengths(idx) for texts, idx, _ in segments]
-    total = 1 + sum(n + 1 for n in lens)                      # [CLS] + (segment + [SEP]) each
+    total = 1 + sum(n + int(c) for n, c in zip(lens, closes))   # [CLS] + segments + [SEP]s
     T = int(total.max())
     ids = np.full((B, T), tok.pad_id, np.int64)
     types = np.zeros((B, T), np.int64)
     ids[:, 0] = tok.cls_id
     at = np.ones(B, np.int64)                                 # next free position per row
     rows = np.arange(B)
-    for (texts, idx, kind), n in zip(segments, lens):
+    for (texts, idx, kind), n, close in zip(segments, lens, closes):
         idx = np.asarray(idx, np.int64)
         ex, pos = np.repeat(rows, n), ranges(n)
         ids[ex, np.repeat(at, n) + pos] = texts.tokens[np.repeat(texts.start[idx], n) + pos]
         types[ex, np.repeat(at, n) + pos] = kind
         at = at + n
+        if not close:
+            continue
         ids[rows, at] = tok.sep_id
         types[rows, at] = kind
         at = at + 1

@@ -2,8 +2,11 @@
 
 A Q→A group is 4 rows ``[CLS] question [SEP] answer_i [SEP]``; a QA→R group is 4 rows
 ``[CLS] question [SEP] right answer [SEP] rationale_i [SEP]``. Segments carry the token types
-``types = (question, answer, rationale)`` (UNITER extends its table to 4 rows: question 0,
-image 1, answer 2, rationale 3). Holistic Q→AR is scored from the two stages' predictions.
+``types`` per stage (``{"q2a": (question, answer), "qa2r": (question, answer, rationale)}``;
+UNITER extends its table to 4 rows: question 0, image 1, answer 2, rationale 3). Where QA→R's
+question and answer share a type (VL-BERT: both sentence A, §4.2.1) they are one sentence,
+``[CLS] question right answer [SEP] rationale_i [SEP]``. Holistic Q→AR is scored from the two
+stages' predictions.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ CHOICES = 4
 class VcrData(TableData):
     task = "vcr"
 
-    def __init__(self, cfg, split: str, types: tuple[int, int, int] = (0, 2, 3),
+    def __init__(self, cfg, split: str,
+                 types: dict[str, tuple[int, ...]] | None = None,
                  stages: tuple[str, ...] = STAGES):
         if not stages or any(s not in STAGES for s in stages):
             raise DownstreamDataError(f"VCR stages {stages!r}: expected a subset of {STAGES}")
         super().__init__(cfg, split)
-        self.types, self.stages = types, tuple(stages)
+        self.types = types or {"q2a": (0, 2), "qa2r": (0, 2, 3)}
+        self.stages = tuple(stages)
         answers, rationales = self.column("answers"), self.column("rationales")
         bad = [k for k, (a, r) in enumerate(zip(answers, rationales))
                if len(a) != CHOICES or len(r) != CHOICES]
@@ -47,13 +52,14 @@ class VcrData(TableData):
         idx = np.asarray(idx, np.int64)
         rows = np.repeat(idx, CHOICES)
         choice = np.tile(np.arange(CHOICES), len(idx))
-        q, a, r = self.types
         if stage == "q2a":
+            q, a = self.types["q2a"]
             segments = [(self.questions, rows, q), (self.answers, rows * CHOICES + choice, a)]
             labels = self.answer_labels[idx]
         else:
+            q, a, r = self.types["qa2r"]
             right = rows * CHOICES + self.answer_labels[rows]
-            segments = [(self.questions, rows, q), (self.answers, right, a),
+            segments = [(self.questions, rows, q, q != a), (self.answers, right, a),
                         (self.rationales, rows * CHOICES + choice, r)]
             labels = self.rationale_labels[idx]
         return {"text": text_batch(self.tok, segments), "rows": rows, "labels": labels}

@@ -20,7 +20,7 @@ import torch
 from vlp.contract import downstream_keys as D
 from vlp.datasets.downstream.base import TableData
 from vlp.datasets.downstream.data_errors import DownstreamDataError
-from vlp.datasets.downstream.text import text_batch
+from vlp.datasets.downstream.text import TokenizedTexts, text_batch
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,20 @@ class AnswerVocab:
 
 
 class VqaData(TableData):
+    """``answer_token`` ``cls``: ``[CLS] question [SEP]``, answered from [CLS] (UNITER);
+    ``mask``: ``[CLS] question [SEP] [MASK] [SEP]`` with the [MASK] in the answer segment of
+    type ``answer_type`` and its position in ``answer_position`` (VL-BERT §4.2.2: "we only
+    fill a [MASK] element to the Answer section", answered from the [MASK]'s output)."""
+
     task = "vqa"
 
-    def __init__(self, cfg, split: str, vocab: AnswerVocab):
+    def __init__(self, cfg, split: str, vocab: AnswerVocab, answer_token: str = "cls",
+                 answer_type: int = 0):
+        if answer_token not in ("cls", "mask"):
+            raise DownstreamDataError(f"VQA answer_token {answer_token!r}: expected cls or mask")
         super().__init__(cfg, split)
         self.vocab = vocab
+        self.answer_token, self.answer_type = answer_token, answer_type
         self.questions = self.texts("question")
         self.rows = self.image_rows("image_id")
         self.answers = self.column("answers")
@@ -74,7 +83,13 @@ class VqaData(TableData):
     def batch(self, idx: np.ndarray, rng: np.random.Generator | None = None
               ) -> dict[str, torch.Tensor]:
         idx = np.asarray(idx, np.int64)
-        text = text_batch(self.tok, [(self.questions, idx, 0)])
+        labels = {D.TARGETS: self.targets[idx], D.EXAMPLE_INDEX: idx}
+        segments = [(self.questions, idx, 0)]
+        if self.answer_token == "mask":
+            mask = TokenizedTexts(np.array([self.tok.mask_id], np.int32),
+                                  np.array([0, 1], np.int64))
+            segments.append((mask, np.zeros(len(idx), np.int64), self.answer_type))
+            labels[D.ANSWER_POSITION] = self.questions.lengths(idx) + 2   # [CLS] q [SEP]
+        text = text_batch(self.tok, segments)
         visual = self.images.visual_arrays(self.rows[idx])
-        return self.assemble(text, visual, len(idx), {D.TARGETS: self.targets[idx],
-                                                      D.EXAMPLE_INDEX: idx})
+        return self.assemble(text, visual, len(idx), labels)

@@ -169,7 +169,7 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
 def whole_image_column(config: DataConfig, files_of: dict[str, list[Path]]) -> tuple[str, ...]:
     """("image_feature",) when every shard has the whole-image RoI column (VL-BERT's text-side
     visual input); otherwise () and a warning naming the sources without it: every batch then
-    uses the mean of the visible regions instead. (Rows with a null entry fall back one by
+    uses the mean of the image's regions instead. (Rows with a null entry fall back one by
     one, with a warning from the batcher.)"""
     lacking = [name for name, files in files_of.items()
                if any("image_feature" not in pq.read_schema(open_input(f)).names
@@ -178,7 +178,7 @@ def whole_image_column(config: DataConfig, files_of: dict[str, list[Path]]) -> t
         return ("image_feature",)
     log.warning("VL-BERT's whole-image feature: the shards of source(s) %s have no "
                 "image_feature column (written before it existed): the visual input of text "
-                "tokens and [END] is the mean of the unmasked region features for every "
+                "tokens and [END] is the mean of the image's region features for every "
                 "source", ", ".join(lacking))
     return ()
 

@@ -6,11 +6,19 @@ heads start random — except the MLM head, taken from ``cls.predictions.*`` whe
 checkpoint has it. Accepted layouts: Hugging Face ``BertModel`` / ``BertForPreTraining``
 (with or without the ``bert.`` prefix, gamma/beta or weight/bias). Every key must be placed,
 deliberately dropped (position-id buffers, the next-sentence head), or it is an error.
+
+A model with fewer encoder layers than the checkpoint takes BERT's first L layers (SOHO's
+3-layer ablation model "initialised from BERT", SOHO §4.1; the paper does not say which
+layers, the first L keep the embeddings' input distribution); the rest are dropped, and the
+report and the log say so. Widths that differ, or a model deeper than the checkpoint, are
+refused (no layer has a source).
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import logging
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -33,6 +41,9 @@ DROPPED = {
 }
 DROPPED_PREFIXES = {"cls.seq_relationship.": "BERT's next-sentence head has no counterpart"}
 TYPE_TABLE = "backbone.text_embeddings.token_type_embeddings.weight"
+LAYER_KEY = re.compile(r"^encoder\.layer\.(\d+)\.")
+
+log = logging.getLogger(__name__)
 
 
 def minilm_dir() -> Path:
@@ -58,10 +69,21 @@ def load_text_bert(model: VLPModel, state_dict: Mapping[str, torch.Tensor],
                    source: str) -> LoadReport:
     report = LoadReport(source=source)
     tensors = []
+    keep = model.family.transformer.num_layers
+    layers = {int(m.group(1)) for k in state_dict
+              if (m := LAYER_KEY.match(rename_layernorm(k.removeprefix("bert."))))}
+    if layers and max(layers) + 1 > keep:
+        log.info("%s: %d encoder layers into a %d-layer model: layers 0-%d taken, %d-%d "
+                 "dropped", source, max(layers) + 1, keep, keep - 1, keep, max(layers))
     for key, value in state_dict.items():
         name = rename_layernorm(key.removeprefix("bert."))
         if name in DROPPED:
             report.dropped[key] = DROPPED[name]
+            continue
+        layer = LAYER_KEY.match(name)
+        if layer and int(layer.group(1)) >= keep:
+            report.dropped[key] = (f"layer {layer.group(1)} of the checkpoint: the model has "
+                                   f"{keep} layers and takes the first {keep}")
             continue
         prefix = next((p for p in DROPPED_PREFIXES if name.startswith(p)), None)
         if prefix is not None:

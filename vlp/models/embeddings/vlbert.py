@@ -2,9 +2,11 @@
 
 Sequence: ``[CLS] sentence [SEP] [IMG]×N [END]``. Every element carries a *visual feature
 embedding* ReLU(Linear([geometry ; appearance])): RoI tokens use their own box and feature,
-text tokens and [END] use the whole image (box (0, 0, 1, 1), ``image_feat``, which the
-pipeline recomputes without masked RoIs so nothing leaks). A masked RoI's visual feature
-embedding is replaced by a learned embedding. Segments: text A = 0, image and [END] C = 2.
+text tokens and [END] use the whole image (box (0, 0, 1, 1), ``image_feat``: the image's
+whole-image RoI feature, the same in every example of the image whatever is masked — see
+``vlp.datasets.batching.task_batch.whole_image_feature`` for what that leaves of the paper's
+no-leak rule). A masked RoI's visual feature embedding is replaced by a learned embedding.
+Segments: text A = 0, image and [END] C = 2.
 Text positions are sequential; all [IMG] tokens share one position (the one after [SEP]),
 [END] takes the next.
 """

@@ -12,20 +12,30 @@ import torch
 import torch.nn.functional as F
 
 from vlp.contract import downstream_keys as D
+from vlp.contract.batch_access import require
 
 from vlp.models.heads.head import Batch, DownstreamHead, accuracy, encode, mlp
 
 
 class SoftScoreClassifier(DownstreamHead):
-    """VQA: multi-label over the answer vocabulary, soft targets."""
+    """VQA: multi-label over the answer vocabulary, soft targets. ``from_token`` False: on the
+    pooled [CLS] (UNITER); True: on the output of the token at ``answer_position`` (VL-BERT's
+    appended [MASK], §4.2.2), not pooled."""
 
-    def __init__(self, name: str, hidden: int, num_answers: int, eps: float = 1e-12):
+    def __init__(self, name: str, hidden: int, num_answers: int, eps: float = 1e-12,
+                 from_token: bool = False):
         super().__init__()
         self.name = name
+        self.from_token = from_token
         self.mlp = mlp(hidden, 2 * hidden, num_answers, eps)
 
     def predict(self, backbone, batch: Batch) -> torch.Tensor:
-        return self.mlp(encode(backbone, batch).pooled_output)
+        if not self.from_token:
+            return self.mlp(encode(backbone, batch).pooled_output)
+        enc = backbone(batch, pool=False)
+        position = require(batch, D.ANSWER_POSITION, "VQA from the [MASK] token").long()
+        rows = torch.arange(position.shape[0], device=position.device)
+        return self.mlp(enc.sequence_output[rows, enc.text_positions[rows, position]])
 
     def losses(self, backbone, batch: Batch) -> dict[str, torch.Tensor]:
         logits = self.predict(backbone, batch).float()

@@ -2,8 +2,9 @@
 
 UNITER (text 0, image 1): NLVR2's triplet adds a type for the second image, copied from the
 image row; VCR adds answer and rationale types, copied from the text row (question 0,
-image 1, answer 2, rationale 3). VL-BERT (A 0, B 1, image C 2) has sentence B for the
-answer/rationale and adds a type for the second image, copied from C. The pretrained rows
+image 1, answer 2, rationale 3). VL-BERT (A 0, B 1, image C 2) needs no new row for VCR:
+Q→A is question A, answer B; QA→R is question + answer A, rationale B (§4.2.1); NLVR2 adds a
+type for the second image, copied from C. The pretrained rows
 stay untouched, so a model with the extended table reproduces pretraining on pretraining
 inputs.
 """
@@ -19,8 +20,9 @@ LAYOUTS = ("nlvr2-triplet", "vcr")
 
 def layout_types(family: FamilyConfig, layout: str) -> tuple[list[int], dict[str, tuple]]:
     """(rows to append, each copied from an existing row; the type ids the data adapter
-    uses: ``image_types`` (first, second image) or ``vcr_types`` (question, answer,
-    rationale)) — a pure function of the family, so data and model agree without talking."""
+    uses: ``image_types`` (first, second image) or ``vcr_types`` (per stage: the type of
+    each segment, q2a (question, answer), qa2r (question, answer, rationale))) — a pure
+    function of the family, so data and model agree without talking."""
     kind = family.visual.kind
     n = family.transformer.type_vocab_size
     image = IMAGE_TYPE[kind]
@@ -31,8 +33,10 @@ def layout_types(family: FamilyConfig, layout: str) -> tuple[list[int], dict[str
         return [image], {"image_types": (image, n)}
     if layout == "vcr":
         if kind == "vlbert":
-            return [], {"vcr_types": (0, 1, 1)}   # question = sentence A, answer/rationale = B
-        return [0, 0], {"vcr_types": (0, n, n + 1)}
+            # VL-BERT §4.2.1: Q→A puts the question in A and the answer in B; QA→R puts the
+            # question and answer, concatenated, in A and the rationale in B
+            return [], {"vcr_types": {"q2a": (0, 1), "qa2r": (0, 0, 1)}}
+        return [0, 0], {"vcr_types": {"q2a": (0, n), "qa2r": (0, n, n + 1)}}
     raise ValueError(f"unknown token-type layout {layout!r}; known: {', '.join(LAYOUTS)}")
 
 

@@ -7,10 +7,13 @@ d_j ← γ d_j + (1 − γ) · mean{v_i : h_i = j}; entries nobody chose stay pu
 counts are all-reduced across ranks first, so every rank applies the same update and the
 dictionaries stay identical without broadcasting them.
 
-Initialisation (``init="data"``, the default): the first training batch's features, sampled
-at random (rank 0's, broadcast), become the entries, so that entries start at the features'
-scale and inside their cloud. Entries drawn N(0, 1) (``init="normal"``) sit far from
-features of another scale: a handful of entries win every cell and the rest are never used.
+Initialisation (``init="data"``, vlp's default, not the paper's): the first training
+batch's features, sampled at random (rank 0's, broadcast), become the entries, so that
+entries start at the features' scale and inside their cloud. SOHO's paper initialises the
+dictionary randomly (§3.2, "The visual dictionary D is randomly initialized"): that is
+``init="normal"`` (N(0, 1)), whose entries sit far from features of another scale: a handful
+of entries win every cell and the rest are never used (jobs/benchmarks/soho_dictionary.py
+measures the share of entries in use).
 The ``initialised`` flag is a buffer, so a resumed run keeps its entries.
 """
 

@@ -114,7 +114,8 @@ def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:
     if not soho:
         return [(f"model.{key}", f"{family.name} has no CNN (only SOHO families have one)")
                 for key, on in (("cnn_init", cfg.model.cnn_init),
-                                ("cold_start_steps", cfg.model.cold_start_steps)) if on]
+                                ("cold_start_steps", cfg.model.cold_start_steps),
+                                ("dictionary_init", cfg.model.dictionary_init)) if on]
     if not cfg.model.cnn_init:
         return []
     import torch
@@ -166,7 +167,8 @@ def stage_data_config(cfg: ExperimentConfig, stage: StageSection, spec: Preproce
         del options["tokenizer_path"]
     if cfg.model.token_types:   # the data adapter's type ids, from the same pure function
         layout = layout_types(get_family(cfg.model.family), cfg.model.token_types)[1]
-        options["text_segment_types"] = tuple(layout[f"{cfg.model.token_types}_types"])
+        # captions "question [SEP] answer [SEP] rationale": QA→R's segment types
+        options["text_segment_types"] = tuple(layout[f"{cfg.model.token_types}_types"]["qa2r"])
     return DataConfig.for_model(spec, sources, seed=cfg.run.seed, **options)
 
 

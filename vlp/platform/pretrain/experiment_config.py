@@ -63,6 +63,9 @@ class ModelSection(ConfigModel):
     # cold start: 10 of 40 epochs); the dictionary and the Transformer train meanwhile
     cold_start_steps: int = Field(0, ge=0)
     cnn_init: str = ""     # SOHO: a torchvision ResNet state dict (ImageNet weights), path or URI
+    # SOHO's visual dictionary start: "" = the family's (data: the first batch's features,
+    # vlp's default); normal: N(0, 1), the paper's "randomly initialized" (§3.2)
+    dictionary_init: Literal["", "data", "normal"] = ""
     # "vcr": UNITER's VCR second stage: the token-type table gains the answer and rationale
     # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
     # carry their segments' types; "" = the family's own types
@@ -128,7 +131,11 @@ class OptimizerSection(ConfigModel):
     eps: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.01, ge=0)      # not applied to biases and norm weights
     warmup_steps: int = Field(10_000, ge=0)      # per stage
-    schedule: Literal["linear", "constant"] = "linear"   # after warm-up
+    # after warm-up: linear decay to 0, constant, or step: × decay_factor at each of
+    # `milestones` (optimizer steps of the stage; SOHO §4.1: ×0.1 at epochs 25 and 35 of 40)
+    schedule: Literal["linear", "constant", "step"] = "linear"
+    milestones: list[int] = Field(default_factory=list)
+    decay_factor: float = Field(0.1, gt=0, le=1)
     grad_clip: float = Field(5.0, ge=0)          # global grad-norm clip; 0 = off
     # auto: torch's fused AdamW, on GPU and CPU (its kernels ship in the wheel: nothing built)
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
@@ -148,6 +155,11 @@ class TrainSection(ConfigModel):
     # SOHO Eq. 9), the ratios as loss weights scaled to a mean of 1 (equal ratios: weight 1
     # each, the papers'; 2:2:1:1 → 4/3, 4/3, 2/3, 2/3); "" = the model family's paper's
     objective: Literal["", "sampled", "summed"] = ""
+    # under summed: tasks that share one masked batch and one forward (each modality masked
+    # once, by the group's first task of it); null = the family's paper's (VL-BERT: mlm,
+    # mrc-vlbert and sirp, words and RoIs masked together; ImageBERT: moc and mrfr on one
+    # masked region set); [] = every task its own batch and forward
+    forward_groups: list[list[str]] | None = None
     # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO; a
@@ -243,7 +255,20 @@ class ExperimentConfig(ConfigModel):
             yield "model.cold_start_steps", (
                 f"is {self.model.cold_start_steps} but the first stage {first.name!r} has "
                 f"{first.steps} steps: the CNN would never train in it; expected fewer")
+        o = self.optimizer
+        if o.schedule == "step" and not o.milestones:
+            yield "optimizer.milestones", "is empty but optimizer.schedule is step: expected " \
+                                          "the steps where the learning rate drops"
+        if o.milestones and list(o.milestones) != sorted(set(o.milestones)):
+            yield "optimizer.milestones", f"is {o.milestones}: expected increasing steps"
+        if o.milestones and o.schedule != "step":
+            yield "optimizer.milestones", (f"is set but optimizer.schedule is {o.schedule}: "
+                                           f"milestones apply to schedule step only")
         for st in self.stage_plan():
+            if o.schedule == "step" and o.milestones and o.milestones[-1] >= st.steps:
+                yield "optimizer.milestones", (
+                    f"last milestone {o.milestones[-1]} is not inside stage {st.name!r} "
+                    f"({st.steps} steps)")
             if self.optimizer.schedule == "linear" and self.optimizer.warmup_steps >= st.steps:
                 yield "optimizer.warmup_steps", (
                     f"is {self.optimizer.warmup_steps} but stage {st.name!r} has only "
@@ -291,6 +316,8 @@ def check_task_names(cfg: ExperimentConfig, task_names: Iterable[str]) -> list[t
     problems = []
     mixes = [("tasks", cfg.tasks)] + [(f"stages.{i}.tasks", s.tasks)
                                        for i, s in enumerate(cfg.stages)]
+    mixes += [(f"train.forward_groups.{i}", {t: 1 for t in g})
+              for i, g in enumerate(cfg.train.forward_groups or [])]
     for key, mix in mixes:
         for name in mix:
             if name not in known:

@@ -31,10 +31,13 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
         # each node reads the weights from the storage into its own cache (pretrained_weights'
         # reader: the endpoint and keys from the standard AWS environment)
         init = f"{model.init}:{local_weights(model.init_path)}"
+    overrides: dict[str, Any] = {"transformer.hidden_dropout": p,
+                                 "transformer.attention_dropout": p}
+    if model.dictionary_init:
+        overrides["visual.dictionary_init"] = model.dictionary_init
     return dict(family=setup.family, tasks=list(setup.tasks), init=init,
                 region_feat_dim=setup.feature_dim or 2048,
-                num_classes=setup.num_classes or 1601, vocab_size=vocab,
-                overrides={"transformer.hidden_dropout": p, "transformer.attention_dropout": p})
+                num_classes=setup.num_classes or 1601, vocab_size=vocab, overrides=overrides)
 
 
 def cnn_init_file(model: ModelSection) -> str:

@@ -74,6 +74,16 @@ def objective_of(cfg: ExperimentConfig) -> str:
     return family.objective if family is not None else "sampled"
 
 
+def forward_groups_of(cfg: ExperimentConfig) -> tuple[tuple[str, ...], ...]:
+    """``train.forward_groups``, or the model family's paper's where it is null."""
+    if cfg.train.forward_groups is not None:
+        return tuple(tuple(g) for g in cfg.train.forward_groups)
+    from vlp.models.families import FAMILIES
+
+    family = FAMILIES.get(cfg.model.family)
+    return family.forward_groups if family is not None else ()
+
+
 def loop_config(cfg: ExperimentConfig) -> LoopConfig:
     """What the general loop reads of an experiment config (resolved, for a run)."""
     return LoopConfig(
@@ -82,9 +92,11 @@ def loop_config(cfg: ExperimentConfig) -> LoopConfig:
         stages=tuple(LoopStage(s.name, s.steps, dict(s.tasks)) for s in cfg.stage_plan()),
         checkpoint_interval=cfg.checkpoint.interval, checkpoint_keep=cfg.checkpoint.keep,
         family=cfg.model.family, batch_input_units=cfg.data.batch_input_units,
-        train=project(LoopTrain, cfg.train, objective=objective_of(cfg)),
+        train=project(LoopTrain, cfg.train, objective=objective_of(cfg),
+                      forward_groups=forward_groups_of(cfg)),
         optimizer=project(LoopOptimizer, cfg.optimizer,
-                          cold_start_steps=cfg.model.cold_start_steps),
+                          cold_start_steps=cfg.model.cold_start_steps,
+                          milestones=tuple(cfg.optimizer.milestones)),
         scaling=project(LoopScaling, cfg.scaling))
 
 

@@ -5,8 +5,9 @@
 
 ``table3`` is UNITER's Table 3 (13 lines). Lines 3-13 start from the text-only init of line
 2, as in the paper ("we use the pre-trained weights in L2 to initialize our model for the
-following experiments"); mix ratios follow UNITER's in-domain recipe (MLM and ITM 2, each
-region task 1), the one ratio setting the paper states.
+following experiments"); mix ratios are MLM and ITM 2, each region task 1. The paper states
+no task ratio: 2:2:1:1 comes from the reference code's pretraining configs (UNITER's in-domain
+config, REFERENCE_NOTES.md), which is what a replay of its runs has to go on.
 
 ``NAMED_POINTS`` are the points a search can be asked to evaluate first (``include``).
 """

@@ -35,8 +35,9 @@ class ColdStartSchedule(WarmupLinearDecay):
     """The run's schedule, times 0 for the first ``frozen_steps`` optimizer steps. Flat
     fields only: LambdaLR checkpoints a callable object's ``__dict__``."""
 
-    def __init__(self, warmup_steps: int, total_steps: int, decay: bool, frozen_steps: int):
-        super().__init__(warmup_steps, total_steps, decay)
+    def __init__(self, warmup_steps: int, total_steps: int, decay: bool, frozen_steps: int,
+                 milestones: tuple[int, ...] = (), factor: float = 0.1):
+        super().__init__(warmup_steps, total_steps, decay, milestones, factor)
         self.frozen_steps = frozen_steps
 
     def __call__(self, index: int) -> float:
@@ -163,7 +164,7 @@ def build_cnn_recipe(model: torch.nn.Module, *, lr: float, betas: tuple[float, f
                    dict(params=cnn[False], algo="adamw", lr=lr, weight_decay=0.0)]
     groups = [g for g in groups if g["params"]]
     frozen = ColdStartSchedule(schedule.warmup_steps, schedule.total_steps, schedule.decay,
-                               cold_start_steps)
+                               cold_start_steps, schedule.milestones, schedule.factor)
     cnn_ids = {id(p) for p in cnn[True] + cnn[False]}
     multipliers = [frozen if id(g["params"][0]) in cnn_ids else schedule for g in groups]
     optimizer = SgdAdamW(groups, betas=betas, eps=eps, momentum=cnn_momentum)

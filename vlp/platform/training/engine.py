@@ -18,7 +18,7 @@ import torch
 
 from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
-from vlp.platform.training.lr_schedule import WarmupLinearDecay  # noqa: F401
+from vlp.platform.training.lr_schedule import WarmupLinearDecay, schedule_for  # noqa: F401
 
 DEFAULT_EXTENSIONS_DIR = "~/.cache/torch_extensions/vlp"
 
@@ -273,8 +273,7 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
 
     ds_logger.setLevel(logging.WARNING)
     configure_device(cfg, device)
-    schedule = WarmupLinearDecay(cfg.optimizer.warmup_steps, stage_steps,
-                                 decay=cfg.optimizer.schedule == "linear")
+    schedule = schedule_for(cfg.optimizer, stage_steps)   # both optimizers' (SOHO's too)
     n_params = sum(p.numel() for p in model.parameters())
     ds_config = deepspeed_config(cfg, world_size, device=device, num_parameters=n_params)
     # SOHO: SGD for the CNN beside AdamW, CNN frozen at first (None for the other families)

@@ -106,7 +106,8 @@ class _Worker:
         # the same sampler seed on every rank → the same task draws; a new stream per stage
         self.sampler = objective.build_sampler(self.components, dict(stage.tasks),
                                                self.cfg.seed * 1009 + k,
-                                               self.cfg.train.objective)
+                                               self.cfg.train.objective,
+                                               self.cfg.train.forward_groups)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
         # started at its first next(), after a resume has loaded the sampler and the source
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,

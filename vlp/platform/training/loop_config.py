@@ -32,6 +32,8 @@ class LoopTrain:
     # sampled: one task per micro-batch, drawn by mix ratio; summed: every task's loss on
     # one example set, weighted by its ratio (training/objective.py)
     objective: Literal["sampled", "summed"] = "sampled"
+    # summed: tasks sharing one batch and one forward (resolved: the family's or the config's)
+    forward_groups: tuple[tuple[str, ...], ...] = ()
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: 2 with several workers, else 0
     activation_checkpointing: bool = False
@@ -52,7 +54,9 @@ class LoopOptimizer:
     eps: float = 1e-6
     weight_decay: float = 0.01
     warmup_steps: int = 10_000            # per stage
-    schedule: Literal["linear", "constant"] = "linear"
+    schedule: Literal["linear", "constant", "step"] = "linear"
+    milestones: tuple[int, ...] = ()      # step: optimizer steps (per stage) where lr × factor
+    decay_factor: float = 0.1
     grad_clip: float = 5.0                # 0 = off
     impl: Literal["auto", "torch", "torch-fused", "deepspeed-fused"] = "auto"
     # a model with a CNN (SOHO): its optimizer beside AdamW, and how many steps of the first

@@ -6,7 +6,8 @@ Under ``summed`` the sampler draws a ``TaskSet`` (every task with a positive rat
 loss weight: the ratios scaled to a mean of 1, ``task_sampler.loss_weights``), the batch source
 builds a batch per task from one example set (``TASK_BATCHES``), and ``forward`` runs the model
 once per task and returns each task's outputs under their own keys, as the sampled objective
-reports them, with ``loss`` = Σ_t weight_t · loss_t: the loop's one backward. Running
+reports them, with ``loss`` = Σ_t weight_t · loss_t: the loop's one backward. A forward group
+(``TaskSet.groups``: tasks sharing one batch) is one forward with every member's head. Running
 statistics (SOHO's visual dictionary, BatchNorm) move on the first of those forwards only,
 and SOHO's images go through the CNN and the dictionary once (the other tasks reuse it).
 The cross-rank check compares a task set by one id of its own (``task_id``).
@@ -21,18 +22,20 @@ from typing import Any, Mapping
 import torch
 
 from vlp.contract.batch_spec import TASK_BATCHES
-from vlp.datasets.batching.task_sampler import SummedTasks, loss_weights
+from vlp.datasets.batching.task_sampler import SummedTasks, forward_groups, loss_weights
 from vlp.models.running_stats import images_encoded_once, statistics_frozen
 
 OBJECTIVES = ("sampled", "summed")
 
 
-def build_sampler(components: Any, mix: dict[str, float], seed: int, objective: str) -> Any:
-    """The stage's sampler: the components' own (``sampled``) or every task (``summed``)."""
+def build_sampler(components: Any, mix: dict[str, float], seed: int, objective: str,
+                  groups: tuple[tuple[str, ...], ...] = ()) -> Any:
+    """The stage's sampler: the components' own (``sampled``) or every task (``summed``,
+    ``groups``: the tasks that share one batch and one forward)."""
     if objective == "sampled":
         return components.build_task_sampler(mix, seed)
     if objective == "summed":
-        return SummedTasks(mix, seed, known=list(mix))
+        return SummedTasks(mix, seed, known=list(mix), groups=groups)
     raise ValueError(f"train.objective={objective!r}: expected one of {', '.join(OBJECTIVES)}")
 
 
@@ -44,6 +47,18 @@ def describe(objective: str, mixes: list[dict[str, float]]) -> str:
                         for m in mixes)
     return (f"objective summed: every task's loss on each micro-batch's examples, one "
             f"backward; loss weights {weights}")
+
+
+def describe_groups(objective: str, groups: tuple[tuple[str, ...], ...],
+                    mixes: list[dict[str, float]]) -> str:
+    """The forward groups' log line, each group as the stages' mixes hold it ('' when there
+    are none or the objective is sampled)."""
+    groups = tuple(dict.fromkeys(
+        g for m in mixes for g in forward_groups(groups, [t for t, r in m.items() if r > 0])))
+    if objective != "summed" or not groups:
+        return ""
+    return ("one batch and one forward for " + "; ".join(" + ".join(g) for g in groups)
+            + " (each modality masked once: train.forward_groups)")
 
 
 def task_id(task: str | tuple[str, ...], task_ids: Mapping[str, int]) -> int:
@@ -65,13 +80,20 @@ def forward(engine: Any, batch: Mapping[str, Any], task: str | tuple[str, ...]
     shared: dict[str, list[torch.Tensor]] = defaultdict(list)
     total = None
     model = getattr(engine, "module", engine)   # DeepSpeed's engine wraps the model
+    forwards = task.forwards() if hasattr(task, "forwards") else [(t,) for t in task]
     with images_encoded_once(model):   # SOHO: the set's images through the CNN once
-        for i, t in enumerate(task):
+        for i, group in enumerate(forwards):
+            t = group[0]
             # running statistics (SOHO's dictionary, BatchNorm) move once per example set,
             # on its first forward, as when each image is forwarded once per batch
             with statistics_frozen(model) if i else nullcontext():
-                o = _checked(engine(per_task[t], task=t), t)
-            term = weights[t] * o["loss"]
+                if len(group) == 1:
+                    o = _checked(engine(per_task[t], task=t), t)
+                    term = weights[t] * o["loss"]
+                else:   # a forward group: one forward, every member's head, weighted inside
+                    o = _checked(engine(per_task[t], task=group,
+                                        weights={g: weights[g] for g in group}), t)
+                    term = o["loss"]
             total = term if total is None else total + term
             for k, v in o.items():
                 if k != "loss":

@@ -40,6 +40,10 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
     ]
     if c.job == "pretrain":
         lines.append(objective.describe(c.train.objective, [dict(s.tasks) for s in plan]))
+        groups = objective.describe_groups(c.train.objective, c.train.forward_groups,
+                                           [dict(s.tasks) for s in plan])
+        if groups:
+            lines.append(groups)
     if budget:   # budget batching (pretraining); finetunes count examples per batch
         lines.append(f"global batch: ≤ {budget:,} input units per step "
                      f"({c.batch_input_units:,} per micro-batch); examples per step are "
