@@ -29,10 +29,10 @@ from vlp.platform.sweep import load_sweep_config, run_sweep
 from vlp.platform.sweep import run as run_mod
 from vlp.platform.sweep import trial as trial_mod
 
-# Budget: 90-115 s on a loaded 2-core machine (the suite's slowest); 360 s leaves room to
+# Budget: 90-194 s measured on a loaded 2-core machine (the suite's slowest); 480 s leaves room to
 # rerun it on its own (`pytest tests/test_sweep_asha.py`) while the machine is busy,
 # and a hang fails here with pytest-timeout's stack dump instead of stalling `make test`.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
 CALLS = "stage_calls.txt"
