@@ -335,3 +335,62 @@ def test_the_a100_type_has_efa_and_a_cluster_placement_group(cfg):
     assert "/sys/class/infiniband" in setup and "FI_PROVIDER=efa" in setup
     docs = (ROOT / "docs/cluster.md").read_text()
     assert nc["Placement"]["GroupName"] in docs and "aws ec2 create-placement-group" in docs
+
+
+# ---- what docs/cluster.md promises, read from its node-type table and set-up paragraph ------
+
+def docs_node_table() -> dict[str, dict[str, str]]:
+    """docs/cluster.md's node-type table: node type → its cells by column heading."""
+    lines = [l for l in (ROOT / "docs" / "cluster.md").read_text().splitlines()
+             if l.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head[:5] == ["node type", "instance", "GPUs", "market", "`accelerator_type`"], head
+    rows = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if not cells[0].startswith("`") or len(cells) != len(head):
+            break                                  # the next table of the page
+        rows[cells[0].strip("`")] = dict(zip(head, cells))
+    return rows
+
+
+def test_node_types_are_the_ones_the_docs_promise(cfg):
+    """Each documented node type exists with the documented instance, GPU count, market and
+    accelerator resource, and no undocumented type exists (new ones go into the table)."""
+    table = docs_node_table()
+    types = cfg["available_node_types"]
+    assert set(table) == set(types), set(table) ^ set(types)
+    assert table[cfg["head_node_type"]]["GPUs"] == "—"
+    for name, row in table.items():
+        t = types[name]
+        assert t["node_config"]["InstanceType"] == row["instance"], name
+        count = re.match(r"(\d+)× (\S+)", row["GPUs"])
+        assert gpus(t) == (int(count.group(1)) if count else 0), name
+        assert is_spot(t) == (row["market"] == "spot"), name
+        assert row["market"] in ("spot", "on demand"), name
+        kind = row["`accelerator_type`"].strip("`")
+        assert accelerator(t) == (None if kind == "—" else kind), name
+        if count:                                  # "8× A100 40 GB": the GPU it declares
+            assert count.group(2) == kind, name
+    head = types[cfg["head_node_type"]]
+    assert "no training work: `CPU: 0`" in table[cfg["head_node_type"]]["for"]
+    assert head["resources"] == {"CPU": 0}
+
+
+def test_setup_is_what_the_docs_promise(cfg):
+    """docs/cluster.md: Python 3.11 in ~/vlp-venv, torch pinned to the version it names (the
+    CUDA build from PyPI), then the repository synced to ~/vlp installed editable."""
+    docs = (ROOT / "docs" / "cluster.md").read_text()
+    pinned = re.search(r"`torch==([\d.]+)`", docs).group(1)
+    setup = cfg["setup_commands"]
+    assert any(f"torch=={pinned}" in c for c in setup), pinned
+    assert any("--python 3.11 ~/vlp-venv" in c for c in setup)
+    torch_at = next(i for i, c in enumerate(setup) if f"torch=={pinned}" in c)
+    project_at = next(i for i, c in enumerate(setup) if "pip install" in c and "-e ~/vlp" in c)
+    assert "~/vlp-venv/bin/pip" in setup[torch_at] and torch_at < project_at
+    assert all("--index-url" not in c and "download.pytorch.org" not in c
+               for c in setup if "torch==" in c), "the CUDA build from PyPI"
+    assert "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-" \
+           "ubuntu-22.04" in (ROOT / "cluster.yaml").read_text()
+    for name, t in cfg["available_node_types"].items():
+        assert "base-oss-nvidia-driver-gpu-ubuntu-22.04" in t["node_config"]["ImageId"], name

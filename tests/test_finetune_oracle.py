@@ -175,13 +175,18 @@ class PairDecoder:
                       for c, (f, m) in enumerate(zip(feats, masks))}
         assert len(self.image) == len(data.image_ids)      # no two images alike
 
-    def tr_r1_of_oracle(self) -> float:
-        """Identical captions of different images are one input: the oracle scores both
-        images 1 for each, and TR ranks ties in caption order. Percent of images whose
-        first caption (in table order) scoring 1 is one of its own."""
-        hits = [next(t for t in range(len(self.first)) if c in self.owners[self.first[t]])
-                for c in range(len(self.image))]
-        return 100.0 * np.mean([self.image_of[t] == c for c, t in enumerate(hits)])
+    def r1_of_oracle(self) -> tuple[float, float]:
+        """Identical captions of different images are one input: the oracle scores 1 every
+        image that has a caption with those tokens, so such a text's own image ties with the
+        others and, ties broken at random, is first with probability 1/len(owners) (IR);
+        an image's column holds 1 for every text some caption of it shares tokens with, j of
+        them its own of m, so its R@1 is j/m (TR). Percent, (IR R@1, TR R@1)."""
+        ir = [1 / len(self.owners[f]) for f in self.first]
+        tr = []
+        for c in range(len(self.image)):
+            ones = [t for t in range(len(self.first)) if c in self.owners[self.first[t]]]
+            tr.append(sum(self.image_of[t] == c for t in ones) / len(ones))
+        return 100.0 * float(np.mean(ir)), 100.0 * float(np.mean(tr))
 
     def __call__(self, b):
         texts = [self.caption[tuple(ids[m.bool()].tolist())]
@@ -194,7 +199,7 @@ class PairDecoder:
 def test_retrieval_both_directions(setting):
     def answer(data, offset=None):
         decode = PairDecoder(data)
-        answer.tr_r1 = decode.tr_r1_of_oracle()
+        answer.ir_r1, answer.tr_r1 = decode.r1_of_oracle()
 
         def score(b, right):
             t, i = decode(b)
@@ -209,12 +214,77 @@ def test_retrieval_both_directions(setting):
 
     good, data = evaluate(setting, "retrieval", answer, True)
     assert len(data.image_ids) > 10 and len(data) > 15
-    assert all(good[k] == 100.0 for k in ("ir_r1", "ir_r5", "ir_r10", "tr_r5", "tr_r10"))
+    assert all(good[k] == 100.0 for k in ("ir_r5", "ir_r10", "tr_r5", "tr_r10"))
+    assert good["ir_r1"] == pytest.approx(answer.ir_r1) and answer.ir_r1 >= 90
     assert good["tr_r1"] == pytest.approx(answer.tr_r1) and answer.tr_r1 >= 90
     bad, _ = evaluate(setting, "retrieval", answer, False)
     assert all(bad[k] == 0.0 for k in ("ir_r1", "ir_r5", "ir_r10", "tr_r1", "tr_r5", "tr_r10"))
     # IR ranks the images in each text's row, TR the texts in each image's column
     by_text, _ = evaluate(setting, "retrieval", lambda d: answer(d, "text"), True)
-    assert by_text["ir_r1"] == 100.0 and by_text["tr_r1"] < 50.0
+    assert by_text["ir_r1"] == pytest.approx(answer.ir_r1) and by_text["tr_r1"] < 50.0
     by_image, _ = evaluate(setting, "retrieval", lambda d: answer(d, "image"), True)
     assert by_image["tr_r1"] == pytest.approx(answer.tr_r1) and by_image["ir_r1"] < 50.0
+    print("oracle R@1 under duplicate captions:", answer.ir_r1, answer.tr_r1)
+
+
+# ---- a constant predictor (every choice one score: a collapsed model, or scores saturated
+# in fp16) scores chance on every benchmark, each chance computed here from the raw table
+
+def constant(width_of):
+    return lambda data: (lambda b, right: np.zeros(width_of(data, b), np.float32))
+
+
+def test_constant_predictor_scores_chance_on_choice_benchmarks(setting):
+    rows = lambda b: len(b[D.LABELS])                                    # noqa: E731
+    ve, _ = evaluate(setting, "ve", constant(lambda d, b: (rows(b), 3)), True)
+    assert ve["ve_acc"] == pytest.approx(100 / 3)
+    for variant in ("pair", "triplet"):
+        nlvr2, _ = evaluate(setting, "nlvr2", constant(lambda d, b: (rows(b), 2)), True,
+                            variant=variant)
+        assert nlvr2["nlvr2_acc"] == pytest.approx(50.0)
+    vcr, _ = evaluate(setting, "vcr", constant(lambda d, b: (rows(b), 4)), True)
+    assert vcr == pytest.approx({"q2a": 25.0, "qa2r": 25.0, "q2ar": 6.25})
+
+
+def test_constant_predictor_scores_chance_on_vqa(setting):
+    vqa, data = evaluate(setting, "vqa", constant(lambda d, b: (len(b[D.EXAMPLE_INDEX]),
+                                                                 len(d.vocab.answers))), True)
+    raw = table(data)["answers"]
+    # chance: a uniformly random answer of the vocabulary, scored by the official metric
+    chance = np.mean([[vqa_accuracy(a, raw[k]) for a in data.vocab.answers]
+                      for k in range(len(raw))])
+    assert vqa["vqa_score"] == pytest.approx(100 * chance)
+    assert 0 < chance < 0.5
+
+
+@pytest.mark.parametrize("name", ["refcoco+", "refcoco+-gt"])
+def test_constant_predictor_scores_chance_on_refcoco(setting, tiny_world, name):
+    """Every real region scores 0, padding the head's mask value: chance is, per expression,
+    the fraction of its regions whose box has IoU > 0.5 with the target."""
+    from vlp.models.heads.refexp import NEG
+
+    def answer(data):
+        answer.chance = 100 * np.mean([
+            (box_iou(data.region_boxes(k), data.target_boxes[k]) > 0.5).mean()
+            for k in range(len(data))])
+        return lambda b, right: np.where(b[K.REGION_MASK].bool().numpy(), 0.0, NEG)
+
+    key = f"{name.replace('+', 'plus')}_acc"
+    result, _ = evaluate(setting, name, answer, True)
+    assert result[key] == pytest.approx(answer.chance) and 0 < answer.chance < 50
+
+
+def test_constant_predictor_scores_chance_on_retrieval(setting):
+    """IR: R@K = K/N over N images. TR: an image with c of the N texts as captions is hit
+    when any of them lands in the top K of a random order: 1 - C(N-c, K)/C(N, K)."""
+    from math import comb
+
+    result, data = evaluate(setting, "retrieval", constant(lambda d, b: (len(b[K.INPUT_IDS]),)),
+                            True)
+    n_img, n_txt = len(data.image_ids), len(data)
+    captions = np.bincount(data.text_to_image, minlength=n_img)
+    for k in (1, 5, 10):
+        assert result[f"ir_r{k}"] == pytest.approx(100 * k / n_img)
+        tr = np.mean([1 - comb(n_txt - c, k) / comb(n_txt, k) for c in captions if c])
+        assert result[f"tr_r{k}"] == pytest.approx(100 * tr)
+    assert result["ir_r1"] < 10

@@ -43,6 +43,14 @@ def test_finetune_through_ray_train_logs_a_child_run(ray_local, tiny_world, tmp_
     assert arts == ["predictions/retrieval-val.json"]
     assert client.get_run(parent.run_id).data.metrics["downstream.ir"] == \
         pytest.approx(report.scores["ir"])
+    # each part the parent run logs is computed as the hand-written Meta-Sum table says,
+    # from the metrics the child run logged
+    from test_meta_sum_table import TABLE
+    logged = client.get_run(parent.run_id).data.metrics
+    for part, bench, _, computed, *_ in TABLE:
+        if bench == "retrieval":
+            assert logged[f"downstream.{part}"] == pytest.approx(
+                computed(child.data.metrics, None, None)), part
 
     # the same call again: the finished job resumes from its last checkpoint, trains no step
     # and evaluates the same weights into the same MLflow child run

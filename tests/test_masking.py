@@ -134,21 +134,43 @@ def test_vlbert_whole_image_feature_is_the_images_whatever_the_masking(ctx):
         assert np.allclose(img[i], feats[i][real[i]].mean(0), atol=1e-5)
 
 
+TEXT, ZEROED, MASKED = K.MLM_LABELS, K.REGION_ZEROED, K.REGION_MASKED
+# the masking keys each task writes, by mode (UNITER §3.1: MLM masks words, the MRM tasks
+# regions, conditionally one modality; "joint" masks both; ITM masks nothing)
+MASK_KEYS = {
+    ("mlm", "conditional"): {TEXT}, ("mlm", "joint"): {TEXT, ZEROED},
+    **{(t, "conditional"): {ZEROED, MASKED} for t in ("mrfr", "mrc", "mrc-kl", "moc")},
+    **{(t, "joint"): {TEXT, ZEROED, MASKED} for t in ("mrfr", "mrc", "mrc-kl", "moc")},
+    ("itm", "conditional"): set(), ("itm", "joint"): set(),
+}
+
+
+def test_each_task_writes_its_masking_keys(ctx):
+    rng = np.random.default_rng(4)
+    for (task, mode), keys in MASK_KEYS.items():
+        b = full_batch(rng, B=50)
+        apply_masking(task, b, rng, ctx, mode, "regions")
+        assert {k for k in (TEXT, ZEROED, MASKED) if k in b} == keys, (task, mode)
+
+
 def test_conditional_masks_one_modality_joint_both(ctx):
     rng = np.random.default_rng(5)
     for task, mode in [("mlm", "conditional"), ("mrfr", "conditional"), ("mrc-kl", "conditional"),
                        ("itm", "conditional"), ("itm", "joint")]:
         b = full_batch(rng, B=500)
         apply_masking(task, b, rng, ctx, mode, "regions")
-        text = (b.get(K.MLM_LABELS, np.full((1, 1), -100)) != -100).any(axis=1)
-        regions = (b.get(K.REGION_ZEROED, np.zeros((1, 1), bool))
-                   | b.get(K.REGION_MASKED, np.zeros((1, 1), bool))).any(axis=1)
+        keys = MASK_KEYS[task, mode]
+        text = (b[TEXT] != -100).any(axis=1) if TEXT in keys else np.zeros(500, bool)
+        regions = ((b[ZEROED] | b[MASKED]).any(axis=1) if ZEROED in keys
+                   else np.zeros(500, bool))
         assert not (text & regions).any(), (task, mode)   # never both in one example
+        if task != "itm":   # and the one it masks is masked in every example
+            assert (text | regions).all(), (task, mode)
     for task in ("mlm", "mrfr", "moc"):
         b = full_batch(rng, B=500)
         apply_masking(task, b, rng, ctx, "joint", "regions")
-        text = (b[K.MLM_LABELS] != -100).any(axis=1)
-        regions = (b[K.REGION_ZEROED] | b.get(K.REGION_MASKED, False)).any(axis=1)
+        text = (b[TEXT] != -100).any(axis=1)
+        regions = (b[ZEROED] | b.get(MASKED, False)).any(axis=1)   # MLM joint: zeroed only
         assert (text & regions).all(), task   # MOC may keep a masked region's feature
 
 
@@ -159,14 +181,16 @@ def test_masking_only_on_positive_pairs(ctx):
             b = full_batch(rng, B=400)
             b[K.POSITIVE][::2] = False
             apply_masking(task, b, rng, ctx, mode, "regions")
-            neg = ~b[K.POSITIVE]
-            if K.MLM_LABELS in b:
-                assert (b[K.MLM_LABELS][neg] == -100).all()
-                assert (b[K.MLM_LABELS][~neg] != -100).any(axis=1).all()
-            if K.REGION_ZEROED in b:
-                assert not b[K.REGION_ZEROED][neg].any()
-            if K.REGION_MASKED in b:
-                assert not b[K.REGION_MASKED][neg].any()
+            neg, keys = ~b[K.POSITIVE], MASK_KEYS[task, mode]
+            assert {k for k in (TEXT, ZEROED, MASKED) if k in b} == keys
+            if TEXT in keys:
+                assert (b[TEXT][neg] == -100).all()
+                assert (b[TEXT][~neg] != -100).any(axis=1).all()
+            if ZEROED in keys:
+                assert not b[ZEROED][neg].any()
+            if MASKED in keys:      # every positive pair has a masked region
+                assert not b[MASKED][neg].any()
+                assert b[MASKED][~neg].any(axis=1).all()
 
 
 def test_mvm_flags_images_with_positive_texts(ctx):

@@ -76,8 +76,58 @@ def test_iou_and_refexp():
 
 def test_accuracy_vcr_and_meta_sum():
     assert accuracy([1, 0, 1, 1], [1, 1, 1, 0]) == 50.0
-    v = vcr_scores([0, 1, 2, 3], [0, 1, 0, 3], [1, 1, 1, 0], [1, 0, 1, 0])
+    choose = lambda picks: np.eye(4)[picks]          # noqa: E731  one-hot choice scores
+    v = vcr_scores(choose([0, 1, 2, 3]), [0, 1, 0, 3], choose([1, 1, 1, 0]), [1, 0, 1, 0])
     assert v == {"q2a": 75.0, "qa2r": 75.0, "q2ar": 50.0}
     assert meta_sum({"vqa": 70, "ir": 80, "tr": 90, "nlvr2": 75, "refcoco+": 65, "ve": 1}) == 380
     with pytest.raises(KeyError, match="refcoco"):
         meta_sum({"vqa": 70, "ir": 80, "tr": 90, "nlvr2": 75})
+
+
+def test_retrieval_ties_are_scored_at_their_expected_rank():
+    """The issue's case: one score for every pair gave IR R@1 = 100 (ties counted for the
+    model). Now chance: R@K = K/N images for IR."""
+    r = retrieval_recall(np.zeros((500, 100)), np.arange(500) // 5)
+    assert (r["ir_r1"], r["ir_r5"], r["ir_r10"]) == pytest.approx((1.0, 5.0, 10.0))
+    # TR: each image has 5 of 500 texts: 1 - C(495, K)/C(500, K)
+    from math import comb
+    for k in (1, 5, 10):
+        assert r[f"tr_r{k}"] == pytest.approx(100 * (1 - comb(495, k) / comb(500, k)))
+
+
+def test_retrieval_ties_match_random_tie_breaking_by_simulation():
+    """Scores on a coarse grid (many ties): the expected recall equals the mean recall over
+    many random tie-breaks (a tiny random jitter, ranks then untied), written independently
+    of the closed form: each jittered matrix ranked by a full argsort."""
+    rng = np.random.default_rng(3)
+    t2i = np.repeat(np.arange(6), [1, 2, 3, 1, 2, 3])
+    s = rng.integers(0, 3, size=(12, 6)).astype(float)
+    exact = retrieval_recall(s, t2i, ks=(1, 2, 4))
+    runs = []
+    for _ in range(4000):
+        j = s + rng.uniform(0, 1e-3, s.shape)
+        ir = [np.flatnonzero(np.argsort(-j[t]) == t2i[t])[0] for t in range(12)]
+        tr = [min(np.flatnonzero(np.isin(np.argsort(-j[:, i]), np.flatnonzero(t2i == i))))
+              for i in range(6)]
+        runs.append([np.mean(np.array(ir) < k) for k in (1, 2, 4)]
+                    + [np.mean(np.array(tr) < k) for k in (1, 2, 4)])
+    sim = 100 * np.mean(runs, 0)
+    got = [exact[f"{d}_r{k}"] for d in ("ir", "tr") for k in (1, 2, 4)]
+    assert got == pytest.approx(sim, abs=2.0)
+
+
+def test_argmax_ties_score_their_expectation():
+    from vlp.benchmarks.accuracy import expected_accuracy
+    from vlp.benchmarks.vqa import expected_vqa_score
+
+    # row 0 ties its two classes (label 1: half credit), row 1 untied and right
+    assert expected_accuracy([[0.0, 0.0], [0.2, 0.9]], [1, 1]) == pytest.approx(75.0)
+    # VQA: question 0 ties "red" (10 annotators: 1.0) with "blue" (none: 0) → 0.5;
+    # question 1 picks "2" outright, given by 3 annotators → 0.9
+    vocab = ["red", "blue", "two"]
+    logits = np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 5.0]])
+    answers = [["red"] * 10, ["2"] * 3 + ["no"] * 7]
+    assert expected_vqa_score(logits, vocab, answers) == pytest.approx(100 * (0.5 + 0.9) / 2)
+    # all three tied for question 1: (0 + 0 + 0.9) / 3
+    logits[1] = 0
+    assert expected_vqa_score(logits, vocab, answers) == pytest.approx(100 * (0.5 + 0.3) / 2)

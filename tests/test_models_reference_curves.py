@@ -13,11 +13,28 @@ Regenerate after an *intended* change, and say why in the commit:
     .venv/bin/python tests/test_models_reference_curves.py --write [FAMILY ...]
 
 (naming families rewrites only their curves and keeps the others as stored).
+
+Across CPUs. Measured on one machine under three kernel sets (native AVX-512; torch, oneDNN
+and MKL held to AVX2: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2``; and to the default/SSE4.1 kernels): every curve but SOHO's
+stays within 2e-3 of the stored one at every step, and SOHO's mlm/itm/mlm-obj within 1% in
+10-step means, so those are compared on any CPU. soho-tiny/mvm is not stable: its targets are
+the visual dictionary's nearest entries, so a last-bit difference in the conv kernels changes
+them from the first step (first loss 3.995 / 3.823 / 3.742 under the three sets, 10-step means
+up to 19% apart, as on an AVX2-only AMD EPYC). It is kept per machine, with the machine
+written beside it (``models_reference_curves_by_machine.json``: CPU model, torch's kernel
+level, oneDNN's ISA cap, torch version), compared in 10-step means where the machine matches;
+on another machine only what held across the three sets is checked (its 50-step mean within
+25% of the stored curve's). Add this machine's entry with
+
+    .venv/bin/python tests/test_models_reference_curves.py --write-machine
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -41,6 +58,22 @@ RTOL, ATOL = 2e-3, 2e-4  # CPU float32, one thread: run-to-run identical; allow 
 # Its 10-step window means stay within 1.1%, while a real change moves them 17–23% (dictionary
 # momentum 0.4 → 0.6 on mvm; dropout off): compare those with 5%.
 WINDOW, WINDOW_RTOL = 10, 5e-2
+MACHINE_FILE = Path(__file__).parent / "data" / "models_reference_curves_by_machine.json"
+KERNEL_SENSITIVE = ("soho-tiny/mvm",)
+OTHER_MACHINE_RTOL = 0.25   # measured: 50-step means 12% apart across the three kernel sets
+
+
+def machine() -> dict[str, str]:
+    """What decides the kernels a curve ran through."""
+    cpu = platform.processor()
+    if Path("/proc/cpuinfo").exists():
+        cpu = next((line.split(":", 1)[1].strip() for line in
+                    Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    return {"cpu": cpu, "aten_capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "native"),
+            "mkl_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", "native"),
+            "torch": torch.__version__}
 
 
 def loss_curve(family: str, task: str, steps: int = STEPS) -> list[float]:
@@ -77,18 +110,46 @@ def test_loss_falls_when_overfitting_one_batch(curves, family, task):
     assert last < 0.7 * first, (family, task, first, last)
 
 
+def window_means(curve) -> torch.Tensor:
+    return torch.tensor(curve).view(-1, WINDOW).mean(1)
+
+
 def test_matches_stored_reference_curves(curves):
     stored = json.loads(CURVES_FILE.read_text())
     assert stored["steps"] == STEPS and sorted(stored["curves"]) == sorted(curves)
     for name, curve in curves.items():
+        if name in KERNEL_SENSITIVE:
+            continue            # test_kernel_sensitive_curves_match_this_machines
         ours, ref = torch.tensor(curve), torch.tensor(stored["curves"][name])
         if FAMILIES[name.split("/")[0]].visual.input_kind == "pixels":
-            ours, ref = ours.view(-1, WINDOW).mean(1), ref.view(-1, WINDOW).mean(1)
-            torch.testing.assert_close(ours, ref, rtol=WINDOW_RTOL, atol=ATOL,
-                                       msg=lambda m: f"{name} (10-step means): {m}")
+            torch.testing.assert_close(window_means(curve), window_means(ref), rtol=WINDOW_RTOL,
+                                       atol=ATOL, msg=lambda m: f"{name} (10-step means): {m}")
         else:
             torch.testing.assert_close(ours, ref, rtol=RTOL, atol=ATOL,
                                        msg=lambda m: f"{name}: {m}")
+
+
+def test_kernel_sensitive_curves_match_this_machines(curves):
+    here = machine()
+    entries = json.loads(MACHINE_FILE.read_text())["machines"]
+    mine = [e for e in entries if e["machine"] == here]
+    stored = json.loads(CURVES_FILE.read_text())["curves"]
+    for name in KERNEL_SENSITIVE:
+        if mine:
+            torch.testing.assert_close(
+                window_means(curves[name]), window_means(mine[0]["curves"][name]),
+                rtol=WINDOW_RTOL, atol=ATOL, msg=lambda m: f"{name} on {here}: {m}")
+        else:       # another machine: only what held across kernel sets
+            ours, ref = sum(curves[name]) / STEPS, sum(stored[name]) / STEPS
+            assert abs(ours - ref) <= OTHER_MACHINE_RTOL * ref, (name, here, ours, ref)
+
+
+def test_machine_entries_are_complete():
+    entries = json.loads(MACHINE_FILE.read_text())["machines"]
+    assert entries and all(set(e["curves"]) == set(KERNEL_SENSITIVE) for e in entries)
+    keys = [json.dumps(e["machine"], sort_keys=True) for e in entries]
+    assert len(set(keys)) == len(keys)
+    assert all(set(e["machine"]) == set(machine()) for e in entries)
 
 
 def test_no_two_stored_curves_are_the_same():
@@ -120,7 +181,22 @@ def write_reference_curves(families: tuple[str, ...] = TINY) -> None:
     print(f"wrote {CURVES_FILE} in {time.time() - started:.1f}s")
 
 
+def write_machine_curves() -> None:
+    """Add (or replace) this machine's entry of the kernel-sensitive curves."""
+    torch.set_num_threads(1)
+    here = machine()
+    data = json.loads(MACHINE_FILE.read_text()) if MACHINE_FILE.exists() else {"machines": []}
+    curves = {name: loss_curve(*name.split("/")) for name in KERNEL_SENSITIVE}
+    data["machines"] = [e for e in data["machines"] if e["machine"] != here]
+    data["machines"].append({"machine": here, "curves": curves})
+    MACHINE_FILE.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {here} into {MACHINE_FILE}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--write"]:
-        sys.exit(f"usage: {sys.argv[0]} --write [FAMILY ...]")
-    write_reference_curves(tuple(sys.argv[2:]) or TINY)
+    if sys.argv[1:2] == ["--write-machine"]:
+        write_machine_curves()
+    elif sys.argv[1:2] == ["--write"]:
+        write_reference_curves(tuple(sys.argv[2:]) or TINY)
+    else:
+        sys.exit(f"usage: {sys.argv[0]} --write [FAMILY ...] | --write-machine")

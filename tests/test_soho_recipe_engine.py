@@ -71,7 +71,9 @@ PRECISION_BODY = """
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
 
-    results = {}
+    from vlp.platform.training.cpu_precision import cpu_fp16_supported
+
+    results = {"fp16_supported": cpu_fp16_supported()}
     for precision in sys.argv[2].split(","):
         # fp16 on CPU: the config refuses it without scaling.use_gpu (a guard for real runs);
         # DeepSpeed's CPU accelerator runs it, so the test sets the flag to get past it
@@ -82,6 +84,13 @@ PRECISION_BODY = """
             "optimizer": {"warmup_steps": 1}, "scaling": {"use_gpu": precision == "fp16"}}))
         torch.manual_seed(0)
         model, spec, _ = create_model("soho-tiny", ["mvm", "mlm"])
+        if precision == "fp16" and not results["fp16_supported"]:
+            try:
+                build_engine(model, cfg, stage_steps=2, world_size=1)
+                results[precision] = {"refused": None}
+            except ValueError as e:
+                results[precision] = {"refused": str(e)}
+            continue
         engine = build_engine(model, cfg, stage_steps=2, world_size=1)
         bn = model.backbone.visual.resnet.bn1
         mean0 = bn.running_mean.clone()
@@ -119,8 +128,23 @@ PRECISION_BODY = """
 
 @pytest.mark.integration
 def test_soho_trains_and_reloads_in_bf16_and_fp16(tmp_path):
+    """bf16 everywhere (DeepSpeed's CPU accelerator always has it); fp16 where the CPU has
+    fp16 kernels (AVX512-FP16/AMX-FP16, and torch not held below AVX-512 kernels by
+    ATEN_CPU_CAPABILITY), else vlp's one-line refusal before DeepSpeed's own."""
+    import torch
+
+    from vlp.platform.training.cpu_precision import cpu_fp16_supported
+
     results = run_one_rank(PRECISION_BODY, "bf16,fp16", cwd=tmp_path)
+    supported = results.pop("fp16_supported")
+    assert supported == cpu_fp16_supported()          # the rank saw what this process sees
+    if not supported:
+        refused = results.pop("fp16")["refused"]
+        assert refused is not None and refused.startswith("train.precision=fp16 on this CPU")
+        assert torch.backends.cpu.get_cpu_capability() in refused
     for precision, dtype in (("bf16", "torch.bfloat16"), ("fp16", "torch.float16")):
+        if precision not in results:
+            continue
         out = results[precision]
         assert all(math.isfinite(x) for x in out["losses"] + [out["eval_loss"],
                                                               out["loss_after_load"]]), out

@@ -81,6 +81,19 @@ def setup(tmp_path, monkeypatch):
     return ctx, tune
 
 
+def trial_runs(ctx: TrialContext) -> dict[str, list[str]]:
+    """trial → the ids of its MLflow runs under the sweep's parent (a list: a second run for
+    the same trial after a restore shows as two, where a dict by trial would keep one)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(ctx.cfg.mlflow.tracking_uri)
+    exp = client.get_run(ctx.parent_run_id).info.experiment_id
+    out: dict[str, list[str]] = {}
+    for r in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{ctx.parent_run_id}'"):
+        out.setdefault(r.data.tags["vlp.sweep.trial"], []).append(r.info.run_id)
+    return out
+
+
 def run_with(stages: Stages, ctx: TrialContext, monkeypatch) -> None:
     monkeypatch.setattr(trial_mod, "_pretrain", stages.pretrain)
     monkeypatch.setattr(trial_mod, "_finetune", stages.finetune)
@@ -131,6 +144,8 @@ def test_restore_after_an_interrupted_replicate_reruns_only_that_replicate(setup
     assert tune.reports[-1]["score"] == pytest.approx(11.0 + 23.0 + 38.0)
     attempts = (Path(ctx.trials_dir) / "t001" / "attempts.jsonl").read_text().splitlines()
     assert [json.loads(a)["resumed_after_stage"] for a in attempts] == [-1, 0]
+    # the restored trial goes on in its one MLflow run, the one Tune's reports name
+    assert trial_runs(ctx) == {"t001": [tune.reports[-1]["mlflow_run_id"]]}
 
 
 def test_a_stage_finished_after_tunes_last_checkpoint_is_not_run_again(setup, monkeypatch):
@@ -146,6 +161,7 @@ def test_a_stage_finished_after_tunes_last_checkpoint_is_not_run_again(setup, mo
     run_with(second, ctx, monkeypatch)
     assert second.calls == [("retrieval", 0), ("retrieval", 1), ("retrieval", 2),
                             ("vqa", 0), ("vqa", 1), ("vqa", 2)]     # no pretraining again
+    assert trial_runs(ctx) == {"t001": [tune.reports[-1]["mlflow_run_id"]]}
 
 
 def test_include_seeds_replicate_the_named_include_points_only(tmp_path):

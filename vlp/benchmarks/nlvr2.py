@@ -11,7 +11,7 @@ from typing import Literal
 from vlp.datasets.downstream.nlvr2 import Nlvr2Data
 from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head, extend_for, layout_types
-from vlp.benchmarks.accuracy import accuracy
+from vlp.benchmarks.accuracy import expected_accuracy
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps
 from vlp.benchmarks.registry import register
 
@@ -59,5 +59,5 @@ class Nlvr2(Benchmark):
         if logits is None:
             return None
         pred = logits.argmax(1)
-        return EvalResult({"nlvr2_acc": accuracy(pred, data.labels)},
+        return EvalResult({"nlvr2_acc": expected_accuracy(logits, data.labels)},
                           [{"id": i, "label": bool(p)} for i, p in zip(data.column("id"), pred)])

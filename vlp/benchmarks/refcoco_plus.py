@@ -14,6 +14,9 @@ from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_siz
 from vlp.benchmarks.registry import register
 
 
+IOU_RIGHT = 0.5   # a prediction is right when its box has IoU > 0.5 with the target
+
+
 class _RefCoco(Benchmark):
     table = "refexp"
     defaults = TrainDefaults(steps=600, batch_size=32, lr=1e-4)
@@ -37,16 +40,29 @@ class _RefCoco(Benchmark):
         return build_head("region-scorer", name=self.task, hidden=hidden_size(ctx))
 
     def evaluate(self, ctx, data: RefExpData, runner) -> EvalResult | None:
-        # scores are [rows, regions] with a region count per batch: keep only the argmax
-        pred = runner.predict_sharded(data.batch, len(data), post=lambda s: s.argmax(1))
-        if pred is None:
+        # scores are [rows, regions] with a region count per batch: pad every batch to the
+        # split's widest so the shards stack (padding scores below any region's)
+        width = int(max(len(data.region_boxes(k)) for k in range(len(data))))
+        scores = runner.predict_sharded(data.batch, len(data), post=lambda s: _pad(s, width))
+        if scores is None:
             return None
-        pred = pred.astype(np.int64)
-        boxes = np.stack([data.region_boxes(k)[p] for k, p in enumerate(pred)])
-        acc = refexp_accuracy(boxes, data.target_boxes)
-        return EvalResult({f"{self.task}_acc": acc},
-                          [{"ref_id": r, "region": int(p), "box": b.tolist()}
+        pred, hit = [], []
+        for k, row in enumerate(scores):
+            boxes = data.region_boxes(k)
+            row = row[:len(boxes)]
+            tied = np.flatnonzero(row == row.max())       # ties broken at random: expected hit
+            pred.append(int(tied[0]))
+            hit.append(float((box_iou(boxes[tied], data.target_boxes[k]) > IOU_RIGHT).mean()))
+        boxes = [data.region_boxes(k)[p] for k, p in enumerate(pred)]
+        return EvalResult({f"{self.task}_acc": 100.0 * float(np.mean(hit))},
+                          [{"ref_id": r, "region": p, "box": b.tolist()}
                            for r, p, b in zip(data.column("ref_id"), pred, boxes)])
+
+
+def _pad(scores: np.ndarray, width: int) -> np.ndarray:
+    out = np.full((len(scores), width), -np.inf, np.float32)
+    out[:, :scores.shape[1]] = scores
+    return out
 
 
 @register
@@ -78,7 +94,7 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def refexp_accuracy(predicted_boxes: np.ndarray, target_boxes: np.ndarray,
-                    threshold: float = 0.5) -> float:
+                    threshold: float = IOU_RIGHT) -> float:
     """RE comprehension: a prediction is correct when its box has IoU > threshold with the
     target. Percent."""
     iou = box_iou(np.asarray(predicted_boxes).reshape(-1, 4),

@@ -103,13 +103,20 @@ def recall_result(data: RetrievalData, scores: np.ndarray) -> EvalResult:
 
 def retrieval_recall(scores: np.ndarray, text_to_image: Sequence[int],
                      ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
-    """R@K for both directions from a score matrix ``scores[text, image]``.
+    """R@K for both directions from a score matrix ``scores[text, image]``, ties broken at
+    random (each query's expected recall).
 
     ``text_to_image[t]`` is the index of caption t's image. Image retrieval (IR): each text
     queries all images; a hit when its own image ranks within K. Text retrieval (TR): each
     image queries all texts; a hit when any of its own captions ranks within K. Each query's
     rank is computed from its own row/column (the reference code's IR counts from the wrong
     column; we do not reproduce that).
+
+    Ties: the standard evaluation sorts (topk) and so breaks ties by an arbitrary order; we
+    score the expectation of that over a uniformly random order, so a model that gives every
+    pair one score gets chance, R@K = K/N for IR (and 1 - C(N-c, K)/C(N, K) for TR, an
+    image with c captions among N texts) — not 100 (ties for the model, counting only
+    strictly higher scores) nor 0 (ties against it). Untied scores rank as before.
     """
     scores = np.asarray(scores, dtype=np.float64)
     t2i = np.asarray(text_to_image)
@@ -117,21 +124,40 @@ def retrieval_recall(scores: np.ndarray, text_to_image: Sequence[int],
     if t2i.shape != (n_txt,):
         raise ValueError(f"retrieval_recall: text_to_image has {t2i.shape[0]} entries, "
                          f"scores has {n_txt} texts")
-    # IR: rank of the true image = number of images scoring strictly higher
+    # IR: the true image sits uniformly among its ties, after the images scoring higher
     true = scores[np.arange(n_txt), t2i]
-    ir_rank = (scores > true[:, None]).sum(1)
-    # TR: for each image, best rank among its captions
-    tr_rank = np.full(n_img, np.iinfo(np.int64).max)
-    order = np.argsort(-scores, axis=0, kind="stable")  # per image column: texts by score
-    rank_of_text = np.empty_like(order)
-    rank_of_text[order, np.arange(n_img)[None, :]] = np.arange(n_txt)[:, None]
-    for t, i in enumerate(t2i):
-        tr_rank[i] = min(tr_rank[i], rank_of_text[t, i])
-    has_caption = tr_rank < np.iinfo(np.int64).max
+    above = (scores > true[:, None]).sum(1)
+    tied = (scores == true[:, None]).sum(1)            # including the true image
+    # TR: per image, the group of texts tied at its best own caption's score
+    tr_above, tr_tied, tr_own = [], [], []
+    for i in range(n_img):
+        own = t2i == i
+        if not own.any():
+            continue
+        column = scores[:, i]
+        best = column[own].max()
+        tr_above.append(int((column > best).sum()))
+        tr_tied.append(int((column == best).sum()))
+        tr_own.append(int((column[own] == best).sum()))
     out = {}
     for k in ks:
-        out[f"ir_r{k}"] = 100.0 * float((ir_rank < k).mean())
-        out[f"tr_r{k}"] = 100.0 * float((tr_rank[has_caption] < k).mean())
+        ir_hit = np.clip(k - above, 0, tied) / tied
+        tr_hit = [hit_in_tied_group(k - a, m, j) for a, m, j in zip(tr_above, tr_tied, tr_own)]
+        out[f"ir_r{k}"] = 100.0 * float(ir_hit.mean())
+        out[f"tr_r{k}"] = 100.0 * float(np.mean(tr_hit))
     out["ir_mean"] = float(np.mean([out[f"ir_r{k}"] for k in ks]))
     out["tr_mean"] = float(np.mean([out[f"tr_r{k}"] for k in ks]))
     return out
+
+
+def hit_in_tied_group(slots: int, tied: int, own: int) -> float:
+    """P(at least one of ``own`` items lands in the first ``slots`` places of a uniformly
+    shuffled group of ``tied``) = 1 - C(tied - own, slots) / C(tied, slots)."""
+    if slots <= 0:
+        return 0.0
+    if slots >= tied:
+        return 1.0
+    miss = 1.0
+    for t in range(own):   # all own items among the tied - slots places left out
+        miss *= max(tied - slots - t, 0) / (tied - t)
+    return 1.0 - miss

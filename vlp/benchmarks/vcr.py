@@ -14,6 +14,7 @@ from vlp.datasets.downstream.vcr import VcrData
 from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head, extend_for, layout_types
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
+from vlp.benchmarks.accuracy import expected_hits
 from vlp.benchmarks.registry import register
 
 STAGES = {"both": ("q2a", "qa2r"), "q2a": ("q2a",), "qa2r": ("qa2r",)}
@@ -55,16 +56,18 @@ class Vcr(Benchmark):
         if q2a is None:
             return None
         a, r = q2a.argmax(1), qa2r.argmax(1)
-        metrics = vcr_scores(a, data.answer_labels, r, data.rationale_labels)
+        metrics = vcr_scores(q2a, data.answer_labels, qa2r, data.rationale_labels)
         return EvalResult(metrics, [{"id": i, "answer": int(x), "rationale": int(y)}
                                     for i, x, y in zip(data.column("id"), a, r)])
 
 
-def vcr_scores(answer_pred: Sequence[int], answer_label: Sequence[int],
-               rationale_pred: Sequence[int], rationale_label: Sequence[int]) -> dict[str, float]:
-    """VCR: Q→A, QA→R (the rationale given the right answer) and the holistic Q→AR (both
-    right)."""
-    qa = np.asarray(answer_pred) == np.asarray(answer_label)
-    qar_r = np.asarray(rationale_pred) == np.asarray(rationale_label)
+def vcr_scores(answer_scores: np.ndarray, answer_label: Sequence[int],
+               rationale_scores: np.ndarray, rationale_label: Sequence[int]) -> dict[str, float]:
+    """VCR from the choice scores [rows, 4] of each stage: Q→A, QA→R (the rationale given the
+    right answer) and the holistic Q→AR (both right). Ties are broken at random, each stage
+    on its own, so a row's Q→AR credit is the product of its two stages' expected hits
+    (``vlp.benchmarks.accuracy``)."""
+    qa = expected_hits(answer_scores, answer_label)
+    qar_r = expected_hits(rationale_scores, rationale_label)
     return {"q2a": 100.0 * float(qa.mean()), "qa2r": 100.0 * float(qar_r.mean()),
-            "q2ar": 100.0 * float((qa & qar_r).mean())}
+            "q2ar": 100.0 * float((qa * qar_r).mean())}

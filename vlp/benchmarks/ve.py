@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vlp.datasets.downstream.ve import VeData
 from vlp.models.heads import build_head
-from vlp.benchmarks.accuracy import accuracy
+from vlp.benchmarks.accuracy import expected_accuracy
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size, layer_norm_eps
 from vlp.benchmarks.registry import register
 
@@ -32,6 +32,6 @@ class Ve(Benchmark):
         if logits is None:
             return None
         pred = logits.argmax(1)
-        return EvalResult({"ve_acc": accuracy(pred, data.labels)},
+        return EvalResult({"ve_acc": expected_accuracy(logits, data.labels)},
                           [{"id": i, "label": VeData.classes[p]}
                            for i, p in zip(data.column("id"), pred)])

@@ -21,6 +21,7 @@ from vlp.models.heads import build_head
 from vlp.contract.config_loader import ConfigModel
 from vlp.benchmarks.base import (Benchmark, BenchmarkContext, EvalResult, TrainDefaults,
                                  hidden_size, layer_norm_eps)
+from vlp.benchmarks.accuracy import tied_maxima
 from vlp.benchmarks.registry import register
 
 
@@ -81,7 +82,7 @@ class Vqa(Benchmark):
             return None
         answers = [data.vocab.answers[i] for i in logits.argmax(1)]
         qids = data.column("question_id")
-        score = vqa_score(answers, data.answers)
+        score = expected_vqa_score(logits, data.vocab.answers, data.answers)
         return EvalResult({"vqa_score": score, "answer_coverage": 100 * data.coverage},
                           [{"question_id": q, "answer": a} for q, a in zip(qids, answers)])
 
@@ -129,3 +130,25 @@ def vqa_score(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -> f
     if len(predictions) != len(answers):
         raise ValueError(f"vqa_score: {len(predictions)} predictions for {len(answers)} questions")
     return 100.0 * float(np.mean([vqa_accuracy(p, a) for p, a in zip(predictions, answers)]))
+
+
+def expected_vqa_score(logits: np.ndarray, vocab: Sequence[str],
+                       answers: Sequence[Sequence[str]]) -> float:
+    """Mean official VQA accuracy in percent of the argmax answer of ``logits`` [questions,
+    vocab], ties broken at random (``vlp.benchmarks.accuracy``): a question's credit is the
+    mean accuracy of its tied best answers. Only answers an annotator gave earn anything, so
+    each question sums over its (at most 10) distinct annotator answers, not the vocabulary."""
+    best = tied_maxima(logits)
+    if len(best) != len(answers) or best.shape[1] != len(vocab):
+        raise ValueError(f"expected_vqa_score: logits {best.shape} for {len(answers)} "
+                         f"questions and {len(vocab)} answers")
+    columns: dict[str, list[int]] = {}
+    for i, a in enumerate(vocab):
+        columns.setdefault(normalize_vqa_answer(a), []).append(i)
+    credit = np.zeros(len(answers))
+    for k, gts in enumerate(answers):
+        for given in {normalize_vqa_answer(a) for a in gts}:
+            tied = int(best[k, columns.get(given, [])].sum())
+            if tied:
+                credit[k] += tied * vqa_accuracy(given, gts)
+    return 100.0 * float((credit / best.sum(1)).mean())

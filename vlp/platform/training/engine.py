@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from vlp.platform.training.cpu_precision import check_cpu_precision
 from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
 from vlp.platform.training.lr_schedule import WarmupLinearDecay, schedule_for  # noqa: F401
@@ -273,6 +274,9 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
 
     ds_logger.setLevel(logging.WARNING)
     configure_device(cfg, device)
+    on_cpu = device.type == "cpu" if device is not None else not torch.cuda.is_available()
+    if on_cpu:
+        check_cpu_precision(resolve_precision(cfg, device))
     schedule = schedule_for(cfg.optimizer, stage_steps)   # both optimizers' (SOHO's too)
     n_params = sum(p.numel() for p in model.parameters())
     ds_config = deepspeed_config(cfg, world_size, device=device, num_parameters=n_params)
