@@ -24,6 +24,9 @@ from vlp.platform.extract.image_sources import ImageRef, image_refs, images_in, 
 from vlp.platform.extract.shard_sink import ExistingShards, ShardSink, extract_record
 
 
+MAX_BLOCKS = 2000
+
+
 @dataclass
 class ExtractOptions:
     images: str | None
@@ -135,8 +138,9 @@ def build_dataset(p: ExtractPlan):
 
     o = p.options
     items = [{"image_id": r.image_id, "location": r.location} for r in p.todo]
-    # enough blocks that every decode task and actor has work from the start
-    blocks = max(1, min(len(items), (len(items) + o.batch_size - 1) // o.batch_size))
+    # enough blocks that every decode task and actor has work from the start, few enough
+    # that a million-image listing does not become a million scheduler entries
+    blocks = max(1, min(MAX_BLOCKS, (len(items) + o.batch_size - 1) // o.batch_size))
     ds = ray.data.from_items(items, override_num_blocks=blocks)
     ds = ds.map_batches(PrepareImages(o.model, o.settings), batch_size=o.batch_size,
                         batch_format="numpy", num_cpus=1)
