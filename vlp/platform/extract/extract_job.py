@@ -159,10 +159,16 @@ class ExtractReport:
     failed: list[str] = field(default_factory=list)
     shards: int = 0
     seconds: float = 0.0
+    steady_images: int = 0        # images after the first result (actors up and warm)
+    steady_seconds: float = 0.0   # first result → last result
 
     @property
     def images_per_s(self) -> float:
         return self.written / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_images_per_s(self) -> float:
+        return self.steady_images / self.steady_seconds if self.steady_seconds > 0 else 0.0
 
 
 class _Progress:
@@ -192,8 +198,10 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
                      o.images_per_shard)
     progress = _Progress(len(p.todo), progress_every_s)
     if p.todo:
-        done = 0
+        done, first_at, first_done = 0, None, 0
         for batch in build_dataset(p).iter_batches(batch_size=None, batch_format="pyarrow"):
+            if first_at is None:
+                first_at, first_done = time.perf_counter(), batch.num_rows
             for row in batch.to_pylist():
                 done += 1
                 if row["error"]:
@@ -205,6 +213,8 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
                 else:
                     report.written += 1
             progress.update(done)
+        report.steady_images = done - first_done
+        report.steady_seconds = time.perf_counter() - first_at
     report.seconds = time.perf_counter() - start
     sink.finish(extract_record([o.images or o.image_list], {
         "images": report.written, "skipped": report.skipped, "failed": len(report.failed)},
