@@ -172,8 +172,8 @@ class ExtractReport:
 
 
 class _Progress:
-    def __init__(self, total: int, every_s: float = 10.0, stream=sys.stderr):
-        self.total, self.every_s, self.stream = total, every_s, stream
+    def __init__(self, total: int, every_s: float = 10.0):
+        self.total, self.every_s = total, every_s
         self.start = self.last = time.perf_counter()
 
     def update(self, done: int) -> None:
@@ -184,7 +184,7 @@ class _Progress:
         rate = done / max(now - self.start, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else float("inf")
         print(f"extract: {done}/{self.total} images, {rate:.2f} images/s, ETA "
-              f"{eta / 60:.1f} min", file=self.stream, flush=True)
+              f"{eta / 60:.1f} min", file=sys.stderr, flush=True)
 
 
 def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
