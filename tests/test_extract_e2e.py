@@ -69,6 +69,7 @@ def test_images_to_pretrained_and_finetuned_model(ray_local, tiny_world, tmp_pat
     cfg["data"]["sources"] = {"coco": {"path": str(out / "images" / "downstream")}}
     cfg["tasks"] = {"itm": 1, "mlm": 1, "mrfr": 1}   # grid features have no soft labels
     cfg["scaling"]["num_workers"] = 1
+    cfg["optimizer"]["warmup_steps"] = 1
     cfg_file = tmp_path / "pretrain.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
     runs = tmp_path / "runs"

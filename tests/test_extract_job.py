@@ -77,3 +77,30 @@ def test_extract_writes_validated_shards_reports_bad_images_and_resumes(ray_loca
     assert main(args[:-len(GRID)] + GRID[:2] + ["--grid", "5", "--short-side", "64",
                                                 "--long-side", "96"]) == 2
     assert "holds features of 'grid-tiny'" in capsys.readouterr().err
+
+
+def test_butd_tiny_through_the_job(ray_local, tmp_path, capsys):
+    """The detector family through the same job (runs once vlp.models.vision.detection.butd,
+    the detector's own area, is in the tree): regions within the box limits, soft labels
+    summing to 1, the whole-image feature, shards that validate."""
+    import pytest
+    pytest.importorskip("vlp.models.vision.detection.butd")
+    from vlp.cli import main
+    from vlp.datasets.storage.shards import decode_features, list_shards, read_image_shard
+
+    imgs, out = _images(tmp_path / "imgs"), tmp_path / "world"
+    (imgs / "truncated.jpg").unlink()
+    (imgs / "notes.png").unlink()
+    assert main(["data", "extract", "--images", str(imgs), "--model", "butd-tiny",
+                 "--source", "coco", "--out", str(out), "--short-side", "96",
+                 "--long-side", "128", "--min-boxes", "2", "--max-boxes", "6",
+                 "--workers", "2", "--batch-size", "2"]) == 0
+    assert "5 images written" in capsys.readouterr().out
+    assert main(["data", "validate", str(out)]) == 0
+    for f in list_shards(out / "images" / "coco"):
+        table, info = read_image_shard(f)
+        assert info.feature_extractor == "butd-tiny" and info.num_classes
+        for row in table.to_pylist():
+            assert 2 <= row["num_boxes"] <= 6 and row["image_feature"] is not None
+            soft = decode_features(row["soft_labels"], info.num_classes).astype(np.float32)
+            np.testing.assert_allclose(soft.sum(1), 1.0, atol=1e-2)

@@ -24,6 +24,9 @@ from vlp.platform.extract.image_sources import ImageRef, image_refs, images_in, 
 from vlp.platform.extract.shard_sink import ExistingShards, ShardSink, extract_record
 
 
+MAX_BLOCKS = 2000
+
+
 @dataclass
 class ExtractOptions:
     images: str | None
@@ -135,8 +138,9 @@ def build_dataset(p: ExtractPlan):
 
     o = p.options
     items = [{"image_id": r.image_id, "location": r.location} for r in p.todo]
-    # enough blocks that every decode task and actor has work from the start
-    blocks = max(1, min(len(items), (len(items) + o.batch_size - 1) // o.batch_size))
+    # enough blocks that every decode task and actor has work from the start, few enough
+    # that a million-image listing does not become a million scheduler entries
+    blocks = max(1, min(MAX_BLOCKS, (len(items) + o.batch_size - 1) // o.batch_size))
     ds = ray.data.from_items(items, override_num_blocks=blocks)
     ds = ds.map_batches(PrepareImages(o.model, o.settings), batch_size=o.batch_size,
                         batch_format="numpy", num_cpus=1)
@@ -155,15 +159,21 @@ class ExtractReport:
     failed: list[str] = field(default_factory=list)
     shards: int = 0
     seconds: float = 0.0
+    steady_images: int = 0        # images after the first result (actors up and warm)
+    steady_seconds: float = 0.0   # first result → last result
 
     @property
     def images_per_s(self) -> float:
         return self.written / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def steady_images_per_s(self) -> float:
+        return self.steady_images / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
 
 class _Progress:
-    def __init__(self, total: int, every_s: float = 10.0, stream=sys.stderr):
-        self.total, self.every_s, self.stream = total, every_s, stream
+    def __init__(self, total: int, every_s: float = 10.0):
+        self.total, self.every_s = total, every_s
         self.start = self.last = time.perf_counter()
 
     def update(self, done: int) -> None:
@@ -174,7 +184,7 @@ class _Progress:
         rate = done / max(now - self.start, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else float("inf")
         print(f"extract: {done}/{self.total} images, {rate:.2f} images/s, ETA "
-              f"{eta / 60:.1f} min", file=self.stream, flush=True)
+              f"{eta / 60:.1f} min", file=sys.stderr, flush=True)
 
 
 def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
@@ -188,8 +198,10 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
                      o.images_per_shard)
     progress = _Progress(len(p.todo), progress_every_s)
     if p.todo:
-        done = 0
+        done, first_at, first_done = 0, None, 0
         for batch in build_dataset(p).iter_batches(batch_size=None, batch_format="pyarrow"):
+            if first_at is None:
+                first_at, first_done = time.perf_counter(), batch.num_rows
             for row in batch.to_pylist():
                 done += 1
                 if row["error"]:
@@ -201,6 +213,8 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
                 else:
                     report.written += 1
             progress.update(done)
+        report.steady_images = done - first_done
+        report.steady_seconds = time.perf_counter() - first_at
     report.seconds = time.perf_counter() - start
     sink.finish(extract_record([o.images or o.image_list], {
         "images": report.written, "skipped": report.skipped, "failed": len(report.failed)},

@@ -73,6 +73,10 @@ class ShardSink:
             self.writer.num_classes = existing.info.num_classes
         self.pending = 0
         self.shards_written = 0
+        # rows per shard file, read once: the manifest is rewritten after every shard, and
+        # re-reading every footer each time would grow quadratically over a long run
+        self.file_rows = {Path(f).relative_to(self.out).as_posix(): shard_info(f).num_rows
+                          for f in existing.files}
 
     def add(self, row: dict, location: str) -> str | None:
         from vlp.datasets.importers.import_error import InputFormatError
@@ -93,6 +97,8 @@ class ShardSink:
         before = len(self.writer.written)
         self.writer.close()
         self.pending = 0
+        for info in self.writer.written[before:]:
+            self.file_rows[Path(info.path).relative_to(self.out).as_posix()] = info.num_rows
         self.shards_written += len(self.writer.written) - before
         self._update_manifest(log=None)
 
@@ -101,18 +107,17 @@ class ShardSink:
         self._update_manifest(log=log)
 
     def _update_manifest(self, log: dict | None) -> None:
-        files = list_shards(self.folder)
-        if not files:
+        if not self.file_rows:
             return
-        dim = self.writer.feature_dim or shard_info(files[0]).feature_dim
-        classes = self.writer.num_classes or shard_info(files[0]).num_classes or 0
+        dim = self.writer.feature_dim
+        classes = self.writer.num_classes or 0
         names = class_names(classes, None)
         by_split: dict[str, list[str]] = {}
         per_split: dict[str, int] = {}
-        for f in files:
-            split = Path(f).name.split("-")[0]
-            by_split.setdefault(split, []).append(Path(f).relative_to(self.out).as_posix())
-            per_split[split] = per_split.get(split, 0) + shard_info(f).num_rows
+        for rel, rows in sorted(self.file_rows.items()):
+            split = Path(rel).name.split("-")[0]
+            by_split.setdefault(split, []).append(rel)
+            per_split[split] = per_split.get(split, 0) + rows
         source, extractor = self.source, self.extractor
 
         def change(world) -> None:
