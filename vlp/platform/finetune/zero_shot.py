@@ -47,6 +47,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
 
     from vlp.platform.finetune.run import with_tracking_env
     from vlp.platform.tracking.choice import check_tracking_shared
+    from vlp.platform.tracking.mlflow_run import check_reachable
 
     cfg = with_tracking_env(cfg.resolved_paths())
     bad = [b for b in cfg.benchmarks if b not in ZERO_SHOT_BENCHMARKS]
@@ -57,7 +58,9 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
         raise ValueError("zero-shot evaluation needs a pretrained checkpoint (--checkpoint)")
     prepared = prepare(cfg)
     storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
-    storage.create_root()
+    if cfg.mlflow.enabled and cfg.mlflow.tracking_uri:
+        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+    storage.create_root()             # every check has passed: a bad input writes nothing
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
     run_storage.check_shared(storage)      # needs the cluster's node count
     parent = None
