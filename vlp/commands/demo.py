@@ -137,7 +137,7 @@ def pretraining_verdict(board) -> str:
     none = next((r for r in board.rows if r.tasks == "None" and r.meta_sum is not None), None)
     pre = [r for r in board.rows if r.meta_sum is not None and _pretrained(r)]
     pointer = (f"a real gap needs more pretraining than the demo's budget: {CALIBRATION} "
-               f"(~75 min on 2 cores; README, Measured figures)")
+               f"(~75 min on 2 cores; docs/benchmarks.md)")
     if none is not None and not pre:
         stopped = [r for r in board.rows if r.state == "stopped" and _pretrained(r)
                    and r.score is not None]
