@@ -52,9 +52,16 @@ def meta_sum_values(board: Leaderboard) -> tuple[dict[str, float], str]:
             f"benchmarks leave the other Meta-Sum parts out")
 
 
+def point_view_at(client: Any, parent_run_id: str) -> None:
+    """Make the experiment's leaderboard view this sweep's (when the sweep starts: a user who
+    opens the UI mid-sweep sees its trials, finished ones ranked)."""
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    client.set_experiment_tag(experiment_id, VIEW_TAG, json.dumps(view_state(parent_run_id)))
+
+
 def publish_view(tracking_uri: str, board: Leaderboard) -> None:
-    """Log ``Meta-Sum`` on the trial runs and point the experiment's leaderboard view at this
-    sweep."""
+    """Log ``Meta-Sum`` on the trial runs (the lines' means) and point the experiment's
+    leaderboard view at this sweep."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -62,9 +69,7 @@ def publish_view(tracking_uri: str, board: Leaderboard) -> None:
     for run_id, value in values.items():
         client.log_metric(run_id, META_SUM_COLUMN, value)
     client.set_tag(board.parent_run_id, "vlp.meta_sum_column", meaning)
-    experiment_id = client.get_run(board.parent_run_id).info.experiment_id
-    client.set_experiment_tag(experiment_id, VIEW_TAG,
-                              json.dumps(view_state(board.parent_run_id)))
+    point_view_at(client, board.parent_run_id)
 
 
 def view_url(server: str, experiment_id: str) -> str:
