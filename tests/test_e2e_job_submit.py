@@ -186,26 +186,21 @@ def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job):
     assert client.list_artifacts(below["t002-ft-retrieval"].info.run_id, "predictions")
 
 
-def test_mlflow_ui_shows_the_experiments_runs(sweep_job, chromium, tmp_path):
-    """The runs table as a user sees it after clicking "Model training" (MLflow 3 opens an
-    experiment on its GenAI overview by default) and "Group by: vlp.job" (nested runs are
-    folded under their parent otherwise). The view comes from MLflow's own "share view"
-    mechanism: an experiment tag holding the view state, named in the URL."""
+def test_mlflow_ui_shows_the_leaderboard(sweep_job, chromium, tmp_path):
+    """The MLflow UI as a user opens it from `vlp ui`'s leaderboard link: the view the sweep
+    saved on its experiment (MLflow's "share view" state: an experiment tag named in the
+    URL) shows its trials under a Meta-Sum column, best first."""
     from mlflow.tracking import MlflowClient
+
+    from vlp.platform.tracking.leaderboard_view import META_SUM_COLUMN, leaderboard_url
 
     uri, _ = sweep_job
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("vlp-sweep")
-    view = {"orderByKey": "attributes.start_time", "orderByAsc": True,
-            "selectedColumns": ["metrics.`score`", "metrics.`ir`", "metrics.`tr`",
-                                "metrics.`pretrain_loss`", "tags.`mix`"],
-            "groupBy": {"aggregateFunction": "average",
-                        "groupByKeys": [{"mode": "tag", "groupByData": "vlp.job"}]},
-            "groupsExpanded": {}}
-    client.set_experiment_tag(exp.experiment_id, "mlflow.sharedViewState.vlp-e2e",
-                              json.dumps(view))
-    url = (f"{uri}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
-           f"&viewStateShareKey=vlp-e2e")
+    trials = client.search_runs([exp.experiment_id], "tags.`vlp.job` = 'sweep-trial'")
+    ranked = sorted(trials, key=lambda t: -t.data.metrics[META_SUM_COLUMN])
+    url = leaderboard_url(uri, uri)
+    assert url is not None and url.startswith(f"{uri}/#/experiments/{exp.experiment_id}/runs")
     png = tmp_path / "mlflow-ui.png"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -217,9 +212,16 @@ def test_mlflow_ui_shows_the_experiments_runs(sweep_job, chromium, tmp_path):
 
     dom = browse("profile-dom", "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-3000:]
-    # the JS app rendered every run (not a spinner, not the GenAI overview)
-    for name in (SWEEP, "t001 None", "t002-pretrain", "t001-ft-retrieval", "t002-ft-retrieval"):
-        assert name in dom.stdout, f"{name!r} not in the rendered page"
+    # the JS app rendered the leaderboard (not a spinner, not the GenAI overview): the
+    # Meta-Sum column, and the trials in its order, the best first
+    page = dom.stdout
+    assert META_SUM_COLUMN in page, "no Meta-Sum column in the rendered page"
+    for t in ranked:
+        assert t.info.run_name in page, f"{t.info.run_name!r} not in the rendered page"
+    for better, worse in zip(ranked, ranked[1:]):     # a tie may show in either order
+        if better.data.metrics[META_SUM_COLUMN] > worse.data.metrics[META_SUM_COLUMN]:
+            assert page.index(better.info.run_name) < page.index(worse.info.run_name), \
+                f"{better.info.run_name!r} (the higher Meta-Sum) is not above {worse.info.run_name!r}"
     shot = browse("profile-shot", f"--screenshot={png}")
     assert shot.returncode == 0 and png.is_file(), shot.stderr[-3000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000

@@ -114,3 +114,49 @@ def test_ui_binds_localhost_and_keeps_artifacts_out_of_the_cwd(tmp_path):
     assert cmd[cmd.index("--backend-store-uri") + 1] == uri
     assert cmd[cmd.index("--default-artifact-root") + 1] == (tmp_path / "mlartifacts").as_uri()
     assert f"vlp ui --run-dir {tmp_path}" in ui_hint(uri)
+
+
+def test_the_mlflow_ui_leaderboard_view(store):
+    """After a sweep the experiment's shared view is its leaderboard: its trials, sorted by a
+    metric named Meta-Sum (the line's value, two decimals), the parts and the mix as
+    columns; `vlp ui` prints the URL that opens it."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from vlp.platform.tracking.leaderboard_view import VIEW_TAG, leaderboard_url
+
+    uri, parent = store
+    log_leaderboard(uri, load_leaderboard(uri, parent.run_id))
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vlp-sweep")
+    view = json.loads(exp.tags[VIEW_TAG])
+    assert view["orderByKey"] == "metrics.`Meta-Sum`" and view["orderByAsc"] is False
+    assert view["selectedColumns"][:6] == ["metrics.`Meta-Sum`", "metrics.`vqa`",
+                                           "metrics.`ir`", "metrics.`tr`", "metrics.`nlvr2`",
+                                           "metrics.`refcoco_plus`"]
+    assert "tags.`mix`" in view["selectedColumns"]
+    # the view's own filter and sort, run through MLflow's search: the best line first
+    runs = client.search_runs([exp.experiment_id], view["searchFilter"],
+                              order_by=["metrics.`Meta-Sum` DESC"])
+    assert [r.data.tags["vlp.sweep.trial"] for r in runs][:2] == ["t002", "t001"]
+    assert runs[0].data.metrics["Meta-Sum"] == 275.75
+    assert runs[1].data.metrics["Meta-Sum"] == round(sum(PARTS.values()) - 100, 2)
+    assert "Meta-Sum" not in runs[2].data.metrics        # t003: stopped before Meta-Sum
+    assert leaderboard_url("http://127.0.0.1:5000", uri) == (
+        f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?"
+        f"workflowType=machine_learning&viewStateShareKey=vlp-leaderboard")
+
+
+def test_a_partial_sweeps_view_sums_the_parts_it_scores(store):
+    from vlp.platform.tracking.leaderboard_view import meta_sum_values
+
+    uri, parent = store
+    board = load_leaderboard(uri, parent.run_id)
+    for r in board.rows:          # a sweep whose benchmarks leave Meta-Sum parts out
+        r.meta_sum = None
+    values, meaning = meta_sum_values(board)
+    by_trial = {r.trial: values.get(r.run_id) for r in board.rows}
+    assert by_trial == {"t002": round(sum(PARTS.values()), 2), "t001": 1.0, "t003": None,
+                        "t004": None}
+    assert meaning.startswith("the sum of the parts this sweep scores (VQA + IR + TR")

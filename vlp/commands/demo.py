@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out).resolve()
     world = out / "world"
+    # the sweep's config (--set, --trials) is checked before the world is written: a bad
+    # option leaves nothing behind
+    cfg = None if args.no_sweep else sweep_config(args, out, world)
     start = time.perf_counter()
     steps = 2 if args.no_sweep else 3
     print(f"[demo 1/{steps}] synthetic world ({args.scale}, seed {args.seed}) → {world}",
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"[demo 3/3] task-mix sweep ({Path(args.config).name}) on local Ray; MLflow in {out}",
           flush=True)
-    status = sweep(args, out, world)
+    status = sweep(args, cfg)
     total = time.perf_counter() - start
     print(f"\ndemo finished in {total:.0f}s (world {t_world:.0f}s, audit {t_audit:.0f}s, sweep "
           f"{total - t_world - t_audit:.0f}s)")
@@ -91,16 +94,22 @@ def make_world(world: Path, scale: str, seed: int) -> None:
         generate_world(world, scale=scale, seed=seed, overwrite=world.exists(), progress=True)
 
 
-def sweep(args: argparse.Namespace, out: Path, world: Path) -> int:
+def sweep_config(args: argparse.Namespace, out: Path, world: Path):
+    """The demo's sweep config, validated (the world it names need not exist yet)."""
+    from vlp.platform.sweep import load_sweep_config
+
+    overrides = [f"world={world}", f"sweep.output_dir={out}", f"sweep.seed={args.seed}"]
+    if args.trials is not None:
+        overrides.append(f"sweep.num_samples={args.trials}")
+    return load_sweep_config(args.config, overrides + list(args.set))
+
+
+def sweep(args: argparse.Namespace, cfg) -> int:
     from vlp.commands.sweep import report
     from vlp.platform.cluster import console
-    from vlp.platform.sweep import load_sweep_config, run_sweep
+    from vlp.platform.sweep import run_sweep
 
     console.configure(quiet=not args.verbose)
-    overrides = [f"world={world}", f"sweep.output_dir={out}", f"sweep.seed={args.seed}"]
-    if args.trials:
-        overrides.append(f"sweep.num_samples={args.trials}")
-    cfg = load_sweep_config(args.config, overrides + list(args.set))
     if args.fresh:
         from vlp.platform.cluster.run_storage import open_location
 
@@ -128,7 +137,7 @@ def pretraining_verdict(board) -> str:
     none = next((r for r in board.rows if r.tasks == "None" and r.meta_sum is not None), None)
     pre = [r for r in board.rows if r.meta_sum is not None and _pretrained(r)]
     pointer = (f"a real gap needs more pretraining than the demo's budget: {CALIBRATION} "
-               f"(~75 min on 2 cores; README, Measured figures)")
+               f"(~75 min on 2 cores; docs/benchmarks.md)")
     if none is not None and not pre:
         stopped = [r for r in board.rows if r.state == "stopped" and _pretrained(r)
                    and r.score is not None]

@@ -114,10 +114,13 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_finetune_config(args.config, overrides(args))
     console.configure(quiet=not getattr(args, "verbose", False))   # jobs/finetune.py: no flag
-    ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
-                             / f"{cfg.run.name}-{console.RAY_LOG}")
-    if ray_log is not None:
-        print(f"[vlp finetune] Ray's own output → {ray_log} (--verbose prints it here)")
-    report = run_finetune(cfg)
+
+    def name_ray_log() -> None:     # once the checks have passed: a bad input writes nothing
+        ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
+                                 / f"{cfg.run.name}-{console.RAY_LOG}")
+        if ray_log is not None:
+            print(f"[vlp finetune] Ray's own output → {ray_log} (--verbose prints it here)")
+
+    report = run_finetune(cfg, before_ray=name_ray_log)
     print("\n".join(report.lines()))
     return 0

@@ -117,10 +117,6 @@ def _run(args: argparse.Namespace) -> int:
     from vlp.platform.cluster import console
 
     console.configure(quiet=not getattr(args, "verbose", False))
-    ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
-                             / cfg.run.name / console.RAY_LOG)
-    if ray_log is not None:
-        print(f"[vlp pretrain] Ray's own output → {ray_log} (--verbose prints it here)")
     result = pretrain(cfg, parent_run_id=args.parent_run_id, start_ray=lambda: start_ray(cfg))
     print("\n".join(result_lines(result)))
     return 0 if result.completed or cfg.train.stop_after else 1
@@ -132,8 +128,14 @@ def start_ray(cfg) -> None:
     bars off (our progress lines report throughput)."""
     import ray.data
 
+    from vlp.platform.cluster import console
     from vlp.platform.cluster.ray_session import ensure_ray
 
+    # named here, once every check has passed: a bad input writes nothing
+    ray_log = console.log_to(console.log_folder(cfg.run.storage, cfg.run.output_dir)
+                             / cfg.run.name / console.RAY_LOG)
+    if ray_log is not None:
+        print(f"[vlp pretrain] Ray's own output → {ray_log} (--verbose prints it here)")
     ray.data.DataContext.get_current().enable_progress_bars = False
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
 

@@ -24,13 +24,25 @@ def register(sub) -> None:
 def ui_hint(tracking_uri: str) -> str:
     """How to open the UI for a store, as one line."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"MLflow UI: {tracking_uri}"
+        url = _leaderboard(tracking_uri, tracking_uri)
+        return f"MLflow UI: {tracking_uri}" + (f"   leaderboard: {url}" if url else "")
     if tracking_uri.startswith("sqlite:///"):
         from pathlib import Path
 
         folder = Path(tracking_uri[len("sqlite:///"):]).parent
         return f"open the MLflow UI: vlp ui --run-dir {folder}   (serves http://127.0.0.1:5000)"
     return f"open the MLflow UI: vlp ui --tracking-uri {tracking_uri}"
+
+
+def _leaderboard(server: str, tracking_uri: str) -> str | None:
+    """The leaderboard view's URL (the latest sweep's experiment), None when there is none
+    or the store cannot be read."""
+    from vlp.platform.tracking.leaderboard_view import leaderboard_url
+
+    try:
+        return leaderboard_url(server, tracking_uri)
+    except Exception:           # a hint: never the reason a command fails
+        return None
 
 
 def server_command(tracking_uri: str, host: str, port: int) -> list[str]:
@@ -79,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             except OSError:
                 time.sleep(0.5)
         print(f"MLflow UI: {url}   (store {uri}; Ctrl-C stops it)", flush=True)
+        board = _leaderboard(url, uri)
+        if board:
+            print(f"leaderboard (the latest sweep's trials by Meta-Sum): {board}", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         return 0

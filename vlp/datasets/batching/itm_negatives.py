@@ -13,7 +13,7 @@ any donor whose new pair fits the batch's longest row (counted in ``length_misma
 
 Why it matters: when donors were only required to *fit* the row, swapped-in texts and images
 were shorter than average, and a model shown no image at all could tell negatives from their
-lengths (README, Measured figures: "ITM from lengths alone").
+lengths (docs/benchmarks.md: "ITM from lengths alone").
 """
 
 from __future__ import annotations

@@ -55,17 +55,38 @@ def refuse_existing(path: Path, overwrite: bool) -> None:
         raise FileExistsError(f"{path} already exists; pass --overwrite to replace it")
 
 
+def make_parents(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; the folders it created, outermost first (``remove_made`` takes
+    them away again when the import fails: a bad input leaves no empty OUT/images/ behind)."""
+    missing = []
+    for p in [Path(folder), *Path(folder).parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def remove_made(made: list[Path]) -> None:
+    for p in reversed(made):
+        try:
+            p.rmdir()                   # only when empty: another import may have written
+        except OSError:
+            break
+
+
 @contextlib.contextmanager
 def staged_folder(final: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty hidden folder; on success it replaces ``final`` in one rename."""
     final = Path(final)
     refuse_existing(final, overwrite)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    made = make_parents(final.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        remove_made(made)
         raise
     old = None
     if final.exists():
@@ -85,10 +106,15 @@ def staged_files(targets: list[Path], overwrite: bool) -> Iterator[list[Path]]:
     if len(set(map(str, targets))) != len(targets):
         raise ValueError(f"two outputs would have the same name: {sorted(map(str, targets))}")
     parent = Path(targets[0]).parent if targets else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
+    made = make_parents(parent)
     staging = Path(tempfile.mkdtemp(prefix=".import.partial-", dir=parent))
     try:
         yield [staging / f"{i}-{Path(t).name}" for i, t in enumerate(targets)]
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        remove_made(made)
+        raise
+    try:
         for i, t in enumerate(targets):
             Path(t).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / f"{i}-{Path(t).name}", t)

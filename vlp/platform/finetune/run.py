@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from vlp.benchmarks import BenchmarkContext, get_benchmark, task_id
 from vlp.benchmarks.meta_sum import complete, meta_sum
@@ -90,26 +90,32 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
     return run_finetune(load_finetune_config(data=data, overrides=overrides))
 
 
-def run_finetune(cfg: FinetuneConfig) -> DownstreamReport:
+def run_finetune(cfg: FinetuneConfig, *,
+                 before_ray: Callable[[], None] | None = None) -> DownstreamReport:
+    """``before_ray``: called once every check has passed, just before Ray starts (the
+    command names its Ray log file there)."""
     cfg = with_tracking_env(cfg.resolved_paths())
     prepared = prepare(cfg)                        # bad inputs fail here, before Ray starts
     storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
-    storage.create_root()
     for name in cfg.benchmarks:   # every run's set-up is checked before the first starts
         steps, batch_size, lr, options = cfg.settings_for(name)
         get_benchmark(name).check(components_for(cfg, name, prepared, batch_size, options).ctx)
         problem = launch.resume_problem(loop_config(cfg, name, steps, lr, storage.root))
         if problem:
             raise ValueError(problem)
+    if cfg.mlflow.enabled and cfg.mlflow.tracking_uri:
+        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+    # every check has passed: only now is anything written (a bad input leaves no folder)
+    storage.create_root()
     parent = None
     if cfg.mlflow.enabled:
-        if cfg.mlflow.tracking_uri:
-            check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
         parent = tracking.resolve_parent(
             tracking_uri=cfg.mlflow.tracking_uri, experiment=cfg.mlflow.experiment,
             run_name=cfg.run.name, output_dir=cfg.run.output_dir,
             parent_run_id=cfg.mlflow.parent_run_id,
             checkpoint=cfg.model.checkpoint if cfg.model.init == "checkpoint" else "")
+    if before_ray is not None:
+        before_ray()
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
     span = scaling_span(cfg.scaling)       # after Ray is attached: the nodes the job spans
     run_storage.check_shared(storage, nodes=span.nodes, why=span.why)

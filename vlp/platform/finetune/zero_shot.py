@@ -48,6 +48,7 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
 
     from vlp.platform.finetune.run import with_tracking_env
     from vlp.platform.tracking.choice import check_tracking_shared
+    from vlp.platform.tracking.mlflow_run import check_reachable
 
     cfg = with_tracking_env(cfg.resolved_paths())
     bad = [b for b in cfg.benchmarks if b not in ZERO_SHOT_BENCHMARKS]
@@ -58,7 +59,9 @@ def evaluate_zero_shot(cfg: FinetuneConfig) -> dict[str, BenchmarkReport]:
         raise ValueError("zero-shot evaluation needs a pretrained checkpoint (--checkpoint)")
     prepared = prepare(cfg)
     storage = run_storage.resolve(cfg.run.storage, cfg.run.output_dir)
-    storage.create_root()
+    if cfg.mlflow.enabled and cfg.mlflow.tracking_uri:
+        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+    storage.create_root()             # every check has passed: a bad input writes nothing
     ensure_ray(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
     span = scaling_span(cfg.scaling)       # after Ray is attached: the nodes the job spans
     run_storage.check_shared(storage, nodes=span.nodes, why=span.why)

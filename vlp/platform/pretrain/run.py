@@ -113,13 +113,13 @@ def preflight(cfg: ExperimentConfig) -> None:
     """Checks that need no cluster: tracking reachable (short timeout), run storage
     writable, and a checkpoint that this run would resume fits the config. Raises with the
     cause named."""
-    storage = run_storage.open_location(cfg.run.storage)
-    storage.create_root()
-    if cfg.mlflow.enabled:
-        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
     problem = launch.resume_problem(loop_config(cfg))
     if problem:
         raise ValueError(problem)
+    if cfg.mlflow.enabled:
+        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+    # last: a command whose input fails a check leaves no folder behind
+    run_storage.open_location(cfg.run.storage).create_root()
 
 
 def run_pretraining(cfg: ExperimentConfig, components: Components, *,

@@ -43,6 +43,9 @@ def open_parent_run(cfg: SweepConfig, instance: str) -> MlflowRun:
                          artifact_location=artifact_location(cfg.mlflow.tracking_uri))
     run.log_params({k: v for k, v in flatten(cfg).items() if not k.startswith("mlflow.")})
     run.set_tags({"vlp.state": "running"})
+    from vlp.platform.tracking.leaderboard_view import point_view_at
+
+    point_view_at(run.client, run.run_id)      # the MLflow UI's leaderboard view
     return run
 
 

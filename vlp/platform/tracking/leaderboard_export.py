@@ -93,3 +93,6 @@ def log_leaderboard(tracking_uri: str, board: Leaderboard) -> None:
     client.set_tag(board.parent_run_id, "vlp.leaderboard.noise", board.noise_note()[:5000])
     client.log_metric(board.parent_run_id, "trials_completed",
                       sum(r.state == "completed" for r in board.rows))
+    from vlp.platform.tracking.leaderboard_view import publish_view
+
+    publish_view(tracking_uri, board)       # the MLflow UI's leaderboard view

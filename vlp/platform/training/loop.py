@@ -35,8 +35,8 @@ from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform.training import checkpointing, objective
 from vlp.platform.training.checkpointing import TrainerState
 from vlp.platform.training.device_peaks import device_name, peak_flops
-from vlp.platform.training.engine import (build_engine, compute_dtype, resolve_precision,
-                                          use_extensions_dir)
+from vlp.platform.training.comm_op_build import build_comm_op_once
+from vlp.platform.training.engine import build_engine, compute_dtype, resolve_precision
 from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
 from vlp.platform.training.prefetch import Prefetcher
@@ -142,7 +142,8 @@ class _Worker:
             close()
 
     def _setup(self) -> TrainerState:
-        use_extensions_dir(self.cfg.train.extensions_dir)
+        # a cold cache builds DeepSpeed's comm op here, announced and timed (once per node)
+        build_comm_op_once(self.cfg.train.extensions_dir, say=self._say_once_per_node)
         checkpointing.seed_everything(self.cfg.seed)   # identical model init on every rank
         model = self.components.build_model(self.cfg, list(self.task_ids))
         if self.cfg.train.activation_checkpointing:
@@ -376,6 +377,10 @@ class _Worker:
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
+            print(f"[vlp {self.cfg.job}] {text}", flush=True)
+
+    def _say_once_per_node(self, text: str) -> None:
+        if self.info.local_rank == 0:
             print(f"[vlp {self.cfg.job}] {text}", flush=True)
 
 
