@@ -29,6 +29,7 @@ def test_a_shipped_gpu_config_without_storage_is_refused_before_any_worker(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("pretrain failed: StorageError: run storage 'runs' is a relative "
                           "path"), err
-    assert "cannot hold the 8 worker(s)' GPU" in err and "VLP_STORAGE=s3://" in err
+    assert "cannot hold the 8 worker(s)' CPU, GPU, accelerator_type:A10G" in err, err
+    assert "VLP_STORAGE=s3://" in err
     # no Ray Train run started: it would have made the run's folder
     assert not (tmp_path / "runs" / "uniter-base-indomain").exists()
