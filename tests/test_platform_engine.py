@@ -8,7 +8,8 @@ import json
 import pytest
 
 from engine_subprocess import run_one_rank
-from vlp.platform.training.engine import WarmupLinearDecay, deepspeed_config, param_groups
+from vlp.platform.training.engine import (WarmupLinearDecay, deepspeed_config,
+                                         model_state_bytes, param_groups, zero_stage)
 from vlp.platform.pretrain.experiment_config import load_experiment_config
 from vlp.platform.pretrain.run import loop_config
 
@@ -36,11 +37,26 @@ def test_cpu_config_uses_torch_fused_adamw_and_the_recipe():
 
 
 def test_zero_auto_partitions_across_workers_only():
-    """One worker has nothing to partition: ZeRO would only copy gradients and weights."""
+    """One worker has nothing to partition: ZeRO would only copy gradients and weights
+    (except under bf16: fp32 gradient accumulation needs ZeRO >= 1). Several: ZeRO-1 where
+    model state fits in half the device (one reduction per step), else ZeRO-2."""
     auto = cfg_with("train.steps=100")
     assert auto.train.zero_stage == "auto"
     assert deepspeed_config(auto, 1)["zero_optimization"] == {"stage": 0}
-    assert deepspeed_config(auto, 2)["zero_optimization"] == {"stage": 2}
+    assert deepspeed_config(auto, 2)["zero_optimization"] == {"stage": 1}
+    bf16 = deepspeed_config(cfg_with("train.precision=bf16"), 1)
+    assert bf16["zero_optimization"] == {"stage": 1}
+    assert bf16["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert bf16["communication_data_type"] == "fp32"
+    gib = 1 << 30
+    # uniter-large (341 M) on 8 A100-40GB: ~3 GiB of model state per worker: ZeRO-1
+    assert zero_stage("auto", 8, precision="bf16", num_parameters=341_000_000,
+                      device_memory=40 * gib) == 1
+    # a 3 B-parameter model on 8 x 24 GB: ZeRO-1 would hold ~27 GiB per worker; ZeRO-2
+    assert zero_stage("auto", 8, precision="bf16", num_parameters=3_000_000_000,
+                      device_memory=24 * gib) == 2
+    assert model_state_bytes(100, 4, 2, "bf16") < model_state_bytes(100, 4, 1, "bf16") < \
+        model_state_bytes(100, 4, 0, "bf16")
     assert deepspeed_config(auto, 2, num_parameters=8 << 20)["zero_optimization"][
         "reduce_bucket_size"] == 1 << 20
     # an explicit stage is what runs, also on one worker
@@ -56,6 +72,29 @@ def test_gpu_config_uses_the_fused_optimizer_and_half_precision():
                                    "optimizer.impl=torch-fused"), 8)
     assert ds["bf16"] == {"enabled": True}
     assert ds["optimizer"]["params"]["fused"] is True and ds["optimizer"]["params"]["torch_adam"]
+
+
+def test_precision_auto_is_bf16_where_the_gpu_has_it_else_fp16_with_loss_scaling(monkeypatch):
+    import torch
+
+    from vlp.platform.training.engine import precision_line, resolve_precision
+
+    auto = cfg_with("scaling.use_gpu=true")
+    assert auto.train.precision == "auto"
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_precision(auto, cuda) == "fp16"
+    line = precision_line(auto, "fp16", cuda)
+    assert line == ("precision fp16 (auto: Tesla V100-SXM2-16GB has no bf16: fp16 with "
+                    "dynamic loss scaling)")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_precision(auto, cuda) == "bf16"
+    # CPU workers: fp32; a fixed precision is what runs
+    assert resolve_precision(cfg_with(), torch.device("cpu")) == "fp32"
+    assert precision_line(cfg_with("train.precision=bf16"), "bf16", torch.device("cpu")) == \
+        "precision bf16 (train.precision)"
 
 
 def test_warmup_then_linear_decay():

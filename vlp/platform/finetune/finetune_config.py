@@ -87,7 +87,7 @@ class FtTrainSection(ConfigModel):
     grad_clip: float = Field(2.0, ge=0)          # UNITER finetuning clips at 2.0
     dropout: float = Field(0.1, ge=0, lt=1)      # backbone hidden/attention dropout
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"   # auto: bf16 on GPU
-    zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: 2 with several workers, else 0
+    zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: engine.zero_stage (1 by default)
     log_every: int = Field(50, gt=0)
     extensions_dir: str = ""
 

@@ -104,7 +104,7 @@ def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
         f"C={setup.num_classes} vocab {setup.vocab_size:,}",
         f"steps: {cfg.total_steps():,} in {len(setup.stages)} stage(s) ({stages}); "
         f"{workers} worker(s) × {gas} micro-batch(es) = {micro} micro-batches per step; "
-        f"{cfg.train.precision}, ZeRO-{zero_stage(cfg.train.zero_stage, workers)}",
+        f"{cfg.train.precision}, ZeRO-{driver_zero_stage(cfg)}",
         f"global batch: ≤ {budget:,} input units per step ({cfg.data.batch_input_units:,} per "
         f"micro-batch) ≈ {per_batch * micro:,.0f} examples per step (≈ {per_batch:,.1f} per "
         f"micro-batch, estimated from {ESTIMATE_BATCHES} batches; measured at step 1)",
@@ -114,6 +114,15 @@ def summary(cfg: ExperimentConfig, setup: PretrainSetup) -> list[str]:
         mix = ", ".join(f"{t}:{r:g}" for t, r in st.tasks.items() if r > 0)
         lines.append(f"stage {s.name}: tasks {mix}; {s.plan.summary()}")
     return lines
+
+
+def driver_zero_stage(cfg: ExperimentConfig) -> int | str:
+    """The ZeRO stage as the driver can tell it (``auto`` by size is decided on the workers,
+    which know their device's memory; every model here takes ZeRO-1 there)."""
+    precision = cfg.train.precision
+    if precision == "auto":
+        precision = "bf16" if cfg.scaling.use_gpu else "fp32"
+    return zero_stage(cfg.train.zero_stage, cfg.scaling.num_workers, precision=precision)
 
 
 def count_parameters(setup: PretrainSetup) -> int:

@@ -35,7 +35,7 @@ class LoopTrain:
     # summed: tasks sharing one batch and one forward (resolved: the family's or the config's)
     forward_groups: tuple[tuple[str, ...], ...] = ()
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: 2 with several workers, else 0
+    zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: engine.zero_stage (1 by default)
     activation_checkpointing: bool = False
     compile: bool = False
     prefetch_batches: int = 2             # micro-batches built ahead on a thread; 0 = off
