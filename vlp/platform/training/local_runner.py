@@ -89,19 +89,17 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def one_process_group(use_gpu: bool) -> Iterator[None]:
     """A process group of one rank (DeepSpeed and the loop's all-reduce need one): NCCL on a
-    GPU, gloo otherwise, on a free local port; left as found if one is already up."""
+    GPU, gloo otherwise, on a free local port. It stays up for the life of the process:
+    DeepSpeed keeps its handle of the group, and a later run in the same process (the GPU
+    check runs several; ``vlp pretrain --local`` twice in one interpreter) must find the same
+    group, not a new one."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        yield
-        return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("nccl" if use_gpu else "gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        dist.init_process_group("nccl" if use_gpu else "gloo", rank=0, world_size=1)
+    yield
 
 
 def run_local(loop: LoopConfig, components: Any, tracking: dict[str, Any],
