@@ -70,6 +70,7 @@ def test_local_run_checkpoints_and_resumes_exactly(tiny_world, tmp_path):
                                        ["--name", "cut", "--set", "train.stop_after=3"],
                                        ["--name", "cut"])
     assert "final_step 4" in straight and "completed True" in straight
+    assert "[vlp local] step 4, loss" in straight        # a progress line per report
     assert "final_step 3" in stopped
     cut = tmp_path / "runs" / "cut"
     # checkpoints at 2 and 3 (the stop), then 4; checkpoint.keep (2) pruned the oldest

@@ -39,8 +39,8 @@ class LocalContext:
 
     rank, world_size, local_rank = 0, 1, 0
 
-    def __init__(self, run_dir: str | Path, keep: int = 0):
-        self.run_dir, self.keep = Path(run_dir), keep
+    def __init__(self, run_dir: str | Path, keep: int = 0, say: Callable[[str], None] = print):
+        self.run_dir, self.keep, self.say = Path(run_dir), keep, say
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def device(self, use_gpu: bool) -> torch.device:
@@ -66,6 +66,7 @@ class LocalContext:
                dir_name: str | None) -> None:
         with open(self.run_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(metrics, default=float) + "\n")
+        self.say(progress_line(metrics))
         if checkpoint_dir is None:
             return
         final = self.run_dir / dir_name
@@ -78,6 +79,16 @@ class LocalContext:
         if self.keep > 0:
             for old in self.checkpoints()[:-self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def progress_line(metrics: dict[str, Any]) -> str:
+    """One line per report (what Ray's progress printer shows for a cluster run)."""
+    parts = [f"step {metrics.get('step')}", f"loss {metrics.get('loss', float('nan')):.4f}",
+             f"{metrics.get('examples_per_s', 0.0):,.0f} examples/s",
+             f"data wait {metrics.get('data_wait_share', 0.0):.0%}"]
+    if "mfu" in metrics:
+        parts.append(f"MFU {metrics['mfu']:.1%} padded, {metrics['mfu_real']:.1%} real tokens")
+    return "[vlp local] " + ", ".join(parts)
 
 
 def _free_port() -> int:
