@@ -227,6 +227,10 @@ def main(argv=None) -> int:
                   f"nothing run")
             return 0
         args.device = "cuda"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        print(f"gpu-check: --device cuda, but torch {torch.__version__} sees no CUDA device",
+              file=sys.stderr)
+        return 2
     global parts
     import gpu_check_parts
 
