@@ -82,14 +82,17 @@ SPEC_DTYPES = {K.INPUT_IDS: torch.long, K.TEXT_MASK: torch.long, K.MLM_LABELS: t
                K.REGION_SOFT_LABELS: torch.float16, K.REGION_CLASS_LABELS: torch.long,
                K.IMAGE_FEAT: torch.float32, K.ITM_LABELS: torch.long, K.POSITIVE: torch.bool,
                K.PIXELS: torch.float32, K.PIXEL_MASK: torch.long, K.IMAGE_INDEX: torch.long,
-               K.MVM_APPLY: torch.bool, K.NUM_EXAMPLES: torch.long, K.INPUT_UNITS: torch.long}
-TASK_KEYS = {"mlm": {K.MLM_LABELS}, "itm": {K.ITM_LABELS},
-             "mrfr": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_FEAT_TARGETS},
-             "mrc": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS},
-             "mrc-kl": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_SOFT_LABELS},
-             "moc": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS},
-             "mrc-vlbert": {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_CLASS_LABELS,
-                            K.REGION_SOFT_LABELS, K.IMAGE_FEAT}}
+               K.MVM_APPLY: torch.bool, K.NUM_EXAMPLES: torch.long, K.INPUT_UNITS: torch.long,
+               K.ROW_LENGTH: torch.long, K.REAL_UNITS: torch.long, K.MLM_TARGETS: torch.long,
+               K.REGION_TARGETS: torch.long}
+REGION_TASK = {K.REGION_MASKED, K.REGION_ZEROED, K.REGION_TARGETS}
+TASK_KEYS = {"mlm": {K.MLM_LABELS, K.MLM_TARGETS}, "itm": {K.ITM_LABELS},
+             "mrfr": REGION_TASK | {K.REGION_FEAT_TARGETS},
+             "mrc": REGION_TASK | {K.REGION_CLASS_LABELS},
+             "mrc-kl": REGION_TASK | {K.REGION_SOFT_LABELS},
+             "moc": REGION_TASK | {K.REGION_CLASS_LABELS},
+             "mrc-vlbert": REGION_TASK | {K.REGION_CLASS_LABELS, K.REGION_SOFT_LABELS,
+                                          K.IMAGE_FEAT}}
 
 
 @pytest.mark.parametrize("location", ["uniter7", "imagebert", "vlbert"])   # names or aliases
@@ -101,7 +104,7 @@ def test_batches_follow_the_contract(world, location):
     for task in list(ALL_REGION_TASKS) * 2:
         b = src.next(task)
         base = {K.INPUT_IDS, K.TEXT_MASK, K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK,
-                K.POSITIVE, K.NUM_EXAMPLES, K.INPUT_UNITS}
+                K.POSITIVE, K.NUM_EXAMPLES, K.INPUT_UNITS, K.ROW_LENGTH, K.REAL_UNITS}
         expect = base | TASK_KEYS[task] | ({K.IMAGE_FEAT} if location == "vlbert" else set())
         assert set(b) == expect, (task, set(b) ^ expect)
         for k, v in b.items():
@@ -112,6 +115,8 @@ def test_batches_follow_the_contract(world, location):
         assert int(b[K.NUM_EXAMPLES]) == B
         packed = int((b[K.TEXT_MASK].sum(1) + b[K.REGION_MASK].sum(1)).max())
         assert int(b[K.INPUT_UNITS]) == B * packed <= cfg.batch_units   # UNITER's unit
+        assert int(b[K.ROW_LENGTH]) == packed     # the host's copy of the packed width
+        assert int(b[K.REAL_UNITS]) == int(b[K.TEXT_MASK].sum() + b[K.REGION_MASK].sum())
         assert (b[K.INPUT_IDS][:, 0] == 101).all()
         assert (b[K.TEXT_MASK].sum(1) <= cfg.max_text_len + 2).all()
         if task == "mrc-kl":

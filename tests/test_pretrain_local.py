@@ -32,26 +32,30 @@ checkpoint: {{interval: 2}}
 mlflow: {{enabled: false}}
 """
 
-# the CLI in-process, with imports of Ray or MLflow refused: the local path needs neither
+# the CLI, with imports of Ray or MLflow refused (the local path needs neither): one
+# `vlp pretrain --local` per JSON argument list, in one process (DeepSpeed's set-up once)
 RUN = textwrap.dedent("""
-    import builtins, sys
+    import builtins, json, sys
     real = builtins.__import__
     def guarded(name, *a, **k):
-        if name.split(".")[0] in ("ray", "mlflow"):
+        if name.split(".")[0] in ("ray", "mlflow", "optuna"):
             raise ImportError(f"the local runner imported {name}")
         return real(name, *a, **k)
     builtins.__import__ = guarded
     from vlp.cli import main
-    sys.exit(main(sys.argv[1:]))
+    for argv in json.loads(sys.argv[1]):
+        print("=== RUN", flush=True)
+        if main(argv) != 0:
+            sys.exit(1)
 """)
 
 
-def _run(config, *extra):
-    proc = subprocess.run([sys.executable, "-c", RUN, "pretrain", "--config", str(config),
-                           "--local", *extra], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+def _runs(config, *arg_lists):
+    argvs = [["pretrain", "--config", str(config), "--local", *a] for a in arg_lists]
+    proc = subprocess.run([sys.executable, "-c", RUN, json.dumps(argvs)], capture_output=True,
+                          text=True, timeout=900, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return proc.stdout.split("=== RUN")[1:]
 
 
 def _losses(run_dir):
@@ -62,13 +66,16 @@ def _losses(run_dir):
 def test_local_run_checkpoints_and_resumes_exactly(tiny_world, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(CONFIG.format(out=tmp_path / "runs", world=tiny_world))
-    straight = _run(config, "--name", "straight")
+    straight, stopped, resumed = _runs(config, ["--name", "straight"],
+                                       ["--name", "cut", "--set", "train.stop_after=3"],
+                                       ["--name", "cut"])
     assert "final_step 4" in straight and "completed True" in straight
-    _run(config, "--name", "cut", "--set", "train.stop_after=3")
+    assert "[vlp local] step 4, loss" in straight        # a progress line per report
+    assert "final_step 3" in stopped
     cut = tmp_path / "runs" / "cut"
+    # checkpoints at 2 and 3 (the stop), then 4; checkpoint.keep (2) pruned the oldest
     assert sorted(p.name for p in cut.glob("checkpoint_*")) == [
-        "checkpoint_step00000002", "checkpoint_step00000003"]
-    resumed = _run(config, "--name", "cut")
+        "checkpoint_step00000003", "checkpoint_step00000004"]
     assert "resumed from step 3" in resumed and "final_step 4" in resumed
     want = _losses(tmp_path / "runs" / "straight")
     got = _losses(cut)

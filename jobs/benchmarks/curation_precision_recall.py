@@ -166,6 +166,9 @@ def swap_images(batch: dict, rng: np.random.Generator, neg_prob: float = 0.5) ->
             donor[i] = rng.choice(others)
     idx = torch.from_numpy(donor)
     out = dict(batch)
+    # the collate's host lengths describe the unswapped rows: the model measures them again
+    for key in (K.ROW_LENGTH, K.REAL_UNITS, K.MLM_TARGETS, K.REGION_TARGETS):
+        out.pop(key, None)
     for key in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK):
         out[key] = batch[key][idx]
     negative = torch.from_numpy(donor != np.arange(B))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-import gpu_check_parts as parts
+parts = None   # gpu_check_parts, imported once a device is there (vlp, transformers, ...)
 
 GOALS = {"mfu_real_uniter_base_bf16": ">= 0.50 (H100)", "loop_overhead": "<= 1.05",
          "bf16_vs_fp32_max_rel_diff": "<= 0.01", "host_syncs_forward_backward": "0"}
@@ -80,11 +80,14 @@ class Check:
                                 tokenizer=self.args.tokenizer)
 
     def section(self, name, fn):
+        t0 = time.perf_counter()
         try:
             self.out[name] = fn()
         except Exception as e:   # one failed part must not hide the others' figures
             self.out["errors"][name] = "".join(traceback.format_exception_only(e)).strip()
             traceback.print_exc()
+        self.out.setdefault("section_s", {})[name] = time.perf_counter() - t0
+        print(f"[gpu-check] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
 
     # ---- the parts -----------------------------------------------------------------------
 
@@ -224,6 +227,14 @@ def main(argv=None) -> int:
                   f"nothing run")
             return 0
         args.device = "cuda"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        print(f"gpu-check: --device cuda, but torch {torch.__version__} sees no CUDA device",
+              file=sys.stderr)
+        return 2
+    global parts
+    import gpu_check_parts
+
+    parts = gpu_check_parts
     from vlp.platform.training.local_runner import one_process_group
 
     with one_process_group(args.device == "cuda"):

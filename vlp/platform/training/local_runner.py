@@ -39,8 +39,8 @@ class LocalContext:
 
     rank, world_size, local_rank = 0, 1, 0
 
-    def __init__(self, run_dir: str | Path, keep: int = 0):
-        self.run_dir, self.keep = Path(run_dir), keep
+    def __init__(self, run_dir: str | Path, keep: int = 0, say: Callable[[str], None] = print):
+        self.run_dir, self.keep, self.say = Path(run_dir), keep, say
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def device(self, use_gpu: bool) -> torch.device:
@@ -66,6 +66,7 @@ class LocalContext:
                dir_name: str | None) -> None:
         with open(self.run_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(metrics, default=float) + "\n")
+        self.say(progress_line(metrics))
         if checkpoint_dir is None:
             return
         final = self.run_dir / dir_name
@@ -80,6 +81,16 @@ class LocalContext:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def progress_line(metrics: dict[str, Any]) -> str:
+    """One line per report (what Ray's progress printer shows for a cluster run)."""
+    parts = [f"step {metrics.get('step')}", f"loss {metrics.get('loss', float('nan')):.4f}",
+             f"{metrics.get('examples_per_s', 0.0):,.0f} examples/s",
+             f"data wait {metrics.get('data_wait_share', 0.0):.0%}"]
+    if "mfu" in metrics:
+        parts.append(f"MFU {metrics['mfu']:.1%} padded, {metrics['mfu_real']:.1%} real tokens")
+    return "[vlp local] " + ", ".join(parts)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,19 +100,17 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def one_process_group(use_gpu: bool) -> Iterator[None]:
     """A process group of one rank (DeepSpeed and the loop's all-reduce need one): NCCL on a
-    GPU, gloo otherwise, on a free local port; left as found if one is already up."""
+    GPU, gloo otherwise, on a free local port. It stays up for the life of the process:
+    DeepSpeed keeps its handle of the group, and a later run in the same process (the GPU
+    check runs several; ``vlp pretrain --local`` twice in one interpreter) must find the same
+    group, not a new one."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        yield
-        return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("nccl" if use_gpu else "gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        dist.init_process_group("nccl" if use_gpu else "gloo", rank=0, world_size=1)
+    yield
 
 
 def run_local(loop: LoopConfig, components: Any, tracking: dict[str, Any],
