@@ -69,7 +69,7 @@ def test_the_error_is_one_line_per_problem_and_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(ExperimentConfig, path)
     assert str(e.value) == (f"invalid config ({path}): train.precison: unknown key (known: "
-                            "steps, grad_accum, objective, precision, zero_stage, "
+                            "steps, grad_accum, objective, forward_groups, precision, zero_stage, "
                             "activation_checkpointing, "
                             "compile, prefetch_batches, peak_tflops, log_every, on_nonfinite, "
                             "max_nonfinite_skips, stop_after, extensions_dir) "

@@ -48,7 +48,8 @@ def test_peaks_match_exact_device_names_only():
     assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
     assert peak_flops("NVIDIA H100 80GB HBM3", "fp32") == 989.4e12 / 2   # TF32
     assert peak_flops("NVIDIA A10", "bf16") == 125e12
-    assert peak_flops("NVIDIA A10G", "bf16") is None          # not the A10's figure
+    assert peak_flops("NVIDIA A10G", "bf16") == 70e12         # its own row, not the A10's
+    assert peak_flops("NVIDIA A10G ", "bf16") is None         # exact names only
     assert peak_flops(None, "fp32") is None                   # a CPU: unknown, not invented
     assert peak_flops("NVIDIA A10G", "bf16", configured_tflops=70) == 70e12
 
