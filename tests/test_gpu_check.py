@@ -14,17 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from no_ray_imports import PRELUDE
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "jobs" / "benchmarks" / "gpu_check.py"
 
-GUARDED = textwrap.dedent("""
-    import builtins, runpy, sys
-    real = builtins.__import__
-    def guarded(name, *a, **k):
-        if name.split(".")[0] in ("ray", "mlflow", "optuna"):
-            raise ImportError(f"the GPU check imported {name}")
-        return real(name, *a, **k)
-    builtins.__import__ = guarded
+GUARDED = PRELUDE + textwrap.dedent("""
+    import runpy, sys
     sys.argv = sys.argv[1:]
     sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
     runpy.run_path(sys.argv[0], run_name="__main__")

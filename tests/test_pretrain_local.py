@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from no_ray_imports import PRELUDE
+
 pytestmark = pytest.mark.integration
 
 CONFIG = """
@@ -34,14 +36,8 @@ mlflow: {{enabled: false}}
 
 # the CLI, with imports of Ray or MLflow refused (the local path needs neither): one
 # `vlp pretrain --local` per JSON argument list, in one process (DeepSpeed's set-up once)
-RUN = textwrap.dedent("""
-    import builtins, json, sys
-    real = builtins.__import__
-    def guarded(name, *a, **k):
-        if name.split(".")[0] in ("ray", "mlflow", "optuna"):
-            raise ImportError(f"the local runner imported {name}")
-        return real(name, *a, **k)
-    builtins.__import__ = guarded
+RUN = PRELUDE + textwrap.dedent("""
+    import json, sys
     from vlp.cli import main
     for argv in json.loads(sys.argv[1]):
         print("=== RUN", flush=True)
