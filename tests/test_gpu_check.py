@@ -58,6 +58,13 @@ def test_quick_cpu_run_writes_every_figure(tiny_world, tmp_path):
                 "model_tflops_per_s_real", "loop_overhead", "real_units_share"):
         assert steps[key] > 0 or key == "data_wait_share", key
     assert 0 < steps["real_units_share"] <= 1
+    assert steps["loop_overhead_median_step"] > 0 and steps["slow_steps"] >= 0
+    steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on, autocast
+    for key in ("no_cudnn_sdpa_s_per_input_unit", "cudnn_sdpa_s_per_input_unit",
+                "bf16_autocast_fp32_weights_s_per_input_unit"):
+        assert steady[key] > 0, steady
+    profile = steps["profile"]
+    assert 0 < profile["busy_share"] <= 1 and profile["top"], profile
     syncs = steps["host_syncs"]
     assert syncs["method"] == "recorder"
     assert syncs["forward_per_step"] == 0 and syncs["backward_per_step"] == 0

@@ -3,6 +3,7 @@ the same decoded images, in one run.
 
     python jobs/benchmarks/extract_throughput.py [--model grid-r50] [--images 96]
         [--short-side 224] [--long-side 320] [--workers 2] [--gpus 0] [--batch-size 4]
+        [--bare-only]
 
 - ``bare_loop``: the extractor in this process, ``extract`` over the images already decoded
   and prepared (``prepare``), ``--batch-size`` at a time; torch gets as many threads as the
@@ -12,6 +13,10 @@ the same decoded images, in one run.
   updated; from the first dataset block to the last shard, so actor start-up counts.
 - ``job_steady``: the same job from its first result to its last (actors up): the rate a
   long extraction runs at, where start-up is amortised.
+
+``--bare-only`` times the bare loop alone and imports no Ray: the per-GPU model rate on a GPU
+machine that has torch but no Ray (BUTD's settings: ``--model butd-r101-c4 --short-side 600
+--long-side 1000 --gpus 1 --bare-only``).
 
 Goal on CPU: job ≥ 0.9 × bare loop (steady state). Prints settings, then one figure per line
 (``name value unit``), the ratio last. Images are random-texture JPEGs of 480×640.
@@ -74,11 +79,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--gpus", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--bare-only", action="store_true",
+                   help="time the bare loop alone (no Ray imported)")
     args = p.parse_args(argv)
 
     from vlp.models.vision.extractors.base import ExtractSettings
-    from vlp.platform.cluster.ray_session import ensure_ray
-    from vlp.platform.extract.extract_job import ExtractOptions, plan, run
 
     settings = ExtractSettings(short_side=args.short_side, long_side=args.long_side)
     actors = args.gpus or args.workers
@@ -91,6 +96,15 @@ def main(argv=None) -> int:
               f"{f'{args.gpus} GPU' if args.gpus else f'{args.workers} CPU'} actor(s)")
         bare = bare_loop(args.model, settings, files, args.batch_size,
                          threads=max(1, args.workers), gpu=bool(args.gpus))
+        if args.bare_only:
+            import torch
+            device = torch.cuda.get_device_name(0) if args.gpus else "cpu"
+            print(f"device {device}")
+            print(f"bare_loop {bare:.2f} images/s{' per GPU' if args.gpus else ''}")
+            return 0
+        from vlp.platform.cluster.ray_session import ensure_ray
+        from vlp.platform.extract.extract_job import ExtractOptions, plan, run
+
         opts = ExtractOptions(images=str(folder), image_list=None, model=args.model,
                               weights="random", source="bench", split="train",
                               out=str(Path(tmp) / "world"), settings=settings,

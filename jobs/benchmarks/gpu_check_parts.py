@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +44,7 @@ def experiment(world: Path, out: Path, name: str, *, family: str, precision: str
                      **({"tokenizer_path": str(tokenizer)} if tokenizer else {})},
             "tasks": dict(UNITER_MIX),
             "train": {"steps": steps, "precision": precision, "log_every": log_every,
-                      "zero_stage": 0},
+                      "zero_stage": "auto"},   # what a job on one GPU gets
             "optimizer": {"lr": 1e-4, "warmup_steps": 2},
             "scaling": {"num_workers": 1, "use_gpu": gpu},
             "checkpoint": {"interval": interval, "keep": 2},
@@ -92,6 +93,14 @@ def step_figures(value: dict[str, Any], skip: int) -> dict[str, float]:
         r["data_wait_s"] for r in hist) / wall, "input_units_per_s": units / wall,
         "real_units_share": real / units if units else 0.0,
         "s_per_input_unit": wall / units}
+    # steps slower than twice the median: first-time shapes (kernel plans, allocator growth)
+    # that a long run amortises, against the steady per-unit time of the median step
+    per_unit = sorted(r["step_time_s"] / r["global_batch_input_units"] for r in hist
+                      if r["global_batch_input_units"])
+    slow = [r["step_time_s"] for r in hist if r["step_time_s"] > 2 * out["step_time_s"]]
+    out.update(step_time_mean_s=wall / len(hist), slow_steps=len(slow),
+               slow_steps_wall_share=sum(slow) / wall,
+               median_s_per_input_unit=statistics.median(per_unit) if per_unit else 0.0)
     flops = sum(r.get("model_flops", 0.0) for r in hist)
     flops_real = sum(r.get("model_flops_real", 0.0) for r in hist)
     out["model_tflops_per_s"] = flops / wall / 1e12
@@ -118,40 +127,127 @@ def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
     return {"bare_s_per_input_unit": wall / units, "bare_steps": len(items) - 2}
 
 
+def _train_steps(engine, items: list) -> None:
+    for item in items:
+        out = objective.forward(engine, item.batch, item.task)
+        engine.backward(out["loss"])
+        engine.step()
+
+
+def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
+    """The bare loop's second pass over the same batches (every shape seen once before: no
+    first-shape costs such as kernel plans or allocator growth), with SDPA's cuDNN kernel
+    allowed and with it refused (the memory-efficient kernel then takes vlp's mask)."""
+    units = sum(i.input_units for i in items)
+    out = {}
+    for label, cudnn in (("no_cudnn_sdpa", False), ("cudnn_sdpa", True)):
+        before = torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        try:
+            _train_steps(engine, items)       # first pass: shapes new to this setting
+            _sync(device)
+            t0 = time.perf_counter()
+            _train_steps(engine, items)
+            _sync(device)
+            out[f"{label}_s_per_input_unit"] = (time.perf_counter() - t0) / units
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(before)
+    return out
+
+
+def autocast_steady(cfg, device: torch.device, n: int) -> dict[str, float]:
+    """A what-if: the engine that ``precision: fp32`` builds (fp32 weights, torch's fused
+    AdamW, no DeepSpeed precision wrapper) with the forward under bf16 autocast, timed as
+    ``steady_bare`` times the bf16 engine (second pass over the same batches)."""
+    kept: dict[str, float] = {}
+
+    def after(worker):
+        items = device_batches(cfg, device, torch.float32, n)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            _train_steps(worker.engine, items)
+            _sync(device)
+            t0 = time.perf_counter()
+            _train_steps(worker.engine, items)
+            _sync(device)
+        kept["s_per_input_unit"] = (time.perf_counter() - t0) / sum(i.input_units
+                                                                    for i in items)
+    run(cfg, after)
+    return kept
+
+
+def profile_steps(engine, items: list, device: torch.device, top: int = 10) -> dict[str, Any]:
+    """torch.profiler over bare steps on batches seen before: the share of wall time the
+    device was busy, and the kernels (or, on a CPU, operators) that took the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    _train_steps(engine, items)
+    _sync(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        _train_steps(engine, items)
+        _sync(device)
+        wall = time.perf_counter() - t0
+    gpu = device.type == "cuda"
+    rows = [(e.key, e.self_device_time_total if gpu else e.self_cpu_time_total, e.count)
+            for e in prof.key_averages()]
+    if gpu:   # kernels only: an operator row's device time repeats its kernels'
+        names = {e.name for e in prof.events()
+                 if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA}
+        rows = [r for r in rows if r[0] in names]
+    busy = sum(r[1] for r in rows) / 1e6
+    rows.sort(key=lambda r: -r[1])
+    n = len(items)
+    return {"steps": n, "wall_ms_per_step": 1e3 * wall / n,
+            "busy_ms_per_step": 1e3 * busy / n, "busy_share": busy / wall,
+            "top": [f"{1e-3 * t / n:.2f} ms/step x{c // n} {k[:90]}" for k, t, c in rows[:top]]}
+
+
 def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:
     """Host syncs per step in forward+loss, backward, and the optimizer step: CUDA's sync
-    debug mode counts them on a GPU (one warning each); on a CPU, the recorder of
-    vlp.testing.host_syncs counts the operations that would sync on a GPU."""
-    counts = {"forward": 0, "backward": 0, "step": 0}
+    debug mode counts them on a GPU (one warning each, with the Python frames that asked
+    for it); on a CPU, the recorder of vlp.testing.host_syncs counts the operations that
+    would sync on a GPU."""
+    counts = {"setup": 0, "forward": 0, "backward": 0, "step": 0}
     where: list[str] = []
+    phase = ["setup"]   # switching the mode on can itself warn: not the model's
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if not f.filename.endswith("warnings.py")]
+            counts[phase[0]] += 1
+            if phase[0] != "setup":
+                    where.append(f"{phase[0]}: " + " < ".join(
+                    f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-4:])))
 
     @contextlib.contextmanager
-    def counting(phase: str):
+    def counting(name: str):
+        phase[0] = name
         if device.type == "cuda":
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    yield
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            hits = [w for w in caught if "synchroniz" in str(w.message)]
-            where.extend(f"{phase}: {w.filename}:{w.lineno}" for w in hits[:3])
-            counts[phase] += len(hits)
-        else:
-            with HostSyncRecorder() as rec:
-                yield
-            counts[phase] += len(rec.events)
-            where.extend(f"{phase}: {e.what} at {e.where}" for e in rec.events[:3])
+            yield
+            return
+        with HostSyncRecorder() as rec:
+            yield
+        counts[name] += len(rec.events)
+        where.extend(f"{name}: {e.what} at {e.where}" for e in rec.events[:3])
 
     _sync(device)
-    for item in items:
-        with counting("forward"):
-            out = objective.forward(engine, item.batch, item.task)
-        with counting("backward"):
-            engine.backward(out["loss"])
-        with counting("step"):
-            engine.step()
+    with contextlib.ExitStack() as stack:
+        if device.type == "cuda":   # switched once: switching can itself warn
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            stack.callback(torch.cuda.set_sync_debug_mode, "default")
+        for item in items:
+            with counting("forward"):
+                out = objective.forward(engine, item.batch, item.task)
+            with counting("backward"):
+                engine.backward(out["loss"])
+            with counting("step"):
+                engine.step()
     n = len(items)
     return {"method": "cuda_sync_debug_mode" if device.type == "cuda" else "recorder",
             "forward_per_step": counts["forward"] / n, "backward_per_step": counts["backward"] / n,

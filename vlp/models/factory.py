@@ -9,11 +9,13 @@ regions or pixels, the location encoding and width, D, C, vocabulary size and fi
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from vlp.models.checkpoints import LoadReport, initialize, minilm_dir
+from vlp.models.checkpoints.text_bert import MINILM_PACKAGE
 from vlp.models.family_config import FamilyConfig
 from vlp.models.families import FAMILIES, get_family
 from vlp.models.model import VLPModel
@@ -57,7 +59,8 @@ def preprocess_spec(family: FamilyConfig, tasks: tuple[str, ...], feat_dim: int,
     visual, t = family.visual, family.transformer
     regions = visual.input_kind == "regions"
     vocab_file = None
-    if t.vocab_size == MINILM_VOCAB_SIZE:
+    # without the package (a GPU machine given only the vocab), the data's tokenizer_path names it
+    if t.vocab_size == MINILM_VOCAB_SIZE and importlib.util.find_spec(MINILM_PACKAGE):
         vocab_file = str(minilm_dir() / "vocab.txt")
     pixels = {}
     if not regions:

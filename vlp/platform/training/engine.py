@@ -189,6 +189,10 @@ def gradient_line(ds: dict[str, Any]) -> str:
             f" over {ds['gradient_accumulation_steps']} micro-batch(es)")
     if half == "bf16" and accum != "fp32":
         line += " (DeepSpeed accumulates bf16 gradients in fp32 only with ZeRO >= 1)"
+    if half == "bf16" and stage == 0:
+        # DeepSpeed's ZeRO-0 bf16 path (FP16_Optimizer) runs CheckOverflow.has_overflow_serial
+        line += ("; its bf16 wrapper without ZeRO checks each gradient tensor for overflow"
+                 " with a host sync (zero_stage: auto takes ZeRO-1)")
     return line
 
 
