@@ -80,6 +80,9 @@ class Check:
                                 tokenizer=self.args.tokenizer)
 
     def section(self, name, fn):
+        # --parts: a partial check (a second try on a lent machine); the rest is skipped
+        if self.args.parts and name.split("_")[0] not in self.args.parts.split(","):
+            return
         t0 = time.perf_counter()
         try:
             self.out[name] = fn()
@@ -101,10 +104,11 @@ class Check:
             items = parts.device_batches(cfg, self.device, dtype, s["bare"] + s["syncs"])
             kept["bare"] = parts.bare_loop(worker.engine, items[:s["bare"]], self.device)
             kept["syncs"] = parts.host_syncs(worker.engine, items[s["bare"]:], self.device)
-            for name, fn in (("steady", parts.steady_bare), ("profile", parts.profile_steps)):
+            diagnostics = {"steady": (parts.steady_bare, s["bare"]),
+                           "profile": (parts.profile_steps, s["profile"])}
+            for name, (fn, n) in diagnostics.items():
                 try:   # diagnostics: a failure here must not lose the figures above
-                    kept[name] = fn(worker.engine, items[:s[name if name == "profile"
-                                                            else "bare"]], self.device)
+                    kept[name] = fn(worker.engine, items[:n], self.device)
                 except Exception as e:
                     kept[name] = {"error": "".join(traceback.format_exception_only(e)).strip()}
             if self.gpu:
@@ -186,9 +190,6 @@ class Check:
 
     def run_all(self) -> dict:
         s = self.size
-        only = set(self.args.parts.split(",")) if self.args.parts else None
-        if only:   # a partial check (a second try on a lent machine): the rest is skipped
-            self.section = self._only(self.section, only)
         self.section("pretrain_" + s["family"].replace("-", "_"),
                      lambda: self.pretrain(s["family"]))
         self.section("precision", self.precision_compare)
@@ -202,14 +203,6 @@ class Check:
                          lambda: self.pretrain(s["large"]))
         self.out["wall_s"] = self.elapsed()
         return self.out
-
-
-    @staticmethod
-    def _only(section, only: set[str]):
-        def run_if_chosen(name, fn):
-            if name.split("_")[0] in only or name in only:
-                section(name, fn)
-        return run_if_chosen
 
 
 def value_peak(value: dict) -> float | None:
