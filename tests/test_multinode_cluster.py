@@ -3,25 +3,31 @@ cluster of a head and two worker nodes (`ray start --head`, `ray start --address
 own raylet with a custom resource), moto's S3 server as the only shared storage, a real
 `mlflow server` whose artifact root is in that bucket, and jobs sent with `ray job submit`.
 
-One pretraining job (2 workers spread over the nodes, storage and shards in s3://) loses a
-worker node (`kill -9` of its raylet) after its first checkpoint and must resume from the S3
-checkpoint on the remaining nodes, end at exactly its configured step with one MLflow run,
-and leave no run files under the job's working folder. Resubmitting it after a code edit (a
-new _ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint and
-the world (manifest, task tables, image shards) from the bucket. A tiny sweep over that world,
-in the same bucket, is stopped after its first trial checkpoint (SIGUSR1, as
-Ctrl-C); a second submission completes it with Tuner.restore from S3, the trial resuming
-from its Tune checkpoint there.
+The nodes' environment is what cluster.yaml writes into every node's ~/.bashrc
+(VLP_STORAGE=s3://$VLP_BUCKET/runs, the head's MLFLOW_TRACKING_URI) plus the S3 endpoint and
+test keys (what an instance profile gives a cloud node).
 
-The nodes' environment holds the S3 endpoint and test keys (what an instance profile gives a
-cloud node); jobs get only VLP_STORAGE and MLFLOW_TRACKING_URI. The cluster is this file's
-own (token auth with its own token, its own ports and temp dir) and is stopped by killing
-its own process groups, never `ray stop`.
+One pretraining job — the shipped GPU config uniter-base-indomain.yaml as it stands, sizes
+overridden (tiny family, the tiny world in the bucket, 2 CPU workers spread over the nodes),
+storage and tracking from the nodes' environment alone — loses a worker node (`kill -9` of
+its raylet) after its first checkpoint and must resume from the S3 checkpoint on the
+remaining nodes, end at exactly its configured step with one MLflow run, and leave no run
+files under the job's working folder. Resubmitting it after a code edit (a new
+_ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint and
+the world (manifest, task tables, image shards) from the bucket. A tiny sweep over that world,
+in the same bucket, is stopped after its first trial checkpoint (SIGUSR1, as Ctrl-C); a
+second submission completes it with Tuner.restore from S3, the trial resuming from its Tune
+checkpoint there. With VLP_ALL_GPU_CONFIGS=1, every shipped GPU pretraining config runs the
+same way (~6 minutes).
+
+The cluster is this file's own (token auth with its own token, its own ports and temp dir)
+and is stopped by killing its own process groups, never `ray stop`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -33,7 +39,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from cluster_helpers import BIN, stop_tree, wait_http
+from cluster_helpers import BIN, bashrc_env, stop_tree, wait_http
 
 from vlp.platform.cluster.ray_session import free_local_port
 
@@ -41,7 +47,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "vlp-multinode"
-RUN = "mn-pretrain"
+PRETRAIN_CONFIG = "uniter-base-indomain.yaml"   # the README's example of a cluster run
+RUN = "uniter-base-indomain"                    # its run.name
 WORLD = f"s3://{BUCKET}/world"  # the tiny world, copied into the bucket as it is
 SHARDS = "world/images"        # the pretraining shards' folder in the bucket
 # the kill comes after the step-4 checkpoint: 8 steps and two checkpoints (one deleted by
@@ -57,13 +64,19 @@ def s3(s3_server):
 
 
 @pytest.fixture(scope="module")
-def node_env(s3):
+def node_env(s3, tmp_path_factory):
     """A node's shell: the venv first on PATH, token auth with our own token, the S3
-    endpoint and keys (an instance profile's part on a cloud node)."""
-    import os
-
+    endpoint and keys (an instance profile's part on a cloud node), and what cluster.yaml
+    writes into every node's ~/.bashrc: VLP_STORAGE in the bucket and the head's MLflow
+    server (its address and port replaced by the test server's)."""
+    cfg = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    bashrc = bashrc_env(cfg["setup_commands"], tmp_path_factory.mktemp("home"), BUCKET)
+    tracking = re.sub(r"//[^/]+$", f"//127.0.0.1:{free_local_port()}",
+                      bashrc["MLFLOW_TRACKING_URI"])
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAY_ADDRESS", "VLP_STORAGE", "MLFLOW_TRACKING_URI"))}
+    env.update(VLP_STORAGE=bashrc["VLP_STORAGE"], MLFLOW_TRACKING_URI=tracking,
+               NCCL_SOCKET_IFNAME=bashrc["NCCL_SOCKET_IFNAME"])
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
                RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex,
                RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1", **s3.env,
@@ -76,7 +89,7 @@ def node_env(s3):
 @pytest.fixture(scope="module")
 def mlflow_server(s3, node_env, tmp_path_factory):
     d = tmp_path_factory.mktemp("mlflow")
-    port = free_local_port()
+    port = int(node_env["MLFLOW_TRACKING_URI"].rsplit(":", 1)[1])   # cluster.yaml's address
     log = open(d / "server.log", "w")
     proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri",
                              f"sqlite:///{d / 'mlflow.db'}", "--artifacts-destination",
@@ -163,10 +176,10 @@ class Cluster:
         return found
 
     def submit(self, workdir: Path, job_id: str, entry: list[str], env_vars: dict,
-               log: Path) -> subprocess.Popen:
+               log: Path, program: str = "python") -> subprocess.Popen:
         cmd = [str(BIN / "ray"), "job", "submit", "--address", self.address, "--working-dir",
                str(workdir), "--submission-id", job_id, "--runtime-env-json",
-               json.dumps({"env_vars": env_vars}), "--", "python", *entry]
+               json.dumps({"env_vars": env_vars}), "--", program, *entry]
         return subprocess.Popen(cmd, env=self.env, cwd=workdir, stdout=open(log, "w"),
                                 stderr=subprocess.STDOUT, text=True)
 
@@ -184,24 +197,71 @@ def cluster(node_env, tmp_path_factory):
         c.stop()
 
 
+# ---- issue 27: every shipped GPU pretraining config as it stands --------------------------
+
+TINY = {"uniter-base": "uniter-tiny", "uniter-large": "uniter-tiny",
+        "vlbert-base": "vlbert-tiny", "imagebert-base": "imagebert-tiny",
+        "soho-r18-l3": "soho-tiny"}
+TINY_SOURCE = {"web": "cc", "vcr": "coco"}      # corpora the tiny world lacks: stand-ins
+
+
+def shipped_gpu_pretrain_configs() -> list[Path]:
+    """The shipped configs that `jobs/pretrain.py` runs on GPU workers (the Table 3 sweep is
+    checked against the read-only mount by test_gpu_config_paths.py and runs its trials
+    through the same pretraining path)."""
+    out = []
+    for path in sorted((ROOT / "jobs" / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if "run" in raw and (raw.get("scaling") or {}).get("use_gpu"):
+            out.append(path)
+    return out
+
+
+def size_overrides(raw: dict) -> list[str]:
+    """What makes a GPU config fit this machine, sizes only: the tiny family with random
+    weights and the packaged vocab (the config's files live on the cluster's read-only
+    mount), the tiny world in the bucket, a few steps on one CPU worker. Storage, tracking,
+    precision and ZeRO stay as shipped."""
+    out = [f"model.family={TINY[raw['model']['family']]}", "model.init=random",
+           "model.init_path=", "data.tokenizer_path=", "data.batch_input_units=1024",
+           "data.bucket_window=512", "optimizer.warmup_steps=1", "checkpoint.interval=2",
+           "train.log_every=1", "scaling.num_workers=1", "scaling.use_gpu=false",
+           "scaling.accelerator_type=", "scaling.cpus_per_worker=1"]
+    if raw["model"].get("cnn_init"):        # SOHO: ImageNet weights, a step schedule
+        out += ["model.cnn_init=", "model.cold_start_steps=1", "optimizer.milestones=[1]"]
+    for name in raw["data"]["sources"]:
+        out.append(f"data.sources.{name}.path=s3://{BUCKET}/{SHARDS}/"
+                   f"{TINY_SOURCE.get(name, name)}")
+    if raw.get("stages"):
+        out += [f"stages.{i}.steps=2" for i in range(len(raw["stages"]))]
+    else:
+        out.append("train.steps=2")
+    return out
+
+
 @pytest.fixture(scope="module")
 def workdir(tiny_world, s3, tmp_path_factory) -> Path:
-    """What a user uploads with --working-dir: the code and a config naming the data by
-    URI: the world and its pretraining shards are in the bucket (every node reads them from
-    there)."""
+    """What a user uploads with --working-dir: the code and the shipped configs; the world
+    and its pretraining shards are in the bucket (every node reads them from there)."""
     d = tmp_path_factory.mktemp("work")
     for part in ("vlp", "jobs"):
         shutil.copytree(ROOT / part, d / part, ignore=shutil.ignore_patterns("__pycache__"))
-    cfg = yaml.safe_load((ROOT / "jobs/configs/pretrain-tiny.yaml").read_text())
     s3.upload(tiny_world, f"{BUCKET}/world")
-    for name, src in cfg["data"]["sources"].items():
-        src["path"] = f"s3://{BUCKET}/{SHARDS}/{name}"
-    cfg["run"].update(name=RUN, max_failures=2)
-    cfg["train"].update(steps=STEPS, log_every=2)
-    cfg["checkpoint"] = {"interval": INTERVAL, "keep": 2}
-    cfg["scaling"].update(num_workers=2, cpus_per_worker=1, placement_strategy="SPREAD")
-    (d / "multinode.yaml").write_text(yaml.safe_dump(cfg))
     return d
+
+
+def pretrain_entry() -> list[str]:
+    """The killed job: the shipped GPU config as it stands, sizes overridden (2 CPU workers
+    spread over the nodes, STEPS steps, a checkpoint every INTERVAL). No storage or tracking
+    is set: both come from the nodes' environment, as cluster.yaml writes it."""
+    raw = yaml.safe_load((ROOT / "jobs/configs" / PRETRAIN_CONFIG).read_text())
+    sizes = [s for s in size_overrides(raw) if not s.startswith(
+        ("train.steps=", "checkpoint.interval=", "scaling.num_workers=", "train.log_every="))]
+    sizes += [f"train.steps={STEPS}", "train.log_every=2", f"checkpoint.interval={INTERVAL}",
+              "checkpoint.keep=2", "scaling.num_workers=2", "scaling.placement_strategy=SPREAD",
+              "run.max_failures=2"]
+    return ["jobs/pretrain.py", "--config", f"jobs/configs/{PRETRAIN_CONFIG}",
+            *[a for s in sizes for a in ("--set", s)]]
 
 
 def job_env(mlflow_server) -> dict:
@@ -229,7 +289,7 @@ def registered_checkpoints(s3) -> str:
     has been fully uploaded and registered (a report in flight can be lost on a kill)."""
     try:
         with s3.filesystem().open_input_stream(
-                f"{BUCKET}/vlp/{RUN}/checkpoint_manager_snapshot.json") as f:
+                f"{BUCKET}/runs/{RUN}/checkpoint_manager_snapshot.json") as f:
             return f.read().decode()
     except (OSError, FileNotFoundError):
         return ""
@@ -249,8 +309,7 @@ def killed_job(cluster, s3, mlflow_server, workdir, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "pretrain.log"
     job_id = f"vlp-mn-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
-    proc = cluster.submit(workdir, job_id, ["jobs/pretrain.py", "--config", "multinode.yaml"],
-                          job_env(mlflow_server), log)
+    proc = cluster.submit(workdir, job_id, pretrain_entry(), {"VLP_DEBUG": "1"}, log)
     first = f"checkpoint_step{INTERVAL:08d}"
     killed = None
     while proc.poll() is None and time.monotonic() - t0 < JOB_TIMEOUT_S:
@@ -285,12 +344,12 @@ def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
     resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", out)]
     assert resumed and resumed[0] >= INTERVAL and resumed[0] % INTERVAL == 0, out[-4000:]
     assert f"final_step {STEPS}" in out and "completed True" in out
-    assert f"checkpoint s3://{BUCKET}/vlp/{RUN}/checkpoint_step{STEPS:08d}" in out
+    assert f"checkpoint s3://{BUCKET}/runs/{RUN}/checkpoint_step{STEPS:08d}" in out
     assert killed_job["killed"] not in cluster.raylets()        # the node is gone
 
     files = s3_files(s3, "")
     ckpts = {p.split("/")[3] for p in files
-             if p.startswith(f"{BUCKET}/vlp/{RUN}/checkpoint_step")}
+             if p.startswith(f"{BUCKET}/runs/{RUN}/checkpoint_step")}
     assert f"checkpoint_step{STEPS:08d}" in ckpts and len(ckpts) <= 2     # keep: 2
     assert any(p.startswith(f"{BUCKET}/mlartifacts/") and p.endswith("loss_curve.png")
                for p in files)
@@ -317,8 +376,8 @@ def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
         f.write("# edited after the first submission\n")
     job_id = f"vlp-mn-again-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
-    proc = cluster.submit(workdir, job_id, ["jobs/pretrain.py", "--config", "multinode.yaml"],
-                          job_env(mlflow_server), tmp_path / "again.log")
+    proc = cluster.submit(workdir, job_id, pretrain_entry(), {"VLP_DEBUG": "1"},
+                          tmp_path / "again.log")
     out = finish(proc, tmp_path / "again.log", cluster, job_id)
     print(f"resubmitted job took {time.monotonic() - t0:.0f} s")
     after = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
@@ -335,7 +394,7 @@ def test_a_finetune_reads_the_s3_checkpoint_and_world(killed_job, cluster, mlflo
     job_id = f"vlp-mn-ft-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
     proc = cluster.submit(workdir, job_id, [
-        "jobs/finetune.py", "--checkpoint", f"s3://{BUCKET}/vlp/{RUN}", "--world",
+        "jobs/finetune.py", "--checkpoint", f"s3://{BUCKET}/runs/{RUN}", "--world",
         WORLD, "--benchmarks", "retrieval", "--workers", "1", "--name", "mn-ft",
         "--set", "settings.retrieval.steps=2"], job_env(mlflow_server), tmp_path / "ft.log")
     out = finish(proc, tmp_path / "ft.log", cluster, job_id)
@@ -345,7 +404,7 @@ def test_a_finetune_reads_the_s3_checkpoint_and_world(killed_job, cluster, mlflo
     children = client.search_runs(
         [runs[0].info.experiment_id], f"tags.`mlflow.parentRunId` = '{runs[0].info.run_id}'")
     ft = [c for c in children if c.info.run_name == "mn-ft-retrieval"]
-    assert ft and ft[0].data.params["finetune.checkpoint"] == f"s3://{BUCKET}/vlp/{RUN}"
+    assert ft and ft[0].data.params["finetune.checkpoint"] == f"s3://{BUCKET}/runs/{RUN}"
     assert ft[0].data.params["finetune.checkpoint_step"] == str(STEPS)
 
 
@@ -443,3 +502,43 @@ def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(
     # nothing of the sweep under the jobs' working folders
     for pkg in cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"):
         assert not list(pkg.rglob("trials-*")) and not list(pkg.rglob("tuner.pkl")), pkg
+
+
+@pytest.mark.skipif(not os.environ.get("VLP_ALL_GPU_CONFIGS"),
+                    reason="~6 min: set VLP_ALL_GPU_CONFIGS=1 (make test runs one config, "
+                           "uniter-base-indomain, as the killed job)")
+def test_each_shipped_gpu_config_lands_its_run_in_the_bucket_and_the_tracking_server(
+        cluster, s3, mlflow_server, workdir, tmp_path):
+    """Each shipped GPU pretraining config, submitted as it stands (size overrides only),
+    with nothing but the environment cluster.yaml gives every node: the checkpoints land in
+    s3://$VLP_BUCKET/runs and the run on the head's MLflow server, not on a node."""
+    configs = shipped_gpu_pretrain_configs()
+    assert len(configs) >= 5, configs
+    script = ["set -e"]
+    for path in configs:
+        raw = yaml.safe_load(path.read_text())
+        sets = " ".join(f"--set '{s}'" for s in size_overrides(raw))
+        script.append(f"python jobs/pretrain.py --config jobs/configs/{path.name} {sets}")
+    job_id = f"vlp-mn-gpu-configs-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    proc = cluster.submit(workdir, job_id, ["-c", "\n".join(script)], {"VLP_DEBUG": "1"},
+                          tmp_path / "configs.log", program="bash")
+    out = finish(proc, tmp_path / "configs.log", cluster, job_id)
+    print(f"{len(configs)} shipped configs in one job: {time.monotonic() - t0:.0f} s")
+    files = s3_files(s3, "runs")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    for path in configs:
+        raw = yaml.safe_load(path.read_text())
+        name = raw["run"]["name"]
+        steps = 2 * len(raw.get("stages") or [None])
+        final = f"{BUCKET}/runs/{name}/checkpoint_step{steps:08d}/"
+        assert any(p.startswith(final) for p in files), (name, sorted(files)[:20], out[-3000:])
+        exp = client.get_experiment_by_name((raw.get("mlflow") or {}).get("experiment")
+                                            or "vlp-pretrain")
+        runs = client.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED", (name, runs)
+    pkgs = list(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
+    for pkg in pkgs:    # nothing of any run in a job's working folder on the head
+        assert not (pkg / "runs").exists() and not list(pkg.rglob("mlflow.db")), pkg
