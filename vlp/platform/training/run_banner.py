@@ -13,13 +13,13 @@ from vlp.platform.training.loop_config import LoopConfig
 
 def engine_lines(c: LoopConfig, *, world: int, device: Any, n_params: int,
                  precision: str) -> list[str]:
-    """Why this precision, the ZeRO stage and the gradients' dtypes, and the network a
-    multi-node GPU run crosses."""
+    """The ZeRO stage and the gradients' dtypes, and the network a multi-node GPU run
+    crosses."""
     from vlp.platform.cluster.interconnect import interconnect_line
-    from vlp.platform.training.engine import deepspeed_config, gradient_line, precision_line
+    from vlp.platform.training.engine import deepspeed_config, gradient_line
 
     ds = deepspeed_config(c, world, device=device, num_parameters=n_params)
-    lines = [precision_line(c, precision, device), gradient_line(ds)]
+    lines = [gradient_line(ds)]
     network = interconnect_line(c.scaling.use_gpu, world)
     return lines + ([network] if network else [])
 
@@ -48,8 +48,10 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
         lines.append(f"global batch: ≤ {budget:,} input units per step "
                      f"({c.batch_input_units:,} per micro-batch); examples per step are "
                      f"measured at step 1 (budget batching)")
+    from vlp.platform.training.engine import precision_line
+
     name = device_name(device) or device.type
-    lines.append(f"precision {precision}; prefetch {c.train.prefetch_batches} "
+    lines.append(f"{precision_line(c, precision, device)}; prefetch {c.train.prefetch_batches} "
                  f"micro-batch(es) ahead; MFU " + (
                      f"against {peak / 1e12:.1f} TFLOP/s per device ({name})"
                      if peak else f"unknown: no peak FLOP/s known for {name} "
