@@ -59,6 +59,7 @@ def test_quick_cpu_run_writes_every_figure(tiny_world, tmp_path):
         assert steps[key] > 0 or key == "data_wait_share", key
     assert 0 < steps["real_units_share"] <= 1
     assert steps["loop_overhead_median_step"] > 0 and steps["slow_steps"] >= 0
+    assert steps["cold"]["loop_overhead"] > 0 and steps["cold"]["step_time_s"] > 0
     steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on, autocast
     for key in ("no_cudnn_sdpa_s_per_input_unit", "cudnn_sdpa_s_per_input_unit",
                 "bf16_autocast_fp32_weights_s_per_input_unit"):

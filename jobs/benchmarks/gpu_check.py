@@ -114,6 +114,11 @@ class Check:
             if self.gpu:
                 kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
+        # the same run twice in this process: the first ("cold") meets every (batch, length)
+        # shape for the first time (kernel plans, allocator growth); the second sees only
+        # shapes seen before, as a long run soon does, and so does the bare loop after it
+        cold = parts.step_figures(parts.run(self.cfg(f"cold-{family}", family=family)),
+                                  s["skip"])
         if self.gpu:
             torch.cuda.reset_peak_memory_stats()
         value = parts.run(cfg, after)
@@ -140,6 +145,11 @@ class Check:
             figures["bare_mfu_real"] = per_unit / figures["bare_s_per_input_unit"] / peak
         figures["host_syncs"] = kept.pop("syncs", {})
         figures.update(kept)
+        figures["cold"] = {k: cold[k] for k in ("step_time_s", "step_time_mean_s",
+                                                "s_per_input_unit", "slow_steps",
+                                                "slow_steps_wall_share")}
+        figures["cold"]["loop_overhead"] = (cold["s_per_input_unit"]
+                                            / figures["bare_s_per_input_unit"])
         return figures
 
     def precision_compare(self) -> dict:
