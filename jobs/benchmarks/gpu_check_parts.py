@@ -134,6 +134,16 @@ def _train_steps(engine, items: list) -> None:
         engine.step()
 
 
+def _second_pass_s(engine, items: list, device: torch.device) -> float:
+    """Seconds of a second pass over ``items`` (the first meets every shape once)."""
+    _train_steps(engine, items)
+    _sync(device)
+    t0 = time.perf_counter()
+    _train_steps(engine, items)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
     """The bare loop's second pass over the same batches (every shape seen once before: no
     first-shape costs such as kernel plans or allocator growth), with SDPA's cuDNN kernel
@@ -144,12 +154,7 @@ def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
         before = torch.backends.cuda.cudnn_sdp_enabled()
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
         try:
-            _train_steps(engine, items)       # first pass: shapes new to this setting
-            _sync(device)
-            t0 = time.perf_counter()
-            _train_steps(engine, items)
-            _sync(device)
-            out[f"{label}_s_per_input_unit"] = (time.perf_counter() - t0) / units
+            out[f"{label}_s_per_input_unit"] = _second_pass_s(engine, items, device) / units
         finally:
             torch.backends.cuda.enable_cudnn_sdp(before)
     return out
@@ -164,13 +169,8 @@ def autocast_steady(cfg, device: torch.device, n: int) -> dict[str, float]:
     def after(worker):
         items = device_batches(cfg, device, torch.float32, n)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            _train_steps(worker.engine, items)
-            _sync(device)
-            t0 = time.perf_counter()
-            _train_steps(worker.engine, items)
-            _sync(device)
-        kept["s_per_input_unit"] = (time.perf_counter() - t0) / sum(i.input_units
-                                                                    for i in items)
+            seconds = _second_pass_s(worker.engine, items, device)
+        kept["s_per_input_unit"] = seconds / sum(i.input_units for i in items)
     run(cfg, after)
     return kept
 
@@ -219,7 +219,7 @@ def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:
                       if not f.filename.endswith("warnings.py")]
             counts[phase[0]] += 1
             if phase[0] != "setup":
-                    where.append(f"{phase[0]}: " + " < ".join(
+                where.append(f"{phase[0]}: " + " < ".join(
                     f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-4:])))
 
     @contextlib.contextmanager
