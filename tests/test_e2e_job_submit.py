@@ -143,8 +143,10 @@ def sweep_job(ray_head, mlflow_server, user_env, tmp_path_factory):
 
 # ---- tests ------------------------------------------------------------------------------------
 
-def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job):
+def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job, capsys, tmp_path):
     from mlflow.tracking import MlflowClient
+
+    from vlp.cli import main
 
     uri, out = sweep_job
     assert f"Leaderboard of {SWEEP}" in out and f"Job '" in out and "succeeded" in out
@@ -160,6 +162,15 @@ def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job):
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "leaderboard")} == {
         "leaderboard/leaderboard.md", "leaderboard/leaderboard.csv",
         "leaderboard/leaderboard.json", "leaderboard/meta_sum.png"}
+    # `vlp leaderboard` prints the table the sweep logged, from the same runs
+    logged = client.download_artifacts(parent.info.run_id, "leaderboard/leaderboard.md",
+                                       str(tmp_path))
+    table = [line for line in Path(logged).read_text().splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 2
+    capsys.readouterr()
+    assert main(["leaderboard", "--tracking-uri", uri, "--experiment", "vlp-sweep"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("|")] == table
 
     trials = {t.data.tags["vlp.sweep.trial"]: t for t in client.search_runs(
         [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
@@ -170,6 +181,7 @@ def test_submitted_sweep_records_its_runs_in_the_mlflow_server(sweep_job):
         assert t.data.metrics["score"] == pytest.approx(t.data.metrics["ir"]
                                                         + t.data.metrics["tr"])
     assert trials["t002"].data.tags["mix"] == "MLM+ITM+MRC-kl+MRFR"   # the paper's best
+    assert trials["t002"].data.tags["pretraining_data"] == "In-domain"
 
     below = {r.info.run_name: r for r in client.search_runs(
         [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{trials['t002'].info.run_id}'")}

@@ -1,7 +1,7 @@
 """Restoring a sweep from its folder, without Ray: the first run writes the config and an
 instance id; a re-run of the same config resumes that instance; a changed config is refused
 naming the key (only the resumable keys may change). The whole interrupted-and-resumed sweep
-on real Ray Tune is test_sweep_ray.py."""
+on real Ray Tune, restored from S3, is test_multinode_cluster.py."""
 
 from __future__ import annotations
 
