@@ -139,3 +139,17 @@ def bashrc_env(setup_commands: list[str], home: Path, bucket: str,
                          capture_output=True, text=True, check=True, timeout=30).stdout
     after = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
     return {k: v for k, v in after.items() if env.get(k) != v and k not in ("PWD", "SHLVL", "_")}
+
+
+def shipped_gpu_configs(configs: Path) -> list[Path]:
+    """The configs under ``configs`` whose workers ask for GPUs (a sweep's under its
+    ``pretrain`` section)."""
+    import yaml
+
+    out = []
+    for path in sorted(configs.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        pre = raw.get("pretrain") if isinstance(raw.get("pretrain"), dict) else {}
+        if raw.get("scaling", {}).get("use_gpu") or pre.get("scaling", {}).get("use_gpu"):
+            out.append(path)
+    return out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_helpers import shipped_gpu_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "jobs" / "configs"
@@ -23,13 +24,7 @@ def read_only_mount() -> str:
 
 
 def gpu_configs() -> list[Path]:
-    out = []
-    for path in sorted(CONFIGS.glob("*.yaml")):
-        raw = yaml.safe_load(path.read_text())
-        pre = raw.get("pretrain") if isinstance(raw.get("pretrain"), dict) else {}
-        if raw.get("scaling", {}).get("use_gpu") or pre.get("scaling", {}).get("use_gpu"):
-            out.append(path)
-    return out
+    return shipped_gpu_configs(CONFIGS)
 
 
 def written_paths(raw: dict) -> dict[str, str]:

@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from cluster_helpers import BIN, bashrc_env, stop_tree, wait_http
+from cluster_helpers import BIN, bashrc_env, shipped_gpu_configs, stop_tree, wait_http
 
 from vlp.platform.cluster.ray_session import free_local_port
 
@@ -209,12 +209,8 @@ def shipped_gpu_pretrain_configs() -> list[Path]:
     """The shipped configs that `jobs/pretrain.py` runs on GPU workers (the Table 3 sweep is
     checked against the read-only mount by test_gpu_config_paths.py and runs its trials
     through the same pretraining path)."""
-    out = []
-    for path in sorted((ROOT / "jobs" / "configs").glob("*.yaml")):
-        raw = yaml.safe_load(path.read_text())
-        if "run" in raw and (raw.get("scaling") or {}).get("use_gpu"):
-            out.append(path)
-    return out
+    return [p for p in shipped_gpu_configs(ROOT / "jobs" / "configs")
+            if "run" in yaml.safe_load(p.read_text())]
 
 
 def size_overrides(raw: dict) -> list[str]:
@@ -255,11 +251,10 @@ def pretrain_entry() -> list[str]:
     spread over the nodes, STEPS steps, a checkpoint every INTERVAL). No storage or tracking
     is set: both come from the nodes' environment, as cluster.yaml writes it."""
     raw = yaml.safe_load((ROOT / "jobs/configs" / PRETRAIN_CONFIG).read_text())
-    sizes = [s for s in size_overrides(raw) if not s.startswith(
-        ("train.steps=", "checkpoint.interval=", "scaling.num_workers=", "train.log_every="))]
-    sizes += [f"train.steps={STEPS}", "train.log_every=2", f"checkpoint.interval={INTERVAL}",
-              "checkpoint.keep=2", "scaling.num_workers=2", "scaling.placement_strategy=SPREAD",
-              "run.max_failures=2"]
+    sizes = size_overrides(raw) + [   # a later override of the same key wins
+        f"train.steps={STEPS}", "train.log_every=2", f"checkpoint.interval={INTERVAL}",
+        "checkpoint.keep=2", "scaling.num_workers=2", "scaling.placement_strategy=SPREAD",
+        "run.max_failures=2"]
     return ["jobs/pretrain.py", "--config", f"jobs/configs/{PRETRAIN_CONFIG}",
             *[a for s in sizes for a in ("--set", s)]]
 

@@ -108,30 +108,24 @@ def step_figures(value: dict[str, Any], skip: int) -> dict[str, float]:
     return out
 
 
-def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
-    """The same engine on batches already on the device: forward, backward, step and
-    nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
-    for item in items[:2]:   # warm-up
-        out = objective.forward(engine, item.batch, item.task)
-        engine.backward(out["loss"])
-        engine.step()
-    _sync(device)
-    t0 = time.perf_counter()
-    for item in items[2:]:
-        out = objective.forward(engine, item.batch, item.task)
-        engine.backward(out["loss"])
-        engine.step()
-    _sync(device)
-    wall = time.perf_counter() - t0
-    units = sum(i.input_units for i in items[2:])
-    return {"bare_s_per_input_unit": wall / units, "bare_steps": len(items) - 2}
-
-
 def _train_steps(engine, items: list) -> None:
     for item in items:
         out = objective.forward(engine, item.batch, item.task)
         engine.backward(out["loss"])
         engine.step()
+
+
+def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
+    """The same engine on batches already on the device: forward, backward, step and
+    nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
+    _train_steps(engine, items[:2])   # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    _train_steps(engine, items[2:])
+    _sync(device)
+    wall = time.perf_counter() - t0
+    units = sum(i.input_units for i in items[2:])
+    return {"bare_s_per_input_unit": wall / units, "bare_steps": len(items) - 2}
 
 
 def _second_pass_s(engine, items: list, device: torch.device) -> float:

@@ -2,9 +2,10 @@
 
 Exact names, not substrings: an A10G is not an A10 and an H100 PCIe is not an H100 SXM, and a
 substring match would give each the other's peak. Figures are NVIDIA's datasheet dense
-(no sparsity) tensor-core peaks, except the one row that says otherwise; TF32 is half the 16-bit peak on these architectures. A name
-not in the table has no known peak: MFU is then reported as unknown unless
-``train.peak_tflops`` (or a benchmark's ``--peak-tflops``) gives it. CPUs have no entry.
+(no sparsity) tensor-core peaks, except the one row that says otherwise; TF32 is half the
+16-bit peak on these architectures. A name not in the table has no known peak: MFU is then
+reported as unknown unless ``train.peak_tflops`` (or a benchmark's ``--peak-tflops``) gives
+it. CPUs have no entry.
 """
 
 from __future__ import annotations

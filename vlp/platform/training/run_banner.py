@@ -11,8 +11,7 @@ from vlp.platform.training.device_peaks import device_name
 from vlp.platform.training.loop_config import LoopConfig
 
 
-def engine_lines(c: LoopConfig, *, world: int, device: Any, n_params: int,
-                 precision: str) -> list[str]:
+def engine_lines(c: LoopConfig, *, world: int, device: Any, n_params: int) -> list[str]:
     """The ZeRO stage and the gradients' dtypes, and the network a multi-node GPU run
     crosses."""
     from vlp.platform.cluster.interconnect import interconnect_line
@@ -56,8 +55,7 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
                      f"against {peak / 1e12:.1f} TFLOP/s per device ({name})"
                      if peak else f"unknown: no peak FLOP/s known for {name} "
                      "(set train.peak_tflops)"))
-    lines += engine_lines(c, world=world, device=device, n_params=n_params,
-                          precision=precision)
+    lines += engine_lines(c, world=world, device=device, n_params=n_params)
     figures = {"parameters": n_params, "trainable_parameters": n_trainable,
                "total_steps": total, "micro_batches_per_step": micro}
     if budget:
