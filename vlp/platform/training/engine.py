@@ -301,7 +301,23 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
         # every gradient into buckets, reduce and copy them back after each backward (the
         # switch DeepSpeed itself turns off when it has no process group)
         engine.enable_backward_allreduce = False
+        if isinstance(engine.optimizer, torch.optim.Optimizer):
+            engine.optimizer.register_step_pre_hook(zero_fill_missing_grads)
     return engine
+
+
+def zero_fill_missing_grads(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    """Give every trainable parameter that no loss reached this step a zero gradient, so that
+    it takes the optimizer step (AdamW's momentum and weight decay) as it does everywhere
+    else: DeepSpeed's all-reduce fills such gradients with zeros on several ranks, and its
+    flat optimizers (ZeRO, bf16, fp16) step every parameter. Without it, a one-rank ZeRO-0
+    run would skip them (torch skips ``grad is None``): with one task per step, each head
+    would stand still on the other tasks' steps, and the same config would train differently
+    on one worker than on eight, or in fp32 than in bf16."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 def cnn_recipe_for(model: torch.nn.Module, cfg: LoopConfig, schedule: WarmupLinearDecay,
