@@ -69,6 +69,10 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
         assert steady[key] > 0, steady
     profile = steps["profile"]
     assert 0 < profile["busy_share"] <= 1 and profile["top"], profile
+    ops = steps["host_ops"]   # aten ops per step by phase: the host's work in a step
+    assert ops["forward_per_step"] > 0 and ops["step_per_step"] > 0, ops
+    assert ops["per_step"] == pytest.approx(ops["forward_per_step"] + ops["backward_per_step"]
+                                            + ops["step_per_step"])
     syncs = steps["host_syncs"]
     assert syncs["method"] == "recorder"
     assert syncs["forward_per_step"] == 0 and syncs["backward_per_step"] == 0

@@ -112,6 +112,7 @@ class Check:
             items = parts.device_batches(cfg, self.device, dtype, s["bare"] + s["syncs"])
             kept["bare"] = parts.bare_loop(worker.engine, items[:s["bare"]], self.device)
             kept["syncs"] = parts.host_syncs(worker.engine, items[s["bare"]:], self.device)
+            kept["ops"] = parts.host_ops(worker.engine, items[s["bare"]:])
             diagnostics = {"steady": (parts.steady_bare, s["bare"]),
                            "profile": (parts.profile_steps, s["profile"])}
             for name, (fn, n) in diagnostics.items():
@@ -157,6 +158,11 @@ class Check:
                 if isinstance(row, dict) and "bare_s_per_input_unit" in row:
                     row["bare_mfu_real"] = per_unit / row["bare_s_per_input_unit"] / peak
         figures["host_syncs"] = kept.pop("syncs", {})
+        figures["host_ops"] = kept.pop("ops", {})
+        if figures["host_ops"]:   # the bare step over its ops: the host cost per op, if host-bound
+            figures["host_ops"]["bare_step_us_per_op"] = (
+                figures["bare_s_per_input_unit"] * s["units"] * 1e6
+                / figures["host_ops"]["per_step"])
         figures.update(kept)
         figures["cold"] = {k: cold[k] for k in ("step_time_s", "step_time_mean_s",
                                                 "s_per_input_unit", "slow_steps",

@@ -7,6 +7,7 @@ Ray worker runs, without Ray. Each function returns a dict of figures.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import statistics
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vlp.platform.pretrain.data import prepare
 from vlp.platform.pretrain.job import load_pretrain_config, resolved
@@ -246,6 +248,43 @@ def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:
     return {"method": "cuda_sync_debug_mode" if device.type == "cuda" else "recorder",
             "forward_per_step": counts["forward"] / n, "backward_per_step": counts["backward"] / n,
             "optimizer_step_per_step": counts["step"] / n, "examples": where[:6]}
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operations dispatched while it is on (each a kernel launch on a GPU,
+    or a view or metadata change costing the host a few microseconds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket).removeprefix("aten.")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def host_ops(engine, items: list, top: int = 6) -> dict[str, Any]:
+    """aten operations the host dispatches per step in forward+loss, backward (with the
+    precision wrapper's gradient bookkeeping) and the optimizer step, and the commonest of
+    each: the work a host-bound step spends its time on, whatever the device."""
+    counts = {"forward": collections.Counter(), "backward": collections.Counter(),
+              "step": collections.Counter()}
+    for item in items:
+        with _OpCounter() as c:
+            out = objective.forward(engine, item.batch, item.task)
+        counts["forward"] += c.ops
+        with _OpCounter() as c:
+            engine.backward(out["loss"])
+        counts["backward"] += c.ops
+        with _OpCounter() as c:
+            engine.step()
+        counts["step"] += c.ops
+    n = len(items)
+    out: dict[str, Any] = {f"{k}_per_step": sum(v.values()) / n for k, v in counts.items()}
+    out["per_step"] = sum(out[f"{k}_per_step"] for k in counts)
+    out["top"] = {k: [f"{name} x{c / n:g}" for name, c in v.most_common(top)]
+                  for k, v in counts.items()}
+    return out
 
 
 def sdpa_kernels(device: torch.device, dtype: torch.dtype, batch: int, length: int,
