@@ -11,6 +11,12 @@ same references, batch by batch.
 The task of a batch is not known when the window is cut, so batches are collated unmasked and
 as positives; an ITM batch then swaps in its donors' rows (``swap_negatives``), which gives
 the arrays that collating the swapped references would.
+
+Soft labels (the detector's class distribution, C = 1,601 fp16 values a region: as many bytes
+as a 2048-d feature) are read by MRC tasks only, a third of UNITER's batches: a collated batch
+holds the rows they would come from (``SOFT_ROWS``, swapped and trimmed like the other region
+arrays) and the window's rows once (``SOFT_SOURCE``: each image once, not once per caption);
+``resolve_soft_labels`` gathers them for a batch whose task reads them.
 """
 
 from __future__ import annotations
@@ -30,6 +36,27 @@ from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
 
 Batch = dict[str, np.ndarray]
+SOFT_ROWS = "_soft_label_rows"     # int64 [B, N]: the batch's rows of SOFT_SOURCE
+SOFT_SOURCE = "_soft_label_source"  # SoftLabelSource: the window's soft-label rows
+
+
+class SoftLabelSource:
+    """The soft labels of a window's images, end to end, a zero row last (padding). Not an
+    array, so that copying a batch's arrays (one copy per task of a summed set) shares it."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        return np.take(self.rows, idx.reshape(-1), axis=0).reshape(*idx.shape, -1)
+
+
+def resolve_soft_labels(batch: Batch, needed: bool) -> None:
+    """Gather SOFT_LABELS for a batch whose task reads them; drop the row references either
+    way (in place)."""
+    source, rows = batch.pop(SOFT_SOURCE, None), batch.pop(SOFT_ROWS, None)
+    if needed and source is not None:
+        batch[SOFT_LABELS] = source.take(rows)
 
 
 def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
@@ -82,13 +109,13 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     dst = rrow[ex] + pos
     take[dst] = reg_at[ex] + pos
 
-    def gather(name: str) -> np.ndarray:
+    def source_rows(name: str) -> np.ndarray:
         parts = [getattr(blocks[b], name) for b in image_blocks]
-        rows = np.concatenate(parts + [np.zeros((1, parts[0].shape[1]), parts[0].dtype)])
-        return np.take(rows, take, axis=0)
+        return np.concatenate(parts + [np.zeros((1, parts[0].shape[1]), parts[0].dtype)])
 
-    feats, loc = gather("features"), gather("region_loc")
-    soft = gather("soft_labels") if need_soft else None
+    feats = np.take(source_rows("features"), take, axis=0)
+    loc = np.take(source_rows("region_loc"), take, axis=0)
+    soft = SoftLabelSource(source_rows("soft_labels")) if need_soft else None
     region_mask = np.zeros(rows_total, np.int64)
     region_mask[dst] = 1
     whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding
@@ -103,8 +130,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
                  K.REGION_FEATS: feats[rs].reshape(B, n, feature_dim),
                  K.REGION_LOC: loc[rs].reshape(B, n, loc_dim),
                  K.REGION_MASK: region_mask[rs].reshape(B, n), IMAGE_KEYS: image_key[s:e]}
-        if need_soft:
-            batch[SOFT_LABELS] = soft[rs].reshape(B, n, num_classes)
+        if soft is not None:
+            batch[SOFT_ROWS], batch[SOFT_SOURCE] = take[rs].reshape(B, n), soft
         for k, v in whole.items():
             batch[k] = v[s:e]
         batch[K.POSITIVE] = refs.positive[s:e].astype(bool)
@@ -115,7 +142,7 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
 
 
 TEXT_SIDE = (K.INPUT_IDS, K.TEXT_MASK, TEXT_KEYS)
-IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_LABELS,
+IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_ROWS,
               WHOLE_FEAT, HAS_WHOLE)
 
 
@@ -136,7 +163,7 @@ def swap_negatives(batch: Batch, donors: Donors) -> Batch:
         for k in (K.INPUT_IDS, K.TEXT_MASK):
             out[k] = np.ascontiguousarray(out[k][:, :T])
     if N < out[K.REGION_MASK].shape[1]:
-        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, SOFT_LABELS):
+        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, SOFT_ROWS):
             if k in out:
                 out[k] = np.ascontiguousarray(out[k][:, :N])
     out[K.POSITIVE] = batch[K.POSITIVE] & ~donors.negative
