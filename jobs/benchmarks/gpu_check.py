@@ -45,7 +45,7 @@ def sizes(quick: bool, gpu: bool) -> dict:
         return dict(family="uniter-tiny", large=None, units=512, steps=8, skip=2,
                     compare_steps=6, bare=6, syncs=2, profile=3, resume_steps=4, batcher=10,
                     sdpa=(8, 2, 64, 32), world=dict(images=60, feature_dim=64, num_classes=21),
-                    sweep=(2,), sweep_steps=3)
+                    sweep=(2,), sweep_steps=2)
     return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
                 compare_steps=50, bare=40, syncs=4, profile=8, resume_steps=6, batcher=60,
                 sdpa=(96, 12, 110, 64),
