@@ -13,7 +13,7 @@ as positives; an ITM batch then swaps in its donors' rows (``swap_negatives``), 
 the arrays that collating the swapped references would.
 
 Soft labels (the detector's class distribution, C = 1,601 fp16 values a region: as many bytes
-as a 2048-d feature) are read by MRC tasks only, a third of UNITER's batches: a collated batch
+as a 2048-d feature) are read by MRC tasks only (one batch in six in UNITER's mix): a batch
 holds the rows they would come from (``SOFT_ROWS``, swapped and trimmed like the other region
 arrays) and the window's rows once (``SOFT_SOURCE``: each image once, not once per caption);
 ``resolve_soft_labels`` gathers them for a batch whose task reads them.
