@@ -13,7 +13,8 @@ storage and tracking from the nodes' environment alone — loses a worker node (
 its raylet) after its first checkpoint and must resume from the S3 checkpoint on the
 remaining nodes, end at exactly its configured step with one MLflow run, and leave no run
 files under the job's working folder. Resubmitting it after a code edit (a new
-_ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint and
+_ray_pkg_<hash>) finds the finished run (its S3 checkpoint, its MLflow run) instead of
+restarting, and a finetune reads its S3 checkpoint and
 the world (manifest, task tables, image shards) from the bucket. A tiny sweep over that world,
 in the same bucket, is stopped after its first trial checkpoint (SIGUSR1, as Ctrl-C); a
 second submission completes it with Tuner.restore from S3, the trial resuming from its Tune
@@ -364,8 +365,14 @@ def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
         assert not (pkg / "runs").exists() and not list(pkg.rglob("mlflow.db")), pkg
 
 
-def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
+def test_resubmitting_after_a_code_edit_finds_the_run_instead_of_restarting(
         killed_job, cluster, mlflow_server, workdir, tmp_path):
+    """The same job submitted again after a code edit (a new _ray_pkg_<hash> working folder)
+    must find its run, not start a new one: the run storage and the MLflow run key come
+    from the nodes' environment and the run name, never the job's working folder. The run
+    has ended at its last step, so the driver says so in one line, naming the S3 checkpoint
+    and the MLflow run it found by key, and exits 0 without starting Ray Train workers; the
+    run in MLflow is left as it was."""
     before = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
     with open(workdir / "jobs" / "pretrain.py", "a") as f:
         f.write("# edited after the first submission\n")
@@ -377,9 +384,12 @@ def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
     print(f"resubmitted job took {time.monotonic() - t0:.0f} s")
     after = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
     assert after - before, "the edit did not give the job a new working folder"
-    assert f"resumed from step {STEPS}" in out and f"final_step {STEPS}" in out
     client, runs = mlflow_runs(mlflow_server, RUN)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert (f"[vlp pretrain] run {RUN} already finished: step {STEPS} of {STEPS}, checkpoint "
+            f"s3://{BUCKET}/runs/{RUN}/checkpoint_step{STEPS:08d}, MLflow run "
+            f"{runs[0].info.run_id}; nothing to train") in out, out[-4000:]
+    assert "resumed from step" not in out and "final_step" not in out   # no worker started
     steps = sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")})
     assert steps == list(range(1, STEPS + 1))
 
