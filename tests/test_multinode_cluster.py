@@ -88,7 +88,9 @@ def node_env(s3, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(s3, node_env, tmp_path_factory):
+def mlflow_process(s3, node_env, tmp_path_factory):
+    """The `mlflow server` process, started (the cluster fixture asks for it first: the
+    server boots while the nodes start); ``mlflow_server`` waits until it answers."""
     d = tmp_path_factory.mktemp("mlflow")
     port = int(node_env["MLFLOW_TRACKING_URI"].rsplit(":", 1)[1])   # cluster.yaml's address
     log = open(d / "server.log", "w")
@@ -99,11 +101,17 @@ def mlflow_server(s3, node_env, tmp_path_factory):
                             env={**node_env, "MLFLOW_S3_ENDPOINT_URL": s3.endpoint}, cwd=d,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
-        yield f"http://127.0.0.1:{port}"
+        yield proc, port
     finally:
         stop_tree(proc.pid)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(mlflow_process):
+    proc, port = mlflow_process
+    wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
+    return f"http://127.0.0.1:{port}"
 
 
 # The GCS marks a node dead after this many failed health checks in a row (Ray's default: 5,
@@ -128,26 +136,33 @@ class Cluster:
                          "--system-config", json.dumps(HEALTH_CHECK)])
             wait_http(f"{self.address}/api/version", 300,
                       {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
-            for name in ("node_b", "node_c"):
-                # a temp dir of its own: the default /tmp/ray is shared with every other Ray
-                # on the machine (unpacked job packages included)
-                self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
-                             "--temp-dir", str(temp / name),
-                             "--resources", json.dumps({name: 1})])
+            # the two worker nodes join at the same time; each has a temp dir of its own:
+            # the default /tmp/ray is shared with every other Ray on the machine (unpacked
+            # job packages included)
+            self._start(*[["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
+                           "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})]
+                          for name in ("node_b", "node_c")])
         except BaseException:       # interrupted or failed while starting: stop what runs
             self.stop()
             raise
 
-    def _start(self, args: list[str]) -> None:
-        cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
-               "--dashboard-agent-listen-port", str(free_local_port()),
-               "--metrics-export-port", str(free_local_port()),
-               "--object-store-memory", str(512 << 20), "--disable-usage-stats", *args]
-        start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
-                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.groups.append(start.pid)
-        out, _ = start.communicate(timeout=600)
-        assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
+    def _start(self, *nodes: list[str]) -> None:
+        """`ray start` with each of ``nodes``' arguments, all at once; returns when all
+        have."""
+        starts = []
+        for args in nodes:
+            cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
+                   "--dashboard-agent-listen-port", str(free_local_port()),
+                   "--metrics-export-port", str(free_local_port()),
+                   "--object-store-memory", str(512 << 20), "--disable-usage-stats", *args]
+            start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
+                                     text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+            self.groups.append(start.pid)
+            starts.append((start, args))
+        for start, args in starts:
+            out, _ = start.communicate(timeout=600)
+            assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
 
     def raylets(self) -> dict[str, psutil.Process]:
         """Custom resource name → raylet process, for this cluster's nodes."""
@@ -185,12 +200,11 @@ class Cluster:
                                 stderr=subprocess.STDOUT, text=True)
 
     def stop(self) -> None:
-        for pgid in reversed(self.groups):
-            stop_tree(pgid)
+        stop_tree(*self.groups)
 
 
 @pytest.fixture(scope="module")
-def cluster(node_env, tmp_path_factory):
+def cluster(node_env, mlflow_process, tmp_path_factory):
     c = Cluster(node_env, tmp_path_factory.mktemp("ray"))
     try:
         yield c
