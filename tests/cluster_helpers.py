@@ -23,13 +23,14 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def stop_tree(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM every process of the group ``pgid`` and all their descendants (Ray workers get
-    process groups of their own but stay children of the raylet), SIGKILL what is left."""
+def stop_tree(*pgids: int, grace_s: float = 5.0) -> None:
+    """SIGTERM every process of the groups ``pgids`` and all their descendants (Ray workers
+    get process groups of their own but stay children of the raylet), SIGKILL what is left.
+    Several groups (a cluster's nodes) are signalled together and waited for once."""
     procs: dict[int, psutil.Process] = {}
     for p in psutil.process_iter():
         try:
-            if os.getpgid(p.pid) == pgid:
+            if os.getpgid(p.pid) in pgids:
                 procs[p.pid] = p
                 procs.update((c.pid, c) for c in p.children(recursive=True))
         except (psutil.Error, OSError):

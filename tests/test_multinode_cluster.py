@@ -13,12 +13,16 @@ storage and tracking from the nodes' environment alone — loses a worker node (
 its raylet) after its first checkpoint and must resume from the S3 checkpoint on the
 remaining nodes, end at exactly its configured step with one MLflow run, and leave no run
 files under the job's working folder. Resubmitting it after a code edit (a new
-_ray_pkg_<hash>) resumes instead of restarting, and a finetune reads its S3 checkpoint and
-the world (manifest, task tables, image shards) from the bucket. A tiny sweep over that world,
-in the same bucket, is stopped after its first trial checkpoint (SIGUSR1, as Ctrl-C); a
-second submission completes it with Tuner.restore from S3, the trial resuming from its Tune
-checkpoint there. With VLP_ALL_GPU_CONFIGS=1, every shipped GPU pretraining config runs the
-same way (~6 minutes).
+_ray_pkg_<hash>) finds the finished run (its S3 checkpoint, its MLflow run) instead of
+restarting, and a finetune reads its S3 checkpoint and
+the world (manifest, task tables, image shards) from the bucket. A tiny two-trial sweep over
+that world (sweep-tiny.yaml: no pretraining, then the paper's best mix), in the same bucket,
+is stopped after its first trial checkpoint (SIGUSR1, as Ctrl-C); a second submission, as
+users resume one (`jobs/sweep.py`), completes it with Tuner.restore from S3, the trial
+resuming from its Tune checkpoint there. Its runs are then read back through MLflow's client
+and `vlp leaderboard`, and the MLflow UI is screenshotted in headless Chromium
+(runs/e2e/mlflow-ui.png, for a human to look at). With VLP_ALL_GPU_CONFIGS=1, every shipped
+GPU pretraining config runs the same way (~6 minutes).
 
 The cluster is this file's own (token auth with its own token, its own ports and temp dir)
 and is stopped by killing its own process groups, never `ray stop`.
@@ -27,6 +31,7 @@ and is stopped by killing its own process groups, never `ray stop`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -46,6 +51,7 @@ from vlp.platform.cluster.ray_session import free_local_port
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOT_COPY = ROOT / "runs" / "e2e" / "mlflow-ui.png"
 BUCKET = "vlp-multinode"
 PRETRAIN_CONFIG = "uniter-base-indomain.yaml"   # the README's example of a cluster run
 RUN = "uniter-base-indomain"                    # its run.name
@@ -87,7 +93,9 @@ def node_env(s3, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(s3, node_env, tmp_path_factory):
+def mlflow_process(s3, node_env, tmp_path_factory):
+    """The `mlflow server` process, started (the cluster fixture asks for it first: the
+    server boots while the nodes start); ``mlflow_server`` waits until it answers."""
     d = tmp_path_factory.mktemp("mlflow")
     port = int(node_env["MLFLOW_TRACKING_URI"].rsplit(":", 1)[1])   # cluster.yaml's address
     log = open(d / "server.log", "w")
@@ -98,11 +106,17 @@ def mlflow_server(s3, node_env, tmp_path_factory):
                             env={**node_env, "MLFLOW_S3_ENDPOINT_URL": s3.endpoint}, cwd=d,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
-        yield f"http://127.0.0.1:{port}"
+        yield proc, port
     finally:
         stop_tree(proc.pid)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(mlflow_process):
+    proc, port = mlflow_process
+    wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
+    return f"http://127.0.0.1:{port}"
 
 
 # The GCS marks a node dead after this many failed health checks in a row (Ray's default: 5,
@@ -127,26 +141,33 @@ class Cluster:
                          "--system-config", json.dumps(HEALTH_CHECK)])
             wait_http(f"{self.address}/api/version", 300,
                       {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
-            for name in ("node_b", "node_c"):
-                # a temp dir of its own: the default /tmp/ray is shared with every other Ray
-                # on the machine (unpacked job packages included)
-                self._start(["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
-                             "--temp-dir", str(temp / name),
-                             "--resources", json.dumps({name: 1})])
+            # the two worker nodes join at the same time; each has a temp dir of its own:
+            # the default /tmp/ray is shared with every other Ray on the machine (unpacked
+            # job packages included)
+            self._start(*[["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
+                           "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})]
+                          for name in ("node_b", "node_c")])
         except BaseException:       # interrupted or failed while starting: stop what runs
             self.stop()
             raise
 
-    def _start(self, args: list[str]) -> None:
-        cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
-               "--dashboard-agent-listen-port", str(free_local_port()),
-               "--metrics-export-port", str(free_local_port()),
-               "--object-store-memory", str(512 << 20), "--disable-usage-stats", *args]
-        start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
-                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.groups.append(start.pid)
-        out, _ = start.communicate(timeout=600)
-        assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
+    def _start(self, *nodes: list[str]) -> None:
+        """`ray start` with each of ``nodes``' arguments, all at once; returns when all
+        have."""
+        starts = []
+        for args in nodes:
+            cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
+                   "--dashboard-agent-listen-port", str(free_local_port()),
+                   "--metrics-export-port", str(free_local_port()),
+                   "--object-store-memory", str(512 << 20), "--disable-usage-stats", *args]
+            start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
+                                     text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+            self.groups.append(start.pid)
+            starts.append((start, args))
+        for start, args in starts:
+            out, _ = start.communicate(timeout=600)
+            assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
 
     def raylets(self) -> dict[str, psutil.Process]:
         """Custom resource name → raylet process, for this cluster's nodes."""
@@ -184,12 +205,11 @@ class Cluster:
                                 stderr=subprocess.STDOUT, text=True)
 
     def stop(self) -> None:
-        for pgid in reversed(self.groups):
-            stop_tree(pgid)
+        stop_tree(*self.groups)
 
 
 @pytest.fixture(scope="module")
-def cluster(node_env, tmp_path_factory):
+def cluster(node_env, mlflow_process, tmp_path_factory):
     c = Cluster(node_env, tmp_path_factory.mktemp("ray"))
     try:
         yield c
@@ -364,8 +384,14 @@ def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
         assert not (pkg / "runs").exists() and not list(pkg.rglob("mlflow.db")), pkg
 
 
-def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
+def test_resubmitting_after_a_code_edit_finds_the_run_instead_of_restarting(
         killed_job, cluster, mlflow_server, workdir, tmp_path):
+    """The same job submitted again after a code edit (a new _ray_pkg_<hash> working folder)
+    must find its run, not start a new one: the run storage and the MLflow run key come
+    from the nodes' environment and the run name, never the job's working folder. The run
+    has ended at its last step, so the driver says so in one line, naming the S3 checkpoint
+    and the MLflow run it found by key, and exits 0 without starting Ray Train workers; the
+    run in MLflow is left as it was."""
     before = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
     with open(workdir / "jobs" / "pretrain.py", "a") as f:
         f.write("# edited after the first submission\n")
@@ -377,9 +403,12 @@ def test_resubmitting_after_a_code_edit_resumes_instead_of_restarting(
     print(f"resubmitted job took {time.monotonic() - t0:.0f} s")
     after = set(cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"))
     assert after - before, "the edit did not give the job a new working folder"
-    assert f"resumed from step {STEPS}" in out and f"final_step {STEPS}" in out
     client, runs = mlflow_runs(mlflow_server, RUN)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert (f"[vlp pretrain] run {RUN} already finished: step {STEPS} of {STEPS}, checkpoint "
+            f"s3://{BUCKET}/runs/{RUN}/checkpoint_step{STEPS:08d}, MLflow run "
+            f"{runs[0].info.run_id}; nothing to train") in out, out[-4000:]
+    assert "resumed from step" not in out and "final_step" not in out   # no worker started
     steps = sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")})
     assert steps == list(range(1, STEPS + 1))
 
@@ -403,7 +432,7 @@ def test_a_finetune_reads_the_s3_checkpoint_and_world(killed_job, cluster, mlflo
     assert ft[0].data.params["finetune.checkpoint_step"] == str(STEPS)
 
 
-# ---- a sweep in S3, interrupted and restored by a second submission ------------------------
+# ---- a sweep in S3, interrupted and restored by a second submission; its runs in MLflow ----
 
 SWEEP = "mn-sweep"
 SWEEP_ENTRY = '''"""Test entry: the sweep of mn-sweep.yaml; --interrupt stops it (SIGUSR1,
@@ -445,43 +474,52 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def sweep_workdir(workdir) -> Path:
-    """The tiniest sweep that still has a trial to resume: one trial (no pretraining), one
-    finetune stage (retrieval, 2 steps). Stopped once its first report's checkpoint is saved
-    (stage 0, no compute), it must resume from that Tune checkpoint in S3 and run the
-    finetune. Its storage is the
-    job's VLP_STORAGE (s3://), its tracking the job's MLFLOW_TRACKING_URI."""
+    """jobs/configs/sweep-tiny.yaml over the world in the bucket, one finetune stage
+    (retrieval, 2 steps): two trials one at a time, "no pretraining" (t001) then the paper's
+    best mix (t002: 4 pretraining steps). Stopped once t001's first report's checkpoint is
+    saved (stage 0, no compute), it must resume t001 from that Tune checkpoint in S3 and run
+    t002 from scratch. Its storage is the job's VLP_STORAGE (s3://), its tracking the job's
+    MLFLOW_TRACKING_URI."""
     cfg = yaml.safe_load((ROOT / "jobs/configs/sweep-tiny.yaml").read_text())
-    cfg["sweep"].update(name=SWEEP, num_samples=1, include=["none"], max_concurrent=1,
-                        scheduler="fifo")
+    cfg["sweep"].update(name=SWEEP, num_samples=2, max_concurrent=1, scheduler="fifo")
     cfg["world"] = WORLD
-    cfg["space"]["init"] = ["random"]
     cfg["finetune"]["benchmarks"] = ["retrieval"]
     (workdir / "mn-sweep.yaml").write_text(yaml.safe_dump(cfg))
     (workdir / "mn_sweep.py").write_text(SWEEP_ENTRY)
     return workdir
 
 
-def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(
-        cluster, s3, mlflow_server, sweep_workdir, tmp_path):
+@pytest.fixture(scope="module")
+def restored_sweep(cluster, s3, mlflow_server, sweep_workdir, tmp_path_factory):
+    """The sweep submitted with the interrupting entry, then again as users resume one:
+    `jobs/sweep.py --config mn-sweep.yaml` (--verbose: the trials' own lines in the job
+    log)."""
+    d = tmp_path_factory.mktemp("sweep")
     t0 = time.monotonic()
-    marker = tmp_path / "interrupted"
+    marker = d / "interrupted"
     job = f"vlp-mn-sweep-{uuid.uuid4().hex[:8]}"
     first = finish(cluster.submit(sweep_workdir, job, ["mn_sweep.py", "--interrupt",
                                                        str(marker)], job_env(mlflow_server),
-                                  tmp_path / "sweep1.log"), tmp_path / "sweep1.log", cluster,
-                   job)
+                                  d / "sweep1.log"), d / "sweep1.log", cluster, job)
     t1 = time.monotonic()
-    assert marker.exists() and "interrupted True" in first, first[-4000:]
+    job = f"vlp-mn-sweep-again-{uuid.uuid4().hex[:8]}"
+    second = finish(cluster.submit(sweep_workdir, job, ["jobs/sweep.py", "--config",
+                                                        "mn-sweep.yaml", "--verbose"],
+                                   job_env(mlflow_server), d / "sweep2.log"),
+                    d / "sweep2.log", cluster, job)
+    print(f"sweep: interrupted job {t1 - t0:.0f} s, restoring job {time.monotonic() - t1:.0f} s")
+    return {"first": first, "second": second, "marker": marker, "uri": mlflow_server}
+
+
+def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(restored_sweep, s3, cluster):
+    first, second = restored_sweep["first"], restored_sweep["second"]
+    assert restored_sweep["marker"].exists() and "interrupted True" in first, first[-4000:]
     assert f"sweep_dir s3://{BUCKET}/vlp/{SWEEP} trials_dir s3://{BUCKET}/vlp/{SWEEP}/trials-" \
         in first
-    job = f"vlp-mn-sweep-again-{uuid.uuid4().hex[:8]}"
-    second = finish(cluster.submit(sweep_workdir, job, ["mn_sweep.py", "--resume"],
-                                   job_env(mlflow_server), tmp_path / "sweep2.log"),
-                    tmp_path / "sweep2.log", cluster, job)
-    print(f"sweep: interrupted job {t1 - t0:.0f} s, restoring job {time.monotonic() - t1:.0f} s")
     assert f"resuming the sweep in s3://{BUCKET}/vlp/{SWEEP}" in second, second[-4000:]
     assert "t001 resumes after stage 0/1" in second, second[-4000:]
-    assert "interrupted False trials 1 errors 0" in second and "row t001 completed" in second
+    # jobs/sweep.py exits 0 (finish checks it): not interrupted, not every trial failed
+    assert f"Leaderboard of {SWEEP} " in second and "; 2 trials, 0 failed," in second
 
     files = s3_files(s3, f"vlp/{SWEEP}/")
     root = f"{BUCKET}/vlp/{SWEEP}/"
@@ -492,11 +530,137 @@ def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(
         attempts = [json.loads(line) for line in f.read().decode().splitlines()]
     assert [a["resumed_after_stage"] for a in attempts] == [-1, 0]
     assert any(p.startswith(f"{root}tune/") for p in files)             # Tune's state
-    assert any(p.startswith(f"{tdir}/t001/t001-ft-retrieval/predictions/retrieval-")
-               for p in files)
+    for t in ("t001", "t002"):
+        assert any(p.startswith(f"{tdir}/{t}/{t}-ft-retrieval/predictions/retrieval-")
+                   for p in files), t
     # nothing of the sweep under the jobs' working folders
     for pkg in cluster.temp.glob("session_*/runtime_resources/working_dir_files/_ray_pkg_*"):
         assert not list(pkg.rglob("trials-*")) and not list(pkg.rglob("tuner.pkl")), pkg
+
+
+def test_the_sweep_records_its_runs_in_the_mlflow_server(restored_sweep, cluster, capsys,
+                                                         tmp_path):
+    """The submitted sweep, read back the way users read it: the parent run (one across the
+    interrupt and the restore) with the leaderboard artifacts `vlp leaderboard` prints, a
+    run per trial with its Meta-Sum parts, and under the pretraining trial its pretraining
+    (per-step losses, config, loss curve, checkpoint pointer) and finetune runs."""
+    from mlflow.tracking import MlflowClient
+
+    from vlp.cli import main
+
+    uri, out = restored_sweep["uri"], restored_sweep["second"]
+    assert f"Job '" in out and "succeeded" in out
+    # attached to the cluster (its live nodes: the head's 1 CPU and 2 per worker node left),
+    # no private local Ray
+    live = 1 + 2 * len({"node_b", "node_c"} & set(cluster.raylets()))
+    assert f"{live} CPUs in the cluster" in out
+    assert f"in {uri}" in out                   # MLFLOW_TRACKING_URI reached the job
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vlp-sweep")
+    parents = client.search_runs([exp.experiment_id], "tags.`vlp.job` = 'sweep'")
+    assert [p.info.run_name for p in parents] == [SWEEP]
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["vlp.state"] == "completed"
+    assert parent.data.metrics["trials"] == 2 and parent.data.metrics["trial_errors"] == 0
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "leaderboard")} == {
+        "leaderboard/leaderboard.md", "leaderboard/leaderboard.csv",
+        "leaderboard/leaderboard.json", "leaderboard/meta_sum.png"}
+    # `vlp leaderboard` prints the table the sweep logged, from the same runs
+    logged = client.download_artifacts(parent.info.run_id, "leaderboard/leaderboard.md",
+                                       str(tmp_path))
+    table = [line for line in Path(logged).read_text().splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 2
+    capsys.readouterr()
+    assert main(["leaderboard", "--tracking-uri", uri, "--experiment", "vlp-sweep"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("|")] == table
+
+    trials = {t.data.tags["vlp.sweep.trial"]: t for t in client.search_runs(
+        [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
+    assert sorted(trials) == ["t001", "t002"]
+    for t in trials.values():
+        assert t.info.status == "FINISHED"
+        assert 0 <= t.data.metrics["ir"] <= 100 and 0 <= t.data.metrics["tr"] <= 100
+        assert t.data.metrics["score"] == pytest.approx(t.data.metrics["ir"]
+                                                        + t.data.metrics["tr"])
+    assert trials["t002"].data.tags["mix"] == "MLM+ITM+MRC-kl+MRFR"   # the paper's best
+    assert trials["t002"].data.tags["pretraining_data"] == "In-domain"
+
+    below = {r.info.run_name: r for r in client.search_runs(
+        [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{trials['t002'].info.run_id}'")}
+    assert sorted(below) == ["t002-ft-retrieval", "t002-pretrain"]
+    pre = below["t002-pretrain"]
+    assert pre.info.status == "FINISHED"
+    losses = client.get_metric_history(pre.info.run_id, "loss")
+    assert [m.step for m in losses] == [1, 2, 3, 4]         # pretrain.train.steps: 4
+    assert all(math.isfinite(m.value) for m in losses) and "mlm_loss" in pre.data.metrics
+    arts = {a.path for a in client.list_artifacts(pre.info.run_id)}
+    assert {"config", "plots", "checkpoint"} <= arts
+    assert [a.path for a in client.list_artifacts(pre.info.run_id, "plots")] == [
+        "plots/loss_curve.png"]
+    assert client.list_artifacts(below["t002-ft-retrieval"].info.run_id, "predictions")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """/usr/bin/chromium, installed from Debian when missing (CI images have only Python,
+    make and gcc)."""
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("needs Chromium: `apt-get install chromium` (Debian) as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}"
+    found = shutil.which("chromium")
+    assert found, "apt-get installed chromium but it is not on PATH"
+    return found
+
+
+def test_mlflow_ui_shows_the_leaderboard(restored_sweep, chromium, tmp_path):
+    """The MLflow UI as a user opens it from `vlp ui`'s leaderboard link: the view the sweep
+    saved on its experiment (MLflow's "share view" state: an experiment tag named in the
+    URL) shows its trials under a Meta-Sum column, best first. The screenshot is copied to
+    runs/e2e/mlflow-ui.png, for a human to look at."""
+    from mlflow.tracking import MlflowClient
+
+    from vlp.platform.tracking.leaderboard_view import META_SUM_COLUMN, leaderboard_url
+
+    uri = restored_sweep["uri"]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("vlp-sweep")
+    trials = client.search_runs([exp.experiment_id], "tags.`vlp.job` = 'sweep-trial'")
+    ranked = sorted(trials, key=lambda t: -t.data.metrics[META_SUM_COLUMN])
+    url = leaderboard_url(uri, uri)
+    assert url is not None and url.startswith(f"{uri}/#/experiments/{exp.experiment_id}/runs")
+    png = tmp_path / "mlflow-ui.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--window-size=1600,1000", "--virtual-time-budget=15000"]
+
+    def browse(name: str, *what: str) -> subprocess.CompletedProcess:
+        return subprocess.run([chromium, *flags, f"--user-data-dir={tmp_path / name}", *what,
+                               url], capture_output=True, text=True, timeout=180)
+
+    dom = browse("profile-dom", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    # the JS app rendered the leaderboard (not a spinner, not the GenAI overview): the
+    # Meta-Sum column, and the trials in its order, the best first
+    page = dom.stdout
+    assert META_SUM_COLUMN in page, "no Meta-Sum column in the rendered page"
+    for t in ranked:
+        assert t.info.run_name in page, f"{t.info.run_name!r} not in the rendered page"
+    for better, worse in zip(ranked, ranked[1:]):     # a tie may show in either order
+        if better.data.metrics[META_SUM_COLUMN] > worse.data.metrics[META_SUM_COLUMN]:
+            assert page.index(better.info.run_name) < page.index(worse.info.run_name), \
+                f"{better.info.run_name!r} (the higher Meta-Sum) is not above {worse.info.run_name!r}"
+    shot = browse("profile-shot", f"--screenshot={png}")
+    assert shot.returncode == 0 and png.is_file(), shot.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    SCREENSHOT_COPY.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, SCREENSHOT_COPY)
 
 
 @pytest.mark.skipif(not os.environ.get("VLP_ALL_GPU_CONFIGS"),

@@ -8,6 +8,7 @@ job stopped at step 10 (mid-stage, mid-epoch); and that job resumed, with rank 1
 at step 19 — it must finish from the step-16 checkpoint with the very same per-step losses
 as the straight run (the data stream re-read and the served batches skipped), the same
 examples seen and final step, and exactly one MLflow run across stop, resume and restart.
+Once ended, the run is what `vlp pretrain` reports instead of starting workers again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from vlp.platform.pretrain.components import PretrainComponents
-from vlp.platform.pretrain.job import load_pretrain_config, pretrain
+from vlp.platform.pretrain.job import finished_run, load_pretrain_config, pretrain
 from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, embedded_tracking_uri, run_key
 
 pytestmark = pytest.mark.integration
@@ -216,6 +217,7 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, r
     stopped = run(tiny_world, root, "resumed", f"train.stop_after={STOP}")
     assert stopped.final_step == STOP and not stopped.completed
     assert stopped.checkpoint_path.endswith(f"checkpoint_step{STOP:08d}")
+    assert finished_run(config(tiny_world, root, "resumed")) is None   # not ended: resume it
 
     # 2) re-run: resumes at step 10; rank 1 fails once at step 19 (stage 2's 7th batch) →
     #    Ray restarts the workers from the step-16 checkpoint
@@ -240,6 +242,12 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, r
     assert {m.step for m in history} == set(range(1, STEPS + 1))
     for m in history:
         assert m.value == pytest.approx(want[m.step], rel=1e-6, abs=1e-7), m.step
+
+    # 3) re-run once more: it has ended, so `vlp pretrain` says so instead of starting workers
+    assert finished_run(config(tiny_world, root, "resumed")) == (
+        f"run resumed already finished: step {STEPS} of {STEPS}, checkpoint "
+        f"{resumed.checkpoint_path}, MLflow run {run_.info.run_id}; nothing to train (a new "
+        f"run.name starts a new run)")
 
 
 def test_the_trained_weights_beat_the_initial_ones_on_the_same_batches(straight, tiny_world,

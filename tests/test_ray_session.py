@@ -46,7 +46,7 @@ def test_a_stale_record_of_a_dead_cluster_is_ignored(tmp_path, monkeypatch):
 
 @pytest.mark.integration
 def test_attaches_to_the_cluster_ray_start_runs_on_this_node():
-    from test_e2e_job_submit import stop_tree
+    from cluster_helpers import stop_tree
 
     # short: Ray's socket paths under it must stay within 107 bytes
     tmp_path = Path(tempfile.mkdtemp(prefix="vlp-rs-", dir="/tmp"))

@@ -78,6 +78,34 @@ def test_resume_discovery_reads_the_newest_checkpoint_through_the_storage(no_env
         preflight(cfg.model_copy(update=dict(mlflow=mlflow)))
 
 
+def test_a_run_at_its_last_step_is_reported_instead_of_resumed(no_env, tmp_path):
+    """`vlp pretrain` on a run that has ended says so (checkpoint, MLflow run) and starts
+    nothing; a run short of its last step, or whose checkpoint does not fit, is not ended."""
+    from vlp.platform.pretrain.job import finished_run
+
+    storage = run_storage.open_location(str(tmp_path))
+
+    def checkpoint(step, stages=(("pretrain", 4),)):
+        storage.write_text(json.dumps({"step": step, "stage": 0, "stages": stages,
+                                       "world_size": 2, "zero_stage": 0}),
+                           "job", f"checkpoint_step{step:08d}", "vlp_trainer.json")
+
+    def cfg(steps):
+        return load_experiment_config(data={
+            "run": {"name": "job", "storage": str(tmp_path)}, "train": {"steps": steps},
+            "optimizer": {"warmup_steps": 1}, "mlflow": {"enabled": False},
+            "data": {"sources": {"a": {"path": "a"}}}})
+
+    checkpoint(2)
+    assert finished_run(cfg(4)) is None                       # step 2 of 4: resume it
+    checkpoint(4)
+    assert finished_run(cfg(4)) == (
+        f"run job already finished: step 4 of 4, checkpoint {tmp_path}/job/checkpoint_step"
+        f"00000004, MLflow run off; nothing to train (a new run.name starts a new run)")
+    assert finished_run(cfg(6)) is None                       # lengthened: it goes on
+    assert finished_run(cfg(3)) is None                       # does not fit: preflight's
+
+
 def test_multi_node_refuses_storage_other_nodes_cannot_read(no_env, tmp_path):
     work = tmp_path / "_ray_pkg_abc"
     work.mkdir()

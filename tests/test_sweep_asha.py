@@ -9,9 +9,9 @@ stages, a rung after stage 1 (grace 1, rf 2). t001 (paper-best, pretrains) score
 stage 1 and the sweep is interrupted (SIGUSR1, as Ctrl-C would) as it reports it; the re-run
 restores the sweep, t001 goes on with stage 2 only, and t002 (no pretraining) scores 10 at
 stage 1, below t001's record at the rung from before the interrupt: ASHA stops it. The real
-stages (one Train run each) are the sweeps of test_e2e_job_submit.py and
-test_multinode_cluster.py, which ASHA would not stop predictably. A changed config refused on
-restore: test_sweep_ray.py, test_sweep_restore.py.
+stages (one Train run each) are the sweep of test_multinode_cluster.py, which ASHA would not
+stop predictably. A changed config refused on restore: test_sweep_ray.py,
+test_sweep_restore.py.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ trial starts (SIGUSR1, as Ctrl-C would): the sweep's folder holds its config, an
 same sweep.name with another value is refused before any trial starts.
 
 A sweep run to its end and read back from MLflow (trials, child runs, the leaderboard
-artifacts and `vlp leaderboard`) is tests/test_e2e_job_submit.py; an interrupted sweep
-restored from S3 is tests/test_multinode_cluster.py; a restore that resumes a trial after
+artifacts and `vlp leaderboard`), interrupted and restored from S3 on the way, is
+tests/test_multinode_cluster.py; a restore that resumes a trial after
 its first stage is test_sweep_asha.py, and one that reruns only the unfinished replicate,
 test_sweep_replicates.py. (A repeated point is no trial: tests/test_sweep_tune.py; a bad text
 init is refused before any trial: tests/test_sweep_preflight.py.)"""

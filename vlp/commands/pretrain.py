@@ -27,7 +27,8 @@ An unknown key, task or family is an error naming it, before anything starts.
 
 The run writes OUTPUT_DIR/NAME/checkpoint_step<N> (DeepSpeed + trainer state) and one MLflow
 run (params = the flattened config, per-step losses, config YAML, loss curve, checkpoint
-pointer). Running the same NAME again resumes from its last checkpoint, exactly.
+pointer). Running the same NAME again resumes from its last checkpoint, exactly; once it
+has reached its last step, a re-run says so in one line and exits 0 without starting Ray.
 """
 
 
@@ -115,7 +116,12 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(result_lines(result)))
         return 0 if result.completed or cfg.train.stop_after else 1
     from vlp.platform.cluster import console
+    from vlp.platform.pretrain.job import finished_run
 
+    done = finished_run(cfg)    # resubmitted after it ended: say so, start no Ray and no worker
+    if done:
+        print(f"[vlp pretrain] {done}")
+        return 0
     console.configure(quiet=not getattr(args, "verbose", False))
     result = pretrain(cfg, parent_run_id=args.parent_run_id, start_ray=lambda: start_ray(cfg))
     print("\n".join(result_lines(result)))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vlp.platform.cluster import run_storage
 from vlp.platform.cluster.run_storage import is_uri, storage_root
 from vlp.platform.pretrain.experiment_config import ExperimentConfig, load_experiment_config
 from vlp.platform.pretrain.run import (PretrainResult, check_cluster, launch_pretraining,
@@ -68,6 +69,40 @@ def pretrain(cfg: ExperimentConfig, *, parent_run_id: str | None = None,
     check_cluster(cfg, given_storage)
     return launch_pretraining(cfg, PretrainComponents(setup), parent_run_id=parent_run_id,
                               callbacks=extra)
+
+
+def finished_run(cfg: ExperimentConfig) -> str | None:
+    """One line when the run ``cfg`` names has already ended at its last configured step (a
+    re-run with the same ``run.name`` and storage would start workers only to load that
+    checkpoint and stop); None otherwise: no checkpoint, one before the last step, or one
+    that does not fit the config (the preflight then names why). The MLflow run is found by
+    its key, as a resumed job re-attaches to it; nothing is written."""
+    from vlp.platform.pretrain.run import loop_config
+    from vlp.platform.training import launch
+
+    cfg = resolved(cfg)
+    loop = loop_config(cfg)
+    storage = run_storage.open_location(cfg.run.storage)
+    meta = storage.latest_checkpoint_meta(cfg.run.name)
+    if meta is None or meta["step"] < cfg.total_steps() or launch.resume_problem(loop):
+        return None
+    run_id = "off"
+    if cfg.mlflow.enabled:
+        from mlflow.tracking import MlflowClient
+
+        from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, check_reachable, run_key
+
+        check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
+        client = MlflowClient(cfg.mlflow.tracking_uri)
+        exp = client.get_experiment_by_name(cfg.mlflow.experiment)
+        found = client.search_runs(
+            [exp.experiment_id], max_results=1,
+            filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key(loop.storage, loop.name)}'",
+        ) if exp is not None else []
+        run_id = found[0].info.run_id if found else "none found"
+    return (f"run {cfg.run.name} already finished: step {meta['step']} of "
+            f"{cfg.total_steps()}, checkpoint {meta['uri']}, MLflow run {run_id}; nothing to "
+            f"train (a new run.name starts a new run)")
 
 
 def resolved(cfg: ExperimentConfig) -> ExperimentConfig:
