@@ -117,6 +117,18 @@ def _train_steps(engine, items: list) -> None:
         engine.step()
 
 
+def _phased_steps(engine, items: list, around: Callable[[str], Any]) -> None:
+    """Training steps with ``around(phase)`` (a context manager) around each phase: forward
+    (with the loss), backward, optimizer step."""
+    for item in items:
+        with around("forward"):
+            out = objective.forward(engine, item.batch, item.task)
+        with around("backward"):
+            engine.backward(out["loss"])
+        with around("step"):
+            engine.step()
+
+
 def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
     """The same engine on batches already on the device: forward, backward, step and
     nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
@@ -237,13 +249,7 @@ def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:
             warnings.showwarning = record
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, "default")
-        for item in items:
-            with counting("forward"):
-                out = objective.forward(engine, item.batch, item.task)
-            with counting("backward"):
-                engine.backward(out["loss"])
-            with counting("step"):
-                engine.step()
+        _phased_steps(engine, items, counting)
     n = len(items)
     return {"method": "cuda_sync_debug_mode" if device.type == "cuda" else "recorder",
             "forward_per_step": counts["forward"] / n, "backward_per_step": counts["backward"] / n,
@@ -269,16 +275,14 @@ def host_ops(engine, items: list, top: int = 6) -> dict[str, Any]:
     each: the work a host-bound step spends its time on, whatever the device."""
     counts = {"forward": collections.Counter(), "backward": collections.Counter(),
               "step": collections.Counter()}
-    for item in items:
+
+    @contextlib.contextmanager
+    def counting(phase: str):
         with _OpCounter() as c:
-            out = objective.forward(engine, item.batch, item.task)
-        counts["forward"] += c.ops
-        with _OpCounter() as c:
-            engine.backward(out["loss"])
-        counts["backward"] += c.ops
-        with _OpCounter() as c:
-            engine.step()
-        counts["step"] += c.ops
+            yield
+        counts[phase] += c.ops
+
+    _phased_steps(engine, items, counting)
     n = len(items)
     out: dict[str, Any] = {f"{k}_per_step": sum(v.values()) / n for k, v in counts.items()}
     out["per_step"] = sum(out[f"{k}_per_step"] for k in counts)

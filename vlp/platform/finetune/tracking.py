@@ -16,7 +16,8 @@ from typing import Any
 from pathlib import Path
 
 from vlp.platform.cluster.run_storage import is_uri, open_location
-from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, MlflowRun, embedded_tracking_uri, run_key
+from vlp.platform.tracking.mlflow_run import (MlflowRun, embedded_tracking_uri, run_id_by_key,
+                                           run_key)
 
 TRAINER_META = "vlp_trainer.json"
 
@@ -50,9 +51,8 @@ def pretraining_run_of(checkpoint: str, tracking_uri: str = "") -> tuple[str, st
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:
         return None
-    runs = client.search_runs(ids, filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
-                              max_results=1)
-    return (uri, runs[0].info.run_id) if runs else None
+    run_id = run_id_by_key(client, ids, key)
+    return (uri, run_id) if run_id else None
 
 
 def _local_folder(checkpoint: str) -> str | None:

@@ -90,16 +90,14 @@ def finished_run(cfg: ExperimentConfig) -> str | None:
     if cfg.mlflow.enabled:
         from mlflow.tracking import MlflowClient
 
-        from vlp.platform.tracking.mlflow_run import RUN_KEY_TAG, check_reachable, run_key
+        from vlp.platform.tracking.mlflow_run import check_reachable, run_id_by_key, run_key
 
         check_reachable(cfg.mlflow.tracking_uri, cfg.mlflow.check_timeout_s)
         client = MlflowClient(cfg.mlflow.tracking_uri)
         exp = client.get_experiment_by_name(cfg.mlflow.experiment)
-        found = client.search_runs(
-            [exp.experiment_id], max_results=1,
-            filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key(loop.storage, loop.name)}'",
-        ) if exp is not None else []
-        run_id = found[0].info.run_id if found else "none found"
+        found = None if exp is None else run_id_by_key(
+            client, [exp.experiment_id], run_key(loop.storage, loop.name))
+        run_id = found or "none found"
     return (f"run {cfg.run.name} already finished: step {meta['step']} of "
             f"{cfg.total_steps()}, checkpoint {meta['uri']}, MLflow run {run_id}; nothing to "
             f"train (a new run.name starts a new run)")

@@ -114,6 +114,13 @@ def check_reachable(uri: str, timeout_s: float = 3.0) -> None:
 
 # ---- runs -----------------------------------------------------------------------------------
 
+def run_id_by_key(client: Any, experiment_ids: Sequence[str], key: str) -> str | None:
+    """The id of the run tagged ``key`` (``RUN_KEY_TAG``) in these experiments, or None."""
+    found = client.search_runs(list(experiment_ids),
+                               filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1)
+    return found[0].info.run_id if found else None
+
+
 class MlflowRun:
     """One MLflow run, written by one process."""
 
@@ -135,9 +142,7 @@ class MlflowRun:
         client = MlflowClient(tracking_uri)
         exp_id = _experiment_id(client, experiment, artifact_location)
         if run_id is None and key is not None:
-            found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
-                                       max_results=1)
-            run_id = found[0].info.run_id if found else None
+            run_id = run_id_by_key(client, [exp_id], key)
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             return cls(client, run_id, exp_id, tracking_uri)
