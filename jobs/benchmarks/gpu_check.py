@@ -54,8 +54,8 @@ def sizes(quick: bool, gpu: bool) -> dict:
 
 
 class Check:
-    def __init__(self, args):
-        self.args, self.t0 = args, time.perf_counter()
+    def __init__(self, args, path: Path):
+        self.args, self.t0, self.path = args, time.perf_counter(), path
         self.gpu = args.device == "cuda"
         self.device = torch.device("cuda", 0) if self.gpu else torch.device("cpu")
         self.size = sizes(args.quick, self.gpu)
@@ -99,6 +99,15 @@ class Check:
             traceback.print_exc()
         self.out.setdefault("section_s", {})[name] = time.perf_counter() - t0
         print(f"[gpu-check] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        self.save()
+
+    def save(self) -> None:
+        """The JSON so far, after every section: a call cut off at its time limit still
+        brings back the sections it finished."""
+        self.out["wall_s"] = self.elapsed()
+        tmp = self.path.with_suffix(".partial")
+        tmp.write_text(json.dumps(self.out, indent=1, default=str))
+        tmp.replace(self.path)
 
     # ---- the parts -----------------------------------------------------------------------
 
@@ -245,6 +254,21 @@ class Check:
                                                     / steps["input_units_per_s"])
         return out
 
+    def compile_whatif(self) -> dict:
+        """The encoder under torch.compile against eager on one engine and the same batches,
+        at the run's micro-batch and the sweep's largest (see parts.compiled_steady)."""
+        s, kept = self.size, {}
+
+        def after(worker):
+            batches = {}
+            for units in (s["units"], s["units"] * max(s["sweep"])):
+                cfg = self.cfg(f"compile-{units}", units=units)
+                n = s["bare"] if units == s["units"] else s["sweep_steps"]
+                batches[units] = parts.device_batches(cfg, self.device, worker.dtype, n)
+            kept.update(parts.compiled_steady(worker.engine, batches, self.device))
+        parts.run(self.cfg("compile", steps=3), after)
+        return kept
+
     def run_all(self) -> dict:
         s = self.size
         self.section("pretrain_" + s["family"].replace("-", "_"),
@@ -254,6 +278,9 @@ class Check:
         self.section("sdpa", self.sdpa)
         main = self.out.get("pretrain_" + s["family"].replace("-", "_"))
         self.section("batcher", lambda: self.batcher(main))
+        if self.gpu or (self.args.parts and "compile" in self.args.parts.split(",")):
+            # a CPU compiles with a C++ toolchain, slowly: there only when asked for
+            self.section("compile", self.compile_whatif)
         # uniter-large if the budget leaves room (≤ 8 minutes on one H100 in all)
         if s["large"] and self.elapsed() < self.args.budget_s * 0.7:
             self.section("pretrain_" + s["large"].replace("-", "_"),
@@ -303,7 +330,8 @@ def main(argv=None) -> int:
                         ".whl/vocab as make gpu-wheels leaves it)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--parts", help="comma-separated sections to run (pretrain, precision, "
-                   "resume, sdpa, batcher; default all)")
+                   "resume, sdpa, batcher, compile; default all; compile runs on a CPU only "
+                   "when named)")
     args = p.parse_args(argv)
     if args.device == "auto":
         if not torch.cuda.is_available():
@@ -321,10 +349,11 @@ def main(argv=None) -> int:
     parts = gpu_check_parts
     from vlp.platform.training.local_runner import one_process_group
 
-    with one_process_group(args.device == "cuda"):
-        out = Check(args).run_all()
     path = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu_check.json")
-    path.write_text(json.dumps(out, indent=1, default=str))
+    with one_process_group(args.device == "cuda"):
+        check = Check(args, path)
+        out = check.run_all()
+    check.save()
     print("\n".join(figure_lines(out)))
     print(f"json {path}")
     return 0

@@ -168,6 +168,50 @@ def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
     return out
 
 
+def _pass_s(engine, items: list, device: torch.device) -> float:
+    """Seconds of one pass over ``items``, the device's work included."""
+    _sync(device)
+    t0 = time.perf_counter()
+    _train_steps(engine, items)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> dict[str, Any]:
+    """A what-if: the encoder under ``torch.compile(dynamic=True)`` (in place, as
+    ``train.compile`` compiles the model) against the same engine in eager mode, each timed
+    on a second pass over the same batches (every shape met once before), for each
+    micro-batch size in ``batches``; the first compiled pass's seconds (compilation
+    included), and dynamo's graph, recompile and graph-break counts."""
+    from torch._dynamo.utils import counters
+
+    encoder = engine.module.backbone.encoder
+    out: dict[str, Any] = {}
+    for units, items in batches.items():
+        n = sum(i.input_units for i in items)
+        out[f"units_{units}"] = {"eager_s_per_input_unit":
+                                 _second_pass_s(engine, items, device) / n}
+    torch._dynamo.reset()
+    counters.clear()
+    encoder.compile(dynamic=True)
+    try:
+        for units, items in batches.items():
+            n = sum(i.input_units for i in items)
+            row = out[f"units_{units}"]
+            row["first_compiled_pass_s"] = _pass_s(engine, items, device)
+            row["compiled_s_per_input_unit"] = _pass_s(engine, items, device) / n
+            row["compiled_over_eager"] = (row["compiled_s_per_input_unit"]
+                                          / row["eager_s_per_input_unit"])
+        out["unique_graphs"] = counters["stats"]["unique_graphs"]
+        out["frames_compiled"] = counters["stats"]["calls_captured"]
+        out["graph_breaks"] = sum(counters["graph_break"].values())
+        out["recompiles"] = sum(v for k, v in counters["recompiles"].items()) \
+            if "recompiles" in counters else None
+    finally:
+        encoder._compiled_call_impl = None   # undo Module.compile: eager again
+    return out
+
+
 def autocast_steady(cfg, device: torch.device, n: int) -> dict[str, float]:
     """A what-if: the engine that ``precision: fp32`` builds (fp32 weights, torch's fused
     AdamW, no DeepSpeed precision wrapper) with the forward under bf16 autocast, timed as
