@@ -142,15 +142,6 @@ class Check:
         if self.gpu:
             torch.cuda.reset_peak_memory_stats()
         value = parts.run(cfg, after)
-        if family == s["family"]:
-            try:   # diagnostics: a failure here must not lose the run's figures
-                kept["steady"]["bf16_autocast_fp32_weights_s_per_input_unit"] = \
-                    parts.autocast_steady(self.cfg(f"autocast-{family}", family=family,
-                                                   precision="fp32", steps=3),
-                                          self.device, s["bare"])["s_per_input_unit"]
-            except Exception as e:
-                kept["steady"]["autocast_error"] = \
-                    "".join(traceback.format_exception_only(e)).strip()
         figures = parts.step_figures(value, s["skip"])
         peak = value_peak(value)
         if peak:
@@ -164,8 +155,11 @@ class Check:
             per_unit = figures["model_tflops_per_s_real"] * 1e12 * figures["s_per_input_unit"]
             figures["bare_mfu_real"] = per_unit / figures["bare_s_per_input_unit"] / peak
             for row in kept.get("sweep", {}).values():
-                if isinstance(row, dict) and "bare_s_per_input_unit" in row:
-                    row["bare_mfu_real"] = per_unit / row["bare_s_per_input_unit"] / peak
+                if isinstance(row, dict) and "steady_s_per_input_unit" in row:
+                    row["steady_mfu_real"] = per_unit / row["steady_s_per_input_unit"] / peak
+            steady = kept.get("steady", {}).get("no_cudnn_sdpa_s_per_input_unit")
+            if steady:
+                kept["steady"]["no_cudnn_sdpa_mfu_real"] = per_unit / steady / peak
         figures["host_syncs"] = kept.pop("syncs", {})
         figures["host_ops"] = kept.pop("ops", {})
         if figures["host_ops"]:   # the bare step over its ops: the host cost per op, if host-bound
@@ -181,9 +175,10 @@ class Check:
         return figures
 
     def micro_batch_sweep(self, worker, family: str) -> dict:
-        """The bare loop on the run's engine with micro-batches ``sweep`` times larger: how
-        far a bigger micro-batch (fewer accumulation steps for the same global batch) takes
-        a host-bound step towards the device's rate."""
+        """The bare loop on the run's engine with micro-batches ``sweep`` times larger, timed
+        on a second pass over the same batches (as ``steady``): how far a bigger micro-batch
+        (fewer accumulation steps for the same global batch) takes a host-bound step
+        towards the device's rate."""
         s, out = self.size, {}
         for mult in s["sweep"]:
             units = s["units"] * mult
@@ -192,8 +187,10 @@ class Check:
                     torch.cuda.reset_peak_memory_stats()
                 cfg = self.cfg(f"sweep-{family}-{units}", family=family, units=units)
                 items = parts.device_batches(cfg, self.device, worker.dtype,
-                                             s["sweep_steps"] + 2)
-                row = parts.bare_loop(worker.engine, items, self.device)
+                                             s["sweep_steps"])
+                seconds = parts._second_pass_s(worker.engine, items, self.device)
+                row = {"steady_s_per_input_unit":
+                       seconds / sum(i.input_units for i in items), "steps": len(items)}
                 if self.gpu:
                     row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
             except Exception as e:
@@ -278,8 +275,8 @@ class Check:
         self.section("sdpa", self.sdpa)
         main = self.out.get("pretrain_" + s["family"].replace("-", "_"))
         self.section("batcher", lambda: self.batcher(main))
-        if self.gpu or (self.args.parts and "compile" in self.args.parts.split(",")):
-            # a CPU compiles with a C++ toolchain, slowly: there only when asked for
+        if self.args.parts and "compile" in self.args.parts.split(","):
+            # only when asked for: it compiles for minutes (151 s on the H200, 2026-11-27)
             self.section("compile", self.compile_whatif)
         # uniter-large if the budget leaves room (≤ 8 minutes on one H100 in all)
         if s["large"] and self.elapsed() < self.args.budget_s * 0.7:
@@ -330,8 +327,8 @@ def main(argv=None) -> int:
                         ".whl/vocab as make gpu-wheels leaves it)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--parts", help="comma-separated sections to run (pretrain, precision, "
-                   "resume, sdpa, batcher, compile; default all; compile runs on a CPU only "
-                   "when named)")
+                   "resume, sdpa, batcher, compile; default all but compile, which runs "
+                   "only when named)")
     args = p.parse_args(argv)
     if args.device == "auto":
         if not torch.cuda.is_available():

@@ -155,7 +155,9 @@ def _second_pass_s(engine, items: list, device: torch.device) -> float:
 def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
     """The bare loop's second pass over the same batches (every shape seen once before: no
     first-shape costs such as kernel plans or allocator growth), with SDPA's cuDNN kernel
-    allowed and with it refused (the memory-efficient kernel then takes vlp's mask)."""
+    allowed and with it refused (the memory-efficient kernel then takes vlp's mask); and,
+    for a bf16 ZeRO-1 engine, with DeepSpeed's own per-parameter optimizer bookkeeping in
+    place of vlp's flat one (bf16_bookkeeping.py)."""
     units = sum(i.input_units for i in items)
     out = {}
     for label, cudnn in (("no_cudnn_sdpa", False), ("cudnn_sdpa", True)):
@@ -165,6 +167,18 @@ def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
             out[f"{label}_s_per_input_unit"] = _second_pass_s(engine, items, device) / units
         finally:
             torch.backends.cuda.enable_cudnn_sdp(before)
+    flat = type(engine.optimizer)
+    if flat.__name__ == "FlatBookkeepingBF16Optimizer":
+        # DeepSpeed's own per-parameter bookkeeping, same engine and batches, for the ratio
+        engine.optimizer.__class__ = flat.__mro__[1]
+        try:
+            out["deepspeed_bookkeeping_s_per_input_unit"] = \
+                _second_pass_s(engine, items, device) / units
+        finally:
+            engine.optimizer.__class__ = flat
+        out["flat_over_deepspeed_bookkeeping"] = (
+            out[f"{'cudnn' if torch.backends.cuda.cudnn_sdp_enabled() else 'no_cudnn'}"
+                f"_sdpa_s_per_input_unit"] / out["deepspeed_bookkeeping_s_per_input_unit"])
     return out
 
 
@@ -210,21 +224,6 @@ def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> d
     finally:
         encoder._compiled_call_impl = None   # undo Module.compile: eager again
     return out
-
-
-def autocast_steady(cfg, device: torch.device, n: int) -> dict[str, float]:
-    """A what-if: the engine that ``precision: fp32`` builds (fp32 weights, torch's fused
-    AdamW, no DeepSpeed precision wrapper) with the forward under bf16 autocast, timed as
-    ``steady_bare`` times the bf16 engine (second pass over the same batches)."""
-    kept: dict[str, float] = {}
-
-    def after(worker):
-        items = device_batches(cfg, device, torch.float32, n)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            seconds = _second_pass_s(worker.engine, items, device)
-        kept["s_per_input_unit"] = seconds / sum(i.input_units for i in items)
-    run(cfg, after)
-    return kept
 
 
 def profile_steps(engine, items: list, device: torch.device, top: int = 10) -> dict[str, Any]:

@@ -259,14 +259,18 @@ def compute_dtype(cfg: LoopConfig, device: torch.device | None = None) -> torch.
 
 
 def configure_device(cfg: LoopConfig, device: torch.device | None) -> None:
-    """Per-process device settings: TF32 tensor cores for fp32 matmuls and convolutions on
-    CUDA (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training on
-    Ampere+ GPUs means in practice)."""
+    """Per-process device settings on CUDA: TF32 tensor cores for fp32 matmuls and
+    convolutions (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training
+    on Ampere+ GPUs means in practice); and SDPA without its cuDNN kernel, which it would
+    pick for the encoder's padding mask: with rows shaped like a real job's, the
+    memory-efficient kernel made whole training steps faster on a Hopper GPU (the GPU
+    check's ``steady`` figures, docs/gpu-check.md)."""
     if device is None or device.type != "cuda":
         return
     torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
