@@ -3,20 +3,26 @@ collated batch.
 
 Collating batch by batch cost ~40 numpy calls per batch, each dearer than the bytes it moved
 (a demo-world batch is ~240 pairs). Here a window's batches share flat buffers: one scatter
-places every token, one take per region array (over the source blocks' rows laid end to end)
-places every region row, and each batch is a set of views into the buffers (disjoint, so a
-task may mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
+places every token, one index array (into the source blocks' rows laid end to end) places
+every region row, and each batch is a set of views into the buffers (disjoint, so a task may
+mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
 same references, batch by batch.
 
 The task of a batch is not known when the window is cut, so batches are collated unmasked and
 as positives; an ITM batch then swaps in its donors' rows (``swap_negatives``), which gives
 the arrays that collating the swapped references would.
 
-Soft labels (the detector's class distribution, C = 1,601 fp16 values a region: as many bytes
-as a 2048-d feature) are read by MRC tasks only (one batch in six in UNITER's mix): a batch
-holds the rows they would come from (``SOFT_ROWS``, swapped and trimmed like the other region
-arrays) and the window's rows once (``SOFT_SOURCE``: each image once, not once per caption);
-``resolve_soft_labels`` gathers them for a batch whose task reads them.
+Region rows are not copied when the window is collated. A window holds every (image,
+caption) pair, so gathering its region arrays copies each image's 2048-d feature rows once per
+caption: gigabytes of fresh memory a window at uniter-base's batch size (its page faults cost
+more than the copy), held while the window's batches are served over many steps. A batch holds
+instead the rows its region arrays come from (``REGION_ROWS``, swapped and trimmed by an ITM
+batch like any other image-side array) and the window's rows once (``REGION_SOURCE``: each image
+once, a zero row last for the padding); ``resolve_regions`` gathers features and locations for
+the batch when it is served, and soft labels (the detector's class distribution, C = 1,601
+fp16 values a region, as many bytes as a feature) only when its task reads them (MRC: one batch
+in six in UNITER's mix). The gathered arrays are those the eager gather gave: the same rows
+of the same sources.
 """
 
 from __future__ import annotations
@@ -36,27 +42,42 @@ from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
 
 Batch = dict[str, np.ndarray]
-SOFT_ROWS = "_soft_label_rows"     # int64 [B, N]: the batch's rows of SOFT_SOURCE
-SOFT_SOURCE = "_soft_label_source"  # SoftLabelSource: the window's soft-label rows
+REGION_ROWS = "_region_rows"       # int64 [B, N]: the batch's rows of REGION_SOURCE
+REGION_SOURCE = "_region_source"   # WindowRegions: the window's region rows
 
 
-class SoftLabelSource:
-    """The soft labels of a window's images, end to end, a zero row last (padding). Not an
+class WindowRegions:
+    """The region rows of a window's images, end to end, a zero row last (padding). Not an
     array, so that copying a batch's arrays (one copy per task of a summed set) shares it."""
 
-    def __init__(self, rows: np.ndarray):
-        self.rows = rows
+    def __init__(self, features: np.ndarray, loc: np.ndarray, soft: np.ndarray | None):
+        self.features, self.loc, self.soft = features, loc, soft
 
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        return np.take(self.rows, idx.reshape(-1), axis=0).reshape(*idx.shape, -1)
+    @staticmethod
+    def take(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return np.take(rows, idx.reshape(-1), axis=0).reshape(*idx.shape, -1)
 
 
-def resolve_soft_labels(batch: Batch, needed: bool) -> None:
-    """Gather SOFT_LABELS for a batch whose task reads them; drop the row references either
-    way (in place)."""
-    source, rows = batch.pop(SOFT_SOURCE, None), batch.pop(SOFT_ROWS, None)
-    if needed and source is not None:
-        batch[SOFT_LABELS] = source.take(rows)
+def resolve_regions(batch: Batch, need_soft: bool) -> None:
+    """Gather a batch's REGION_FEATS and REGION_LOC (where the row references stood, so the
+    keys keep the order of an eager collate) and SOFT_LABELS if its task reads them; drop the
+    row references (in place)."""
+    if REGION_ROWS not in batch:
+        return
+    source, rows = batch[REGION_SOURCE], batch[REGION_ROWS]
+    items = [(k, v) for k, v in batch.items() if k != REGION_SOURCE]
+    batch.clear()
+    for k, v in items:
+        if k == REGION_ROWS:
+            batch[K.REGION_FEATS] = source.take(source.features, rows)
+            batch[K.REGION_LOC] = source.take(source.loc, rows)
+        else:
+            batch[k] = v
+    if need_soft and source.soft is not None:
+        batch[SOFT_LABELS] = source.take(source.soft, rows)
+
+
+resolve_soft_labels = resolve_regions   # the name before the features were gathered lazily
 
 
 def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
@@ -113,9 +134,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
         parts = [getattr(blocks[b], name) for b in image_blocks]
         return np.concatenate(parts + [np.zeros((1, parts[0].shape[1]), parts[0].dtype)])
 
-    feats = np.take(source_rows("features"), take, axis=0)
-    loc = np.take(source_rows("region_loc"), take, axis=0)
-    soft = SoftLabelSource(source_rows("soft_labels")) if need_soft else None
+    source = WindowRegions(source_rows("features"), source_rows("region_loc"),
+                           source_rows("soft_labels") if need_soft else None)
     region_mask = np.zeros(rows_total, np.int64)
     region_mask[dst] = 1
     whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding
@@ -127,11 +147,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
         ts, rs = slice(t_off[i], t_off[i + 1]), slice(r_off[i], r_off[i + 1])
         batch = {K.INPUT_IDS: ids[ts].reshape(B, t), K.TEXT_MASK: text_mask[ts].reshape(B, t),
                  TEXT_KEYS: text_key[s:e],
-                 K.REGION_FEATS: feats[rs].reshape(B, n, feature_dim),
-                 K.REGION_LOC: loc[rs].reshape(B, n, loc_dim),
+                 REGION_ROWS: take[rs].reshape(B, n), REGION_SOURCE: source,
                  K.REGION_MASK: region_mask[rs].reshape(B, n), IMAGE_KEYS: image_key[s:e]}
-        if soft is not None:
-            batch[SOFT_ROWS], batch[SOFT_SOURCE] = take[rs].reshape(B, n), soft
         for k, v in whole.items():
             batch[k] = v[s:e]
         batch[K.POSITIVE] = refs.positive[s:e].astype(bool)
@@ -142,7 +159,7 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
 
 
 TEXT_SIDE = (K.INPUT_IDS, K.TEXT_MASK, TEXT_KEYS)
-IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_ROWS,
+IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, REGION_ROWS,
               WHOLE_FEAT, HAS_WHOLE)
 
 
@@ -163,7 +180,7 @@ def swap_negatives(batch: Batch, donors: Donors) -> Batch:
         for k in (K.INPUT_IDS, K.TEXT_MASK):
             out[k] = np.ascontiguousarray(out[k][:, :T])
     if N < out[K.REGION_MASK].shape[1]:
-        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, SOFT_ROWS):
+        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, REGION_ROWS):
             if k in out:
                 out[k] = np.ascontiguousarray(out[k][:, :N])
     out[K.POSITIVE] = batch[K.POSITIVE] & ~donors.negative
