@@ -7,7 +7,9 @@ on the shards of ``bench_sources.py``.
 Prints one figure per line (``name value``): input units/s over all batches; per task, its
 batches' units over the seconds of their ``next`` calls less the time spent reading and
 cutting windows (``window_s``: that work is done for whichever task's call needs the next
-window, so it is counted once, apart); the process's peak RSS. ``--profile`` adds cProfile's
+window, so it is counted once, apart); the CPU seconds of the batcher's thread (page faults
+included, waits for the block reader not: a figure less moved by a shared machine's load than
+the rate); the process's peak RSS. ``--profile`` adds cProfile's
 top entries (cumulative and own time). ``--digest`` prints a SHA-256 over every batch served
 (keys, dtypes, shapes, bytes, in order; hashing excluded from the timings): equal digests
 across commits mean the batches did not change. ``--world`` reuses shards written before (they are
@@ -76,7 +78,7 @@ def measure(sampler, source, n: int, digest=None) -> dict[str, float]:
 
     source._pull = timed_pull
     units, secs, count = defaultdict(int), defaultdict(float), defaultdict(int)
-    t_all = time.perf_counter()
+    t_all, cpu_all = time.perf_counter(), time.thread_time()
     for _ in range(n):
         task = sampler.next()
         before = window[0]
@@ -86,12 +88,13 @@ def measure(sampler, source, n: int, digest=None) -> dict[str, float]:
         units[task] += int(batch["input_units"])
         count[task] += 1
         if digest is not None:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             batch_digest(digest, task, batch)
             t_all += time.perf_counter() - t0
-    wall = time.perf_counter() - t_all
+            cpu_all += time.thread_time() - c0
+    wall, cpu = time.perf_counter() - t_all, time.thread_time() - cpu_all
     out = {"batches": n, "input_units_per_s": sum(units.values()) / wall,
-           "wall_s": wall, "window_s": window[0]}
+           "wall_s": wall, "batcher_thread_cpu_s": cpu, "window_s": window[0]}
     for task in sorted(units):
         out[f"{task}.batches"] = count[task]
         out[f"{task}.ms_per_batch_after_window"] = 1e3 * secs[task] / count[task]

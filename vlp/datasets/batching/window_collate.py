@@ -17,8 +17,9 @@ caption) pair, so gathering its region arrays copies each image's 2048-d feature
 caption: gigabytes of fresh memory a window at uniter-base's batch size (its page faults cost
 more than the copy), held while the window's batches are served over many steps. A batch holds
 instead the rows its region arrays come from (``REGION_ROWS``, swapped and trimmed by an ITM
-batch like any other image-side array) and the window's rows once (``REGION_SOURCE``: each image
-once, a zero row last for the padding); ``resolve_regions`` gathers features and locations for
+batch like any other image-side array) and the window's blocks (``REGION_SOURCE``, the
+rows' numbering: the blocks' rows end to end, a zero row after them for the padding);
+``resolve_regions`` gathers features and locations for
 the batch when it is served, and soft labels (the detector's class distribution, C = 1,601
 fp16 values a region, as many bytes as a feature) only when its task reads them (MRC: one batch
 in six in UNITER's mix). The gathered arrays are those the eager gather gave: the same rows
@@ -47,15 +48,33 @@ REGION_SOURCE = "_region_source"   # WindowRegions: the window's region rows
 
 
 class WindowRegions:
-    """The region rows of a window's images, end to end, a zero row last (padding). Not an
-    array, so that copying a batch's arrays (one copy per task of a summed set) shares it."""
+    """The region rows of a window's blocks, numbered as if laid end to end with a zero row
+    after them (the padding), and gathered from the blocks themselves: laying them end to end
+    would copy the window's images once more. Not an array, so that copying a batch's arrays
+    (one copy per task of a summed set) shares it."""
 
-    def __init__(self, features: np.ndarray, loc: np.ndarray, soft: np.ndarray | None):
-        self.features, self.loc, self.soft = features, loc, soft
+    def __init__(self, blocks: list[ImageBlock], soft: bool):
+        self.blocks = blocks
+        self.soft = soft   # whether the blocks hold soft labels to gather (MRC in the plan)
+        self.starts = np.concatenate([[0], np.cumsum([len(b.features) for b in blocks])])
 
-    @staticmethod
-    def take(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return np.take(rows, idx.reshape(-1), axis=0).reshape(*idx.shape, -1)
+    def gather(self, idx: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+        """Arrays ``names`` of the blocks at rows ``idx`` (any shape; the zero row past the
+        last block's rows gives zeros), shaped ``idx.shape + (width,)``."""
+        flat = idx.reshape(-1)
+        order = np.argsort(flat, kind="stable")   # by block: one gather per block
+        rows = flat[order]
+        cut = np.searchsorted(rows, self.starts)
+        parts = [getattr(self.blocks[0], name) for name in names]
+        outs = [np.zeros((len(flat), p.shape[1]), p.dtype) for p in parts]
+        for j, blk in enumerate(self.blocks):
+            lo, hi = cut[j], cut[j + 1]
+            if lo == hi:
+                continue
+            dst, src = order[lo:hi], rows[lo:hi] - self.starts[j]
+            for out, name in zip(outs, names):
+                out[dst] = getattr(blk, name)[src]
+        return [o.reshape(*idx.shape, o.shape[1]) for o in outs]
 
 
 def resolve_regions(batch: Batch, need_soft: bool) -> None:
@@ -67,14 +86,16 @@ def resolve_regions(batch: Batch, need_soft: bool) -> None:
     source, rows = batch[REGION_SOURCE], batch[REGION_ROWS]
     items = [(k, v) for k, v in batch.items() if k != REGION_SOURCE]
     batch.clear()
+    soft = need_soft and source.soft
+    names = ("features", "region_loc") + (("soft_labels",) if soft else ())
+    arrays = source.gather(rows, names)
     for k, v in items:
         if k == REGION_ROWS:
-            batch[K.REGION_FEATS] = source.take(source.features, rows)
-            batch[K.REGION_LOC] = source.take(source.loc, rows)
+            batch[K.REGION_FEATS], batch[K.REGION_LOC] = arrays[:2]
         else:
             batch[k] = v
-    if need_soft and source.soft is not None:
-        batch[SOFT_LABELS] = source.take(source.soft, rows)
+    if soft:
+        batch[SOFT_LABELS] = arrays[2]
 
 
 resolve_soft_labels = resolve_regions   # the name before the features were gathered lazily
@@ -116,8 +137,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     text_mask = np.zeros(len(ids), np.int64)
     text_mask[np.repeat(row, n_tok + 2) + ranges(n_tok + 2)] = 1
 
-    # regions: rows padded to each batch's most regions (fp16 as stored), each array one
-    # take from the blocks' rows with a zero row appended for the padding
+    # regions: rows padded to each batch's most regions (fp16 as stored), numbered in the
+    # blocks' rows laid end to end with a zero row after them for the padding
     image_blocks = np.unique(refs.image_block)
     starts = np.concatenate([[0], np.cumsum([len(blocks[b].features) for b in image_blocks])])
     reg_at = starts[np.searchsorted(image_blocks, refs.image_block)] + reg_at
@@ -129,13 +150,7 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     ex, pos = np.repeat(np.arange(E), n_reg), ranges(n_reg)
     dst = rrow[ex] + pos
     take[dst] = reg_at[ex] + pos
-
-    def source_rows(name: str) -> np.ndarray:
-        parts = [getattr(blocks[b], name) for b in image_blocks]
-        return np.concatenate(parts + [np.zeros((1, parts[0].shape[1]), parts[0].dtype)])
-
-    source = WindowRegions(source_rows("features"), source_rows("region_loc"),
-                           source_rows("soft_labels") if need_soft else None)
+    source = WindowRegions([blocks[b] for b in image_blocks], need_soft)
     region_mask = np.zeros(rows_total, np.int64)
     region_mask[dst] = 1
     whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding
