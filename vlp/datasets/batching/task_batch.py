@@ -17,7 +17,7 @@ from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHO
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
 from vlp.datasets.batching.segment_types import segment_type_ids
-from vlp.datasets.batching.window_collate import resolve_soft_labels, swap_negatives
+from vlp.datasets.batching.window_collate import resolve_regions, swap_negatives
 from vlp.datasets.stream.data_plan import DataPlan
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
 from vlp.tasks import MaskContext, apply_group_masking, get_task
@@ -70,7 +70,7 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
             stats["itm_length_mismatch"] += donors.length_mismatch
     if collated is not None:
         batch = swap_negatives(collated, donors) if donors is not None else dict(collated)
-        resolve_soft_labels(batch, need_soft)
+        resolve_regions(batch, need_soft)
     else:
         if donors is not None:
             refs = apply_donors(refs, donors)

@@ -3,20 +3,27 @@ collated batch.
 
 Collating batch by batch cost ~40 numpy calls per batch, each dearer than the bytes it moved
 (a demo-world batch is ~240 pairs). Here a window's batches share flat buffers: one scatter
-places every token, one take per region array (over the source blocks' rows laid end to end)
-places every region row, and each batch is a set of views into the buffers (disjoint, so a
-task may mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
+places every token, one index array (into the source blocks' rows laid end to end) places
+every region row, and each batch is a set of views into the buffers (disjoint, so a task may
+mask its batch in place). The arrays are exactly those ``collate_examples`` gives for the
 same references, batch by batch.
 
 The task of a batch is not known when the window is cut, so batches are collated unmasked and
 as positives; an ITM batch then swaps in its donors' rows (``swap_negatives``), which gives
 the arrays that collating the swapped references would.
 
-Soft labels (the detector's class distribution, C = 1,601 fp16 values a region: as many bytes
-as a 2048-d feature) are read by MRC tasks only (one batch in six in UNITER's mix): a batch
-holds the rows they would come from (``SOFT_ROWS``, swapped and trimmed like the other region
-arrays) and the window's rows once (``SOFT_SOURCE``: each image once, not once per caption);
-``resolve_soft_labels`` gathers them for a batch whose task reads them.
+Region rows are not copied when the window is collated. A window holds every (image,
+caption) pair, so gathering its region arrays copies each image's 2048-d feature rows once per
+caption: gigabytes of fresh memory a window at uniter-base's batch size (its page faults cost
+more than the copy), held while the window's batches are served over many steps. A batch holds
+instead the rows its region arrays come from (``REGION_ROWS``, swapped and trimmed by an ITM
+batch like any other image-side array) and the window's blocks (``REGION_SOURCE``, the
+rows' numbering: the blocks' rows end to end, a zero row after them for the padding);
+``resolve_regions`` gathers features and locations for
+the batch when it is served, and soft labels (the detector's class distribution, C = 1,601
+fp16 values a region, as many bytes as a feature) only when its task reads them (MRC: one batch
+in six in UNITER's mix). The gathered arrays are those the eager gather gave: the same rows
+of the same sources.
 """
 
 from __future__ import annotations
@@ -36,27 +43,62 @@ from vlp.tasks.masking_visual import SOFT_LABELS
 from vlp.datasets.stream.text_tokenizer import TextTokenizer
 
 Batch = dict[str, np.ndarray]
-SOFT_ROWS = "_soft_label_rows"     # int64 [B, N]: the batch's rows of SOFT_SOURCE
-SOFT_SOURCE = "_soft_label_source"  # SoftLabelSource: the window's soft-label rows
+REGION_ROWS = "_region_rows"       # int64 [B, N]: the batch's rows of REGION_SOURCE
+REGION_SOURCE = "_region_source"   # WindowRegions: the window's region rows
 
 
-class SoftLabelSource:
-    """The soft labels of a window's images, end to end, a zero row last (padding). Not an
-    array, so that copying a batch's arrays (one copy per task of a summed set) shares it."""
+class WindowRegions:
+    """The region rows of a window's blocks, numbered as if laid end to end with a zero row
+    after them (the padding), and gathered from the blocks themselves: laying them end to end
+    would copy the window's images once more. Not an array, so that copying a batch's arrays
+    (one copy per task of a summed set) shares it."""
 
-    def __init__(self, rows: np.ndarray):
-        self.rows = rows
+    def __init__(self, blocks: list[ImageBlock], soft: bool):
+        self.blocks = blocks
+        self.soft = soft   # whether the blocks hold soft labels to gather (MRC in the plan)
+        self.starts = np.concatenate([[0], np.cumsum([len(b.features) for b in blocks])])
 
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        return np.take(self.rows, idx.reshape(-1), axis=0).reshape(*idx.shape, -1)
+    def gather(self, idx: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+        """Arrays ``names`` of the blocks at rows ``idx`` (any shape; the zero row past the
+        last block's rows gives zeros), shaped ``idx.shape + (width,)``."""
+        flat = idx.reshape(-1)
+        order = np.argsort(flat, kind="stable")   # by block: one gather per block
+        rows = flat[order]
+        cut = np.searchsorted(rows, self.starts)
+        parts = [getattr(self.blocks[0], name) for name in names]
+        outs = [np.zeros((len(flat), p.shape[1]), p.dtype) for p in parts]
+        for j, blk in enumerate(self.blocks):
+            lo, hi = cut[j], cut[j + 1]
+            if lo == hi:
+                continue
+            dst, src = order[lo:hi], rows[lo:hi] - self.starts[j]
+            for out, name in zip(outs, names):
+                out[dst] = getattr(blk, name)[src]
+        return [o.reshape(*idx.shape, o.shape[1]) for o in outs]
 
 
-def resolve_soft_labels(batch: Batch, needed: bool) -> None:
-    """Gather SOFT_LABELS for a batch whose task reads them; drop the row references either
-    way (in place)."""
-    source, rows = batch.pop(SOFT_SOURCE, None), batch.pop(SOFT_ROWS, None)
-    if needed and source is not None:
-        batch[SOFT_LABELS] = source.take(rows)
+def resolve_regions(batch: Batch, need_soft: bool) -> None:
+    """Gather a batch's REGION_FEATS and REGION_LOC (where the row references stood, so the
+    keys keep the order of an eager collate) and SOFT_LABELS if its task reads them; drop the
+    row references (in place)."""
+    if REGION_ROWS not in batch:
+        return
+    source, rows = batch[REGION_SOURCE], batch[REGION_ROWS]
+    items = [(k, v) for k, v in batch.items() if k != REGION_SOURCE]
+    batch.clear()
+    soft = need_soft and source.soft
+    names = ("features", "region_loc") + (("soft_labels",) if soft else ())
+    arrays = source.gather(rows, names)
+    for k, v in items:
+        if k == REGION_ROWS:
+            batch[K.REGION_FEATS], batch[K.REGION_LOC] = arrays[:2]
+        else:
+            batch[k] = v
+    if soft:
+        batch[SOFT_LABELS] = arrays[2]
+
+
+resolve_soft_labels = resolve_regions   # the name before the features were gathered lazily
 
 
 def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
@@ -95,8 +137,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     text_mask = np.zeros(len(ids), np.int64)
     text_mask[np.repeat(row, n_tok + 2) + ranges(n_tok + 2)] = 1
 
-    # regions: rows padded to each batch's most regions (fp16 as stored), each array one
-    # take from the blocks' rows with a zero row appended for the padding
+    # regions: rows padded to each batch's most regions (fp16 as stored), numbered in the
+    # blocks' rows laid end to end with a zero row after them for the padding
     image_blocks = np.unique(refs.image_block)
     starts = np.concatenate([[0], np.cumsum([len(blocks[b].features) for b in image_blocks])])
     reg_at = starts[np.searchsorted(image_blocks, refs.image_block)] + reg_at
@@ -108,14 +150,7 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     ex, pos = np.repeat(np.arange(E), n_reg), ranges(n_reg)
     dst = rrow[ex] + pos
     take[dst] = reg_at[ex] + pos
-
-    def source_rows(name: str) -> np.ndarray:
-        parts = [getattr(blocks[b], name) for b in image_blocks]
-        return np.concatenate(parts + [np.zeros((1, parts[0].shape[1]), parts[0].dtype)])
-
-    feats = np.take(source_rows("features"), take, axis=0)
-    loc = np.take(source_rows("region_loc"), take, axis=0)
-    soft = SoftLabelSource(source_rows("soft_labels")) if need_soft else None
+    source = WindowRegions([blocks[b] for b in image_blocks], need_soft)
     region_mask = np.zeros(rows_total, np.int64)
     region_mask[dst] = 1
     whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding
@@ -127,11 +162,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
         ts, rs = slice(t_off[i], t_off[i + 1]), slice(r_off[i], r_off[i + 1])
         batch = {K.INPUT_IDS: ids[ts].reshape(B, t), K.TEXT_MASK: text_mask[ts].reshape(B, t),
                  TEXT_KEYS: text_key[s:e],
-                 K.REGION_FEATS: feats[rs].reshape(B, n, feature_dim),
-                 K.REGION_LOC: loc[rs].reshape(B, n, loc_dim),
+                 REGION_ROWS: take[rs].reshape(B, n), REGION_SOURCE: source,
                  K.REGION_MASK: region_mask[rs].reshape(B, n), IMAGE_KEYS: image_key[s:e]}
-        if soft is not None:
-            batch[SOFT_ROWS], batch[SOFT_SOURCE] = take[rs].reshape(B, n), soft
         for k, v in whole.items():
             batch[k] = v[s:e]
         batch[K.POSITIVE] = refs.positive[s:e].astype(bool)
@@ -142,7 +174,7 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
 
 
 TEXT_SIDE = (K.INPUT_IDS, K.TEXT_MASK, TEXT_KEYS)
-IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, SOFT_ROWS,
+IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, REGION_ROWS,
               WHOLE_FEAT, HAS_WHOLE)
 
 
@@ -163,7 +195,7 @@ def swap_negatives(batch: Batch, donors: Donors) -> Batch:
         for k in (K.INPUT_IDS, K.TEXT_MASK):
             out[k] = np.ascontiguousarray(out[k][:, :T])
     if N < out[K.REGION_MASK].shape[1]:
-        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, SOFT_ROWS):
+        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, REGION_ROWS):
             if k in out:
                 out[k] = np.ascontiguousarray(out[k][:, :N])
     out[K.POSITIVE] = batch[K.POSITIVE] & ~donors.negative

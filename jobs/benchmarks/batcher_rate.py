@@ -1,0 +1,143 @@
+"""The local batcher's rate on real-shaped data, one thread: ``PretrainBatches.next`` over
+the first N batches of uniter-base's 10,240-unit config (the GPU check's, UNITER's task mix),
+on the shards of ``bench_sources.py``.
+
+    python jobs/benchmarks/batcher_rate.py [--world PATH] [--batches 150] [--profile]
+
+Prints one figure per line (``name value``): input units/s over all batches; per task, its
+batches' units over the seconds of their ``next`` calls less the time spent reading and
+cutting windows (``window_s``: that work is done for whichever task's call needs the next
+window, so it is counted once, apart); the CPU seconds of the batcher's thread (page faults
+included, waits for the block reader not: a figure less moved by a shared machine's load than
+the rate); the process's peak RSS. ``--profile`` adds cProfile's
+top entries (cumulative and own time). ``--digest`` prints a SHA-256 over every batch served
+(keys, dtypes, shapes, bytes, in order; hashing excluded from the timings): equal digests
+across commits mean the batches did not change. ``--world`` reuses shards written before (they are
+written to a temporary folder otherwise, ~1 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import io
+import pstats
+import resource
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from bench_sources import write_bench_sources
+from gpu_check import default_tokenizer, sizes
+from gpu_check_parts import experiment
+from vlp.platform.pretrain.data import prepare
+from vlp.platform.pretrain.local import LocalPretrainComponents
+from vlp.platform.pretrain.run import loop_config
+from vlp.platform.training import objective
+from vlp.platform.training.protocols import WorkerInfo
+
+
+def build(world: Path, tmp: Path, tokenizer: str | None):
+    """The GPU check's batcher: its config, and a (sampler, PretrainBatches) pair on it."""
+    s = sizes(quick=False, gpu=True)
+    cfg = experiment(world, tmp / "runs", "batcher", family=s["family"], precision="bf16",
+                     steps=s["steps"], units=s["units"], gpu=False, log_every=s["steps"],
+                     tokenizer=tokenizer)
+    components = LocalPretrainComponents(prepare(cfg))
+    lc = loop_config(cfg)
+    source = components.build_batch_source(lc, lc.stages[0], 0,
+                                           WorkerInfo(0, 1, 0, torch.device("cpu"), 0))
+    sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
+                                      lc.train.objective)
+    return sampler, source
+
+
+def batch_digest(digest, task: str, batch: dict) -> None:
+    digest.update(task.encode())
+    for k, v in batch.items():
+        a = v.numpy()
+        digest.update(f"{k} {a.dtype} {a.shape}".encode())
+        digest.update(a.tobytes())
+
+
+def measure(sampler, source, n: int, digest=None) -> dict[str, float]:
+    window = [0.0]
+    pull = source._pull
+
+    def timed_pull(*a, **kw):   # reading blocks and cutting (collating) windows
+        t0 = time.perf_counter()
+        try:
+            return pull(*a, **kw)
+        finally:
+            window[0] += time.perf_counter() - t0
+
+    source._pull = timed_pull
+    units, secs, count = defaultdict(int), defaultdict(float), defaultdict(int)
+    t_all, cpu_all = time.perf_counter(), time.thread_time()
+    for _ in range(n):
+        task = sampler.next()
+        before = window[0]
+        t0 = time.perf_counter()
+        batch = source.next(task)
+        secs[task] += time.perf_counter() - t0 - (window[0] - before)
+        units[task] += int(batch["input_units"])
+        count[task] += 1
+        if digest is not None:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            batch_digest(digest, task, batch)
+            t_all += time.perf_counter() - t0
+            cpu_all += time.thread_time() - c0
+    wall, cpu = time.perf_counter() - t_all, time.thread_time() - cpu_all
+    out = {"batches": n, "input_units_per_s": sum(units.values()) / wall,
+           "wall_s": wall, "batcher_thread_cpu_s": cpu, "window_s": window[0]}
+    for task in sorted(units):
+        out[f"{task}.batches"] = count[task]
+        out[f"{task}.ms_per_batch_after_window"] = 1e3 * secs[task] / count[task]
+        out[f"{task}.units_per_s_after_window"] = units[task] / secs[task]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", help="a folder with images/coco and images/vg shards "
+                   "(written there first if it has none)")
+    p.add_argument("--batches", type=int, default=150)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--digest", action="store_true")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="vlp-batcher-rate-"))
+    world = Path(args.world) if args.world else tmp / "world"
+    if not (world / "images" / "coco").is_dir():
+        write_bench_sources(world, **sizes(quick=False, gpu=True)["world"])
+    sampler, source = build(world, tmp, default_tokenizer())
+    prof = cProfile.Profile() if args.profile else None
+    digest = hashlib.sha256() if args.digest else None
+    try:
+        if prof:
+            prof.enable()
+        out = measure(sampler, source, args.batches, digest)
+        if prof:
+            prof.disable()
+    finally:
+        source.close()
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if digest is not None:
+        out["digest"] = digest.hexdigest()
+    for k, v in out.items():
+        print(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}")
+    if prof:
+        for key in ("cumulative", "tottime"):
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats(key).print_stats(args.top)
+            print(text.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
