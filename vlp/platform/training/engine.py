@@ -262,9 +262,9 @@ def configure_device(cfg: LoopConfig, device: torch.device | None) -> None:
     """Per-process device settings on CUDA: TF32 tensor cores for fp32 matmuls and
     convolutions (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training
     on Ampere+ GPUs means in practice); and SDPA without its cuDNN kernel, which it would
-    pick for the encoder's padding mask: with rows shaped like a real job's, the
-    memory-efficient kernel made whole training steps faster on a Hopper GPU (the GPU
-    check's ``steady`` figures, docs/gpu-check.md)."""
+    pick for the encoder's padding mask: for rows shaped like a real job's, the
+    memory-efficient kernel's forward+backward ran faster on a Hopper GPU, and whole steps
+    were no slower (the GPU check's ``sdpa`` and ``steady`` figures, docs/gpu-check.md)."""
     if device is None or device.type != "cuda":
         return
     torch.cuda.set_device(device)

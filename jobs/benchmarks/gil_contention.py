@@ -1,0 +1,119 @@
+"""What the prefetch thread's batch building costs a host-bound training loop through the GIL.
+
+On a GPU the training step is host-bound: the main thread dispatches a couple of thousand
+small operations per step, and each releases the GIL while it runs and takes it back after.
+The prefetch thread builds the next batches (the real batcher: windows, masking, collate,
+region gathers) in the same process. Whenever it holds the GIL when the main thread wants it
+back, the main thread waits — up to the interpreter's switch interval (5 ms by default).
+
+This measures that on a CPU: the main thread runs a dispatch loop of small torch operations
+(a stand-in for a GPU step's launches, ``--ops`` per step), timed alone, then beside a
+thread running the real batcher on real-shaped shards (``bench_sources.py``; uniter-base's
+10,240-unit batches, UNITER's mix) under several switch intervals, then beside the same
+batcher in a separate process (no GIL shared: what is left is the CPU the two share).
+
+    python jobs/benchmarks/gil_contention.py [--world PATH] [--seconds 6]
+
+Prints one figure per line: the dispatch loop's steps per second in each setting, its ratio
+to the loop alone, and the batcher's batches per second beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from batcher_rate import build
+from bench_sources import write_bench_sources
+from gpu_check import default_tokenizer, sizes
+
+
+def dispatch_steps(seconds: float, ops: int) -> float:
+    """Steps per second of a loop of ``ops`` small operations per step."""
+    x = torch.ones(64)
+    y = torch.ones(64)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(ops // 2):
+            x.mul_(1.0)
+            x.add_(y, alpha=0.0)
+        steps += 1
+    return steps / (time.perf_counter() - t0)
+
+
+def run_batcher(world: str, tokenizer: str | None, stop, count) -> None:
+    """Build batches until ``stop`` is set, counting them in ``count`` (a shared value)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sampler, source = build(Path(world), Path(tmp), tokenizer)
+        try:
+            while not stop.is_set():
+                source.next(sampler.next())
+                with count.get_lock():
+                    count.value += 1
+        finally:
+            source.close()
+
+
+def beside(kind: str, args, interval: float | None) -> tuple[float, float]:
+    """(dispatch steps/s, batches/s) with the batcher in a thread or a process beside."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event() if kind == "process" else threading.Event()
+    count = ctx.Value("l", 0)
+    target = (ctx.Process if kind == "process" else threading.Thread)(
+        target=run_batcher, args=(args.world, args.tokenizer, stop, count), daemon=True)
+    target.start()
+    while count.value < 5:   # past the first window's read: building batches, not waiting
+        time.sleep(0.05)
+    before = sys.getswitchinterval()
+    if interval is not None:
+        sys.setswitchinterval(interval)
+    try:
+        n0, t0 = count.value, time.perf_counter()
+        rate = dispatch_steps(args.seconds, args.ops)
+        batches = (count.value - n0) / (time.perf_counter() - t0)
+    finally:
+        sys.setswitchinterval(before)
+        stop.set()
+        target.join(timeout=60)
+    return rate, batches
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", help="shards written before by bench_sources.py (default: "
+                   "written to a temporary folder, ~1 GB)")
+    p.add_argument("--seconds", type=float, default=6.0, help="each setting's timing")
+    p.add_argument("--ops", type=int, default=2000, help="small operations per step")
+    p.add_argument("--tokenizer", default=default_tokenizer())
+    args = p.parse_args(argv)
+    tmp = None
+    if args.world is None:
+        tmp = tempfile.TemporaryDirectory()
+        args.world = str(Path(tmp.name) / "world")
+        write_bench_sources(Path(args.world), **sizes(quick=False, gpu=True)["world"])
+    torch.set_num_threads(1)   # one core for the loop, as a host thread dispatching to a GPU
+    alone = dispatch_steps(args.seconds, args.ops)
+    print(f"switch_interval_default_s {sys.getswitchinterval():g}")
+    print(f"alone.steps_per_s {alone:.4g}")
+    for label, kind, interval in (("thread", "thread", None),
+                                  ("thread_interval_0.5ms", "thread", 5e-4),
+                                  ("thread_interval_0.1ms", "thread", 1e-4),
+                                  ("process", "process", None)):
+        rate, batches = beside(kind, args, interval)
+        print(f"{label}.steps_per_s {rate:.4g}")
+        print(f"{label}.over_alone {rate / alone:.3f}")
+        print(f"{label}.batcher_batches_per_s {batches:.3g}")
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
