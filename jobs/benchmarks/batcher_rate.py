@@ -30,31 +30,22 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 from bench_sources import write_bench_sources
 from gpu_check import default_tokenizer, sizes
-from gpu_check_parts import experiment
-from vlp.platform.pretrain.data import prepare
-from vlp.platform.pretrain.local import LocalPretrainComponents
-from vlp.platform.pretrain.run import loop_config
-from vlp.platform.training import objective
-from vlp.platform.training.protocols import WorkerInfo
+from gpu_check_parts import experiment, sampler_and_source
+
+
+def bench_config(world: Path, tmp: Path, tokenizer: str | None):
+    """The GPU check's uniter-base batcher config on the shards in ``world``."""
+    s = sizes(quick=False, gpu=True)
+    return experiment(world, tmp / "runs", "batcher", family=s["family"], precision="bf16",
+                      steps=s["steps"], units=s["units"], gpu=False, log_every=s["steps"],
+                      tokenizer=tokenizer)
 
 
 def build(world: Path, tmp: Path, tokenizer: str | None):
-    """The GPU check's batcher: its config, and a (sampler, PretrainBatches) pair on it."""
-    s = sizes(quick=False, gpu=True)
-    cfg = experiment(world, tmp / "runs", "batcher", family=s["family"], precision="bf16",
-                     steps=s["steps"], units=s["units"], gpu=False, log_every=s["steps"],
-                     tokenizer=tokenizer)
-    components = LocalPretrainComponents(prepare(cfg))
-    lc = loop_config(cfg)
-    source = components.build_batch_source(lc, lc.stages[0], 0,
-                                           WorkerInfo(0, 1, 0, torch.device("cpu"), 0))
-    sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
-                                      lc.train.objective)
-    return sampler, source
+    """The GPU check's batcher: a (sampler, PretrainBatches) pair on its config."""
+    return sampler_and_source(bench_config(world, tmp, tokenizer))
 
 
 def batch_digest(digest, task: str, batch: dict) -> None:

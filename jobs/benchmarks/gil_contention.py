@@ -21,18 +21,17 @@ to the loop alone, and the batcher's batches per second beside it.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from batcher_rate import build
+from batcher_rate import bench_config
 from bench_sources import write_bench_sources
 from gpu_check import default_tokenizer, sizes
+from gpu_check_parts import beside_batcher
 
 
 def dispatch_steps(seconds: float, ops: int) -> float:
@@ -48,41 +47,20 @@ def dispatch_steps(seconds: float, ops: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def run_batcher(world: str, tokenizer: str | None, stop, count) -> None:
-    """Build batches until ``stop`` is set, counting them in ``count`` (a shared value)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sampler, source = build(Path(world), Path(tmp), tokenizer)
-        try:
-            while not stop.is_set():
-                source.next(sampler.next())
-                with count.get_lock():
-                    count.value += 1
-        finally:
-            source.close()
-
-
-def beside(kind: str, args, interval: float | None) -> tuple[float, float]:
-    """(dispatch steps/s, batches/s) with the batcher in a thread or a process beside."""
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event() if kind == "process" else threading.Event()
-    count = ctx.Value("l", 0)
-    target = (ctx.Process if kind == "process" else threading.Thread)(
-        target=run_batcher, args=(args.world, args.tokenizer, stop, count), daemon=True)
-    target.start()
-    while count.value < 5:   # past the first window's read: building batches, not waiting
-        time.sleep(0.05)
+def beside(where: str, cfg, args, interval: float | None) -> tuple[float, float]:
+    """(dispatch steps/s, batches/s) with the batcher beside, in a thread or a process,
+    under switch ``interval`` (None: the interpreter's)."""
     before = sys.getswitchinterval()
-    if interval is not None:
-        sys.setswitchinterval(interval)
-    try:
-        n0, t0 = count.value, time.perf_counter()
-        rate = dispatch_steps(args.seconds, args.ops)
-        batches = (count.value - n0) / (time.perf_counter() - t0)
-    finally:
-        sys.setswitchinterval(before)
-        stop.set()
-        target.join(timeout=60)
-    return rate, batches
+
+    def timed() -> float:
+        if interval is not None:
+            sys.setswitchinterval(interval)
+        try:
+            return dispatch_steps(args.seconds, args.ops)
+        finally:
+            sys.setswitchinterval(before)
+
+    return beside_batcher(cfg, where, timed, warm=5)
 
 
 def main(argv=None) -> int:
@@ -99,6 +77,8 @@ def main(argv=None) -> int:
         args.world = str(Path(tmp.name) / "world")
         write_bench_sources(Path(args.world), **sizes(quick=False, gpu=True)["world"])
     torch.set_num_threads(1)   # one core for the loop, as a host thread dispatching to a GPU
+    runs = tempfile.TemporaryDirectory()
+    cfg = bench_config(Path(args.world), Path(runs.name), args.tokenizer)
     alone = dispatch_steps(args.seconds, args.ops)
     print(f"switch_interval_default_s {sys.getswitchinterval():g}")
     print(f"alone.steps_per_s {alone:.4g}")
@@ -106,10 +86,11 @@ def main(argv=None) -> int:
                                   ("thread_interval_0.5ms", "thread", 5e-4),
                                   ("thread_interval_0.1ms", "thread", 1e-4),
                                   ("process", "process", None)):
-        rate, batches = beside(kind, args, interval)
+        rate, batches = beside(kind, cfg, args, interval)
         print(f"{label}.steps_per_s {rate:.4g}")
         print(f"{label}.over_alone {rate / alone:.3f}")
         print(f"{label}.batcher_batches_per_s {batches:.3g}")
+    runs.cleanup()
     if tmp is not None:
         tmp.cleanup()
     return 0

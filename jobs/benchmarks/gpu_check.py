@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -122,7 +123,8 @@ class Check:
             kept["bare"] = parts.bare_loop(worker.engine, items[:s["bare"]], self.device)
             kept["syncs"] = parts.host_syncs(worker.engine, items[s["bare"]:], self.device)
             kept["ops"] = parts.host_ops(worker.engine, items[s["bare"]:])
-            diagnostics = {"steady": (parts.steady_bare, s["bare"]),
+            diagnostics = {"steady": (partial(parts.steady_bare, batcher_cfg=cfg),
+                                      s["bare"]),
                            "profile": (parts.profile_steps, s["profile"])}
             for name, (fn, n) in diagnostics.items():
                 try:   # diagnostics: a failure here must not lose the figures above
@@ -245,7 +247,8 @@ class Check:
         return parts.sdpa_kernels(self.device, dtype, b, length, h, d)
 
     def batcher(self, steps: dict | None) -> dict:
-        out = parts.batcher_rate(self.cfg("batcher"), self.size["batcher"])
+        out = parts.batcher_rate(self.cfg("batcher"), self.size["batcher"],
+                                 warm=self.size["batcher"] // 3)
         if steps:
             out["batcher_over_step_consumption"] = (out["batcher_input_units_per_s"]
                                                     / steps["input_units_per_s"])

@@ -152,12 +152,15 @@ def _second_pass_s(engine, items: list, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
+def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None
+                ) -> dict[str, float]:
     """The bare loop's second pass over the same batches (every shape seen once before: no
     first-shape costs such as kernel plans or allocator growth), with SDPA's cuDNN kernel
-    allowed and with it refused (the memory-efficient kernel then takes vlp's mask); and,
-    for a bf16 ZeRO-1 engine, with DeepSpeed's own per-parameter optimizer bookkeeping in
-    place of vlp's flat one (bf16_bookkeeping.py)."""
+    allowed and with it refused (the memory-efficient kernel then takes vlp's mask); with
+    ``batcher_cfg``'s batches built beside it, on a thread (the prefetcher's way: the GIL
+    shared with the dispatching thread) and in a separate process; and, for a bf16 ZeRO-1
+    engine, with DeepSpeed's own per-parameter optimizer bookkeeping in place of vlp's flat
+    one (bf16_bookkeeping.py)."""
     units = sum(i.input_units for i in items)
     out = {}
     for label, cudnn in (("no_cudnn_sdpa", False), ("cudnn_sdpa", True)):
@@ -167,6 +170,15 @@ def steady_bare(engine, items: list, device: torch.device) -> dict[str, float]:
             out[f"{label}_s_per_input_unit"] = _second_pass_s(engine, items, device) / units
         finally:
             torch.backends.cuda.enable_cudnn_sdp(before)
+    if batcher_cfg is not None:   # the same pass while batches are built beside it
+        cudnn = "cudnn" if torch.backends.cuda.cudnn_sdp_enabled() else "no_cudnn"
+        alone = out[f"{cudnn}_sdpa_s_per_input_unit"]
+        for where in ("thread", "process"):
+            seconds, rate = beside_batcher(batcher_cfg, where,
+                                           lambda: _second_pass_s(engine, items, device))
+            out[f"beside_batcher_{where}_s_per_input_unit"] = seconds / units
+            out[f"beside_batcher_{where}_over_alone"] = seconds / units / alone
+            out[f"beside_batcher_{where}_batches_per_s"] = rate
     flat = type(engine.optimizer)
     if flat.__name__ == "FlatBookkeepingBF16Optimizer":
         # DeepSpeed's own per-parameter bookkeeping, same engine and batches, for the ratio
@@ -389,24 +401,74 @@ def sdpa_kernels(device: torch.device, dtype: torch.dtype, batch: int, length: i
     return out
 
 
-def batcher_rate(cfg, batches: int) -> dict[str, float]:
-    """The local batcher's rate (one thread: masking, negatives, collate) on ``cfg``'s
-    batches, in input units per second."""
-    setup = prepare(cfg)
-    components = LocalPretrainComponents(setup)
+def sampler_and_source(cfg) -> tuple[Any, Any]:
+    """The task sampler and the local batch source (``PretrainBatches``) of ``cfg``'s first
+    stage, on the CPU, as rank 0 of 1."""
+    components = LocalPretrainComponents(prepare(cfg))
     lc = loop_config(cfg)
     source = components.build_batch_source(lc, lc.stages[0], 0,
                                            WorkerInfo(0, 1, 0, torch.device("cpu"), 0))
     sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
                                       lc.train.objective)
-    try:   # from the reader's start: windows are read and collated ahead of their batches
+    return sampler, source
+
+
+def batcher_rate(cfg, batches: int, warm: int = 0) -> dict[str, float]:
+    """The local batcher's rate (one thread: masking, negatives, collate) on ``cfg``'s
+    batches, in input units per second: over ``batches`` batches after ``warm`` untimed
+    ones (the first window's read, which a long run pays once)."""
+    sampler, source = sampler_and_source(cfg)
+    try:
+        for _ in range(warm):
+            source.next(sampler.next())
         t0 = time.perf_counter()
         units = sum(int(source.next(sampler.next())["input_units"]) for _ in range(batches))
         wall = time.perf_counter() - t0
     finally:
         source.close()
-    return {"batches": batches, "batcher_input_units_per_s": units / wall,
+    return {"batches": batches, "warm_batches": warm, "batcher_input_units_per_s": units / wall,
             "batcher_batches_per_s": batches / wall}
+
+
+def build_batches_until(cfg, stop, count) -> None:
+    """Build ``cfg``'s batches until ``stop`` is set, counting them in ``count`` (a shared
+    integer): the prefetch thread's work, without the loop (``beside_batcher``)."""
+    sampler, source = sampler_and_source(cfg)
+    try:
+        while not stop.is_set():
+            source.next(sampler.next())
+            with count.get_lock():
+                count.value += 1
+    finally:
+        source.close()
+
+
+def beside_batcher(cfg, where: str, fn: Callable[[], Any], warm: int = 3
+                   ) -> tuple[Any, float]:
+    """``fn()`` run while ``cfg``'s batches are built beside it, on a thread of this process
+    (``where="thread"``: as the prefetcher builds them, sharing the GIL) or in a separate
+    process (``"process"``): fn's result and the batches built per second meanwhile."""
+    import multiprocessing as mp
+    import threading
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event() if where == "process" else threading.Event()
+    count = ctx.Value("l", 0)
+    maker = ctx.Process if where == "process" else threading.Thread
+    worker = maker(target=build_batches_until, args=(cfg, stop, count), daemon=True)
+    worker.start()
+    try:
+        while count.value < warm:   # past the first window's read: building batches
+            if where == "process" and not worker.is_alive():
+                raise RuntimeError(f"the batcher process exited ({worker.exitcode})")
+            time.sleep(0.05)
+        n0, t0 = count.value, time.perf_counter()
+        result = fn()
+        rate = (count.value - n0) / (time.perf_counter() - t0)
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    return result, rate
 
 
 @contextlib.contextmanager

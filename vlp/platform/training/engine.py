@@ -259,18 +259,16 @@ def compute_dtype(cfg: LoopConfig, device: torch.device | None = None) -> torch.
 
 
 def configure_device(cfg: LoopConfig, device: torch.device | None) -> None:
-    """Per-process device settings on CUDA: TF32 tensor cores for fp32 matmuls and
-    convolutions (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training
-    on Ampere+ GPUs means in practice); and SDPA without its cuDNN kernel, which it would
-    pick for the encoder's padding mask: for rows shaped like a real job's, the
-    memory-efficient kernel's forward+backward ran faster on a Hopper GPU, and whole steps
-    were no slower (the GPU check's ``sdpa`` and ``steady`` figures, docs/gpu-check.md)."""
+    """Per-process device settings: TF32 tensor cores for fp32 matmuls and convolutions on
+    CUDA (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training on
+    Ampere+ GPUs means in practice). SDPA keeps torch's own choice of kernel (cuDNN's, for
+    the encoder's padding mask on Hopper): the GPU check found no whole-step difference from
+    the memory-efficient kernel on length-bucketed rows (docs/gpu-check.md)."""
     if device is None or device.type != "cuda":
         return
     torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
