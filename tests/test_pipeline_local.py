@@ -318,7 +318,7 @@ def test_window_collate_equals_per_batch_collate(world):
     from vlp.datasets.batching.collate import ExampleRefs, collate_examples, example_lengths
     from vlp.datasets.batching.image_block import ImageBlock
     from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
-    from vlp.datasets.batching.window_collate import (collate_window, resolve_soft_labels,
+    from vlp.datasets.batching.window_collate import (collate_window, resolve_regions,
                                                       swap_negatives)
     plan = plan_data(config(world, read_rows=8), {"mrc-kl": 1})
     blocks = {i: ImageBlock.from_table(t, plan.feature_dim, plan.num_classes, plan.loc_dim)
@@ -348,7 +348,7 @@ def test_window_collate_equals_per_batch_collate(world):
                 trimmed += got[K.INPUT_IDS].shape != collated[K.INPUT_IDS].shape
                 trimmed += got[K.REGION_MASK].shape != collated[K.REGION_MASK].shape
             got = dict(got)
-            resolve_soft_labels(got, True)   # the window's rows, gathered for this batch
+            resolve_regions(got, True)   # regions and soft labels, gathered for this batch
             want = collate_examples(blocks, want_refs, tok, visual="regions", **kw)
             assert set(got) == set(want)
             for k in want:

@@ -98,8 +98,6 @@ def resolve_regions(batch: Batch, need_soft: bool) -> None:
         batch[SOFT_LABELS] = arrays[2]
 
 
-resolve_soft_labels = resolve_regions   # the name before the features were gathered lazily
-
 
 def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
                    tok: TextTokenizer, *, feature_dim: int, loc_dim: int,
