@@ -65,8 +65,12 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     assert steps["cold"]["loop_overhead"] > 0 and steps["cold"]["step_time_s"] > 0
     steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on
     for key in ("no_cudnn_sdpa_s_per_input_unit", "cudnn_sdpa_s_per_input_unit",
-                "deepspeed_bookkeeping_s_per_input_unit", "flat_over_deepspeed_bookkeeping"):
+                "deepspeed_bookkeeping_s_per_input_unit", "flat_over_deepspeed_bookkeeping",
+                "beside_batcher_thread_over_alone", "beside_batcher_process_over_alone",
+                "beside_batcher_process_batches_per_s", "order_drift"):
         assert steady[key] > 0, steady
+    # the variants took turns, twice each (A B C A B C)
+    assert len(steady["cudnn_sdpa_rounds"]) == steady["rounds"] == 2
     profile = steps["profile"]
     assert 0 < profile["busy_share"] <= 1 and profile["top"], profile
     ops = steps["host_ops"]   # aten ops per step by phase: the host's work in a step

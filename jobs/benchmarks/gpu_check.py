@@ -44,11 +44,13 @@ def sizes(quick: bool, gpu: bool) -> dict:
     # again on micro-batches this many times larger (where the step stops being host-bound)
     if quick:
         return dict(family="uniter-tiny", large=None, units=512, steps=8, skip=2,
-                    compare_steps=6, bare=6, syncs=2, profile=3, resume_steps=4, batcher=10,
+                    compare_steps=6, bare=6, steady=6, syncs=2, profile=3, resume_steps=4,
+                    batcher=10,
                     sdpa=(8, 2, 64, 32), world=dict(images=60, feature_dim=64, num_classes=21),
                     sweep=(2,), sweep_steps=2)
     return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
-                compare_steps=50, bare=40, syncs=4, profile=8, resume_steps=6, batcher=60,
+                compare_steps=50, bare=40, steady=24, syncs=4, profile=8, resume_steps=6,
+                batcher=60,
                 sdpa=(96, 12, 110, 64),
                 world=dict(images=3000, feature_dim=2048, num_classes=1601),
                 sweep=(2, 4), sweep_steps=12)
@@ -124,7 +126,7 @@ class Check:
             kept["syncs"] = parts.host_syncs(worker.engine, items[s["bare"]:], self.device)
             kept["ops"] = parts.host_ops(worker.engine, items[s["bare"]:])
             diagnostics = {"steady": (partial(parts.steady_bare, batcher_cfg=cfg),
-                                      s["bare"]),
+                                      s["steady"]),
                            "profile": (parts.profile_steps, s["profile"])}
             for name, (fn, n) in diagnostics.items():
                 try:   # diagnostics: a failure here must not lose the figures above
@@ -159,9 +161,10 @@ class Check:
             for row in kept.get("sweep", {}).values():
                 if isinstance(row, dict) and "steady_s_per_input_unit" in row:
                     row["steady_mfu_real"] = per_unit / row["steady_s_per_input_unit"] / peak
-            steady = kept.get("steady", {}).get("no_cudnn_sdpa_s_per_input_unit")
-            if steady:
-                kept["steady"]["no_cudnn_sdpa_mfu_real"] = per_unit / steady / peak
+            steady = kept.get("steady", {})
+            if "configured" in steady:   # MFU of the steady pass as the run is configured
+                steady["mfu_real"] = (per_unit / steady[f"{steady['configured']}_s_per_input_"
+                                                         f"unit"] / peak)
         figures["host_syncs"] = kept.pop("syncs", {})
         figures["host_ops"] = kept.pop("ops", {})
         if figures["host_ops"]:   # the bare step over its ops: the host cost per op, if host-bound

@@ -152,46 +152,73 @@ def _second_pass_s(engine, items: list, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None
-                ) -> dict[str, float]:
+def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
+                rounds: int = 2) -> dict[str, Any]:
     """The bare loop's second pass over the same batches (every shape seen once before: no
-    first-shape costs such as kernel plans or allocator growth), with SDPA's cuDNN kernel
-    allowed and with it refused (the memory-efficient kernel then takes vlp's mask); with
-    ``batcher_cfg``'s batches built beside it, on a thread (the prefetcher's way: the GIL
-    shared with the dispatching thread) and in a separate process; and, for a bf16 ZeRO-1
-    engine, with DeepSpeed's own per-parameter optimizer bookkeeping in place of vlp's flat
-    one (bf16_bookkeeping.py)."""
+    first-shape costs such as kernel plans or allocator growth) in several variants: SDPA's
+    cuDNN kernel allowed and refused (the memory-efficient kernel then takes vlp's mask);
+    for a bf16 ZeRO-1 engine, DeepSpeed's own per-parameter optimizer bookkeeping in place
+    of vlp's flat one (bf16_bookkeeping.py); with ``batcher_cfg``'s batches built beside it,
+    on a thread (the prefetcher's way: the GIL shared with the dispatching thread) and in a
+    separate process. The variants take turns, ``rounds`` times (A B C A B C): a pass can
+    run slower than the same pass before it, and ``order_drift`` (the last round over the
+    first, averaged over the variants) says how much."""
     units = sum(i.input_units for i in items)
-    out = {}
-    for label, cudnn in (("no_cudnn_sdpa", False), ("cudnn_sdpa", True)):
-        before = torch.backends.cuda.cudnn_sdp_enabled()
-        torch.backends.cuda.enable_cudnn_sdp(cudnn)
-        try:
-            out[f"{label}_s_per_input_unit"] = _second_pass_s(engine, items, device) / units
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(before)
-    if batcher_cfg is not None:   # the same pass while batches are built beside it
-        cudnn = "cudnn" if torch.backends.cuda.cudnn_sdp_enabled() else "no_cudnn"
-        alone = out[f"{cudnn}_sdpa_s_per_input_unit"]
-        for where in ("thread", "process"):
-            seconds, rate = beside_batcher(batcher_cfg, where,
-                                           lambda: _second_pass_s(engine, items, device))
-            out[f"beside_batcher_{where}_s_per_input_unit"] = seconds / units
-            out[f"beside_batcher_{where}_over_alone"] = seconds / units / alone
-            out[f"beside_batcher_{where}_batches_per_s"] = rate
+    configured = "cudnn_sdpa" if torch.backends.cuda.cudnn_sdp_enabled() else "no_cudnn_sdpa"
+
+    def timed() -> float:
+        return _second_pass_s(engine, items, device)
+
+    variants: dict[str, Callable[[], float]] = {
+        "no_cudnn_sdpa": lambda: _with_cudnn_sdpa(False, timed),
+        "cudnn_sdpa": lambda: _with_cudnn_sdpa(True, timed)}
     flat = type(engine.optimizer)
-    if flat.__name__ == "FlatBookkeepingBF16Optimizer":
-        # DeepSpeed's own per-parameter bookkeeping, same engine and batches, for the ratio
-        engine.optimizer.__class__ = flat.__mro__[1]
-        try:
-            out["deepspeed_bookkeeping_s_per_input_unit"] = \
-                _second_pass_s(engine, items, device) / units
-        finally:
-            engine.optimizer.__class__ = flat
-        out["flat_over_deepspeed_bookkeeping"] = (
-            out[f"{'cudnn' if torch.backends.cuda.cudnn_sdp_enabled() else 'no_cudnn'}"
-                f"_sdpa_s_per_input_unit"] / out["deepspeed_bookkeeping_s_per_input_unit"])
+    if flat.__name__ == "FlatBookkeepingBF16Optimizer":   # the class it was switched from
+        variants["deepspeed_bookkeeping"] = lambda: _with_class(engine.optimizer,
+                                                                 flat.__mro__[1], timed)
+    rates: dict[str, list[float]] = {}
+    for where in ("thread", "process") if batcher_cfg is not None else ():
+        def beside(where: str = where) -> float:
+            seconds, rate = beside_batcher(batcher_cfg, where, timed)
+            rates.setdefault(where, []).append(rate)
+            return seconds
+        variants[f"beside_batcher_{where}"] = beside
+    times: dict[str, list[float]] = {label: [] for label in variants}
+    for _ in range(rounds):
+        for label, fn in variants.items():
+            times[label].append(fn() / units)
+    out: dict[str, Any] = {"steps": len(items), "rounds": rounds, "configured": configured}
+    for label, ts in times.items():
+        out[f"{label}_s_per_input_unit"] = statistics.fmean(ts)
+        out[f"{label}_rounds"] = ts
+    out["order_drift"] = statistics.fmean(ts[-1] / ts[0] for ts in times.values())
+    alone = out[f"{configured}_s_per_input_unit"]
+    for where, r in rates.items():
+        out[f"beside_batcher_{where}_over_alone"] = \
+            out[f"beside_batcher_{where}_s_per_input_unit"] / alone
+        out[f"beside_batcher_{where}_batches_per_s"] = statistics.fmean(r)
+    if "deepspeed_bookkeeping" in times:
+        out["flat_over_deepspeed_bookkeeping"] = \
+            alone / out["deepspeed_bookkeeping_s_per_input_unit"]
     return out
+
+
+def _with_cudnn_sdpa(on: bool, fn: Callable[[], float]) -> float:
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(on)
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def _with_class(obj: Any, cls: type, fn: Callable[[], float]) -> float:
+    before = type(obj)
+    obj.__class__ = cls
+    try:
+        return fn()
+    finally:
+        obj.__class__ = before
 
 
 def _pass_s(engine, items: list, device: torch.device) -> float:

@@ -262,8 +262,9 @@ def configure_device(cfg: LoopConfig, device: torch.device | None) -> None:
     """Per-process device settings: TF32 tensor cores for fp32 matmuls and convolutions on
     CUDA (a 10-bit mantissa in the products, fp32 accumulation; what fp32 training on
     Ampere+ GPUs means in practice). SDPA keeps torch's own choice of kernel (cuDNN's, for
-    the encoder's padding mask on Hopper): the GPU check found no whole-step difference from
-    the memory-efficient kernel on length-bucketed rows (docs/gpu-check.md)."""
+    the encoder's padding mask on Hopper): the GPU check's whole-step comparisons with the
+    memory-efficient kernel have not yet separated the kernel from the order the two were
+    timed in (docs/gpu-check.md)."""
     if device is None or device.type != "cuda":
         return
     torch.cuda.set_device(device)
