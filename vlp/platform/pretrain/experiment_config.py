@@ -166,7 +166,9 @@ class TrainSection(ConfigModel):
     # resume: the checkpoint's stage (its optimizer state loads only into its kind)
     zero_stage: Literal["auto", 0, 1, 2] = "auto"
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
-    compile: bool = False                 # torch.compile the model (needs a compiler; opt-in)
+    # torch.compile the model (opt-in: the encoder compiled took minutes and ran no faster on
+    # an H200, docs/gpu-check.md)
+    compile: bool = False
     prefetch_batches: int = Field(2, ge=0)   # micro-batches built ahead on a thread; 0 = off
     peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
     log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
