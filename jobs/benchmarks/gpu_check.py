@@ -193,7 +193,7 @@ class Check:
                 cfg = self.cfg(f"sweep-{family}-{units}", family=family, units=units)
                 items = parts.device_batches(cfg, self.device, worker.dtype,
                                              s["sweep_steps"])
-                seconds = parts._second_pass_s(worker.engine, items, self.device)
+                seconds = parts.second_pass_s(worker.engine, items, self.device)
                 row = {"steady_s_per_input_unit":
                        seconds / sum(i.input_units for i in items), "steps": len(items)}
                 if self.gpu:

@@ -25,6 +25,7 @@ from vlp.platform.pretrain.local import LocalPretrainComponents
 from vlp.platform.pretrain.run import loop_config, tracking_spec
 from vlp.platform.training import engine as engine_mod
 from vlp.platform.training import objective
+from vlp.platform.training.bf16_bookkeeping import uses_flat_bookkeeping
 from vlp.platform.training.local_runner import run_local
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
@@ -62,15 +63,21 @@ def run(cfg, after: Callable[[Any], None] | None = None) -> dict[str, Any]:
                      run_dir, after=after)
 
 
-def device_batches(cfg, device: torch.device, dtype: torch.dtype, n: int) -> list:
-    """``n`` micro-batches of ``cfg``'s first stage, built and moved to the device."""
-    setup = prepare(cfg)
-    components = LocalPretrainComponents(setup)
+def sampler_and_source(cfg, device: torch.device = torch.device("cpu")) -> tuple[Any, Any]:
+    """The task sampler and the local batch source (``PretrainBatches``) of ``cfg``'s first
+    stage, as rank 0 of 1 on ``device``."""
+    components = LocalPretrainComponents(prepare(cfg))
     lc = loop_config(cfg)
     source = components.build_batch_source(lc, lc.stages[0], 0,
                                            WorkerInfo(0, 1, 0, device, cfg.run.seed))
     sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
                                       lc.train.objective)
+    return sampler, source
+
+
+def device_batches(cfg, device: torch.device, dtype: torch.dtype, n: int) -> list:
+    """``n`` micro-batches of ``cfg``'s first stage, built and moved to the device."""
+    sampler, source = sampler_and_source(cfg, device)
     prefetch = Prefetcher(sampler, source, depth=0, device=device, dtype=dtype)
     try:
         return [prefetch.next() for _ in range(n)]
@@ -129,27 +136,28 @@ def _phased_steps(engine, items: list, around: Callable[[str], Any]) -> None:
             engine.step()
 
 
-def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
-    """The same engine on batches already on the device: forward, backward, step and
-    nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
-    _train_steps(engine, items[:2])   # warm-up
-    _sync(device)
-    t0 = time.perf_counter()
-    _train_steps(engine, items[2:])
-    _sync(device)
-    wall = time.perf_counter() - t0
-    units = sum(i.input_units for i in items[2:])
-    return {"bare_s_per_input_unit": wall / units, "bare_steps": len(items) - 2}
-
-
-def _second_pass_s(engine, items: list, device: torch.device) -> float:
-    """Seconds of a second pass over ``items`` (the first meets every shape once)."""
-    _train_steps(engine, items)
+def pass_s(engine, items: list, device: torch.device) -> float:
+    """Seconds of one pass over ``items``, the device's work included."""
     _sync(device)
     t0 = time.perf_counter()
     _train_steps(engine, items)
     _sync(device)
     return time.perf_counter() - t0
+
+
+def second_pass_s(engine, items: list, device: torch.device) -> float:
+    """Seconds of a second pass over ``items`` (the first meets every shape once)."""
+    _train_steps(engine, items)
+    return pass_s(engine, items, device)
+
+
+def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
+    """The same engine on batches already on the device: forward, backward, step and
+    nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
+    _train_steps(engine, items[:2])   # warm-up
+    wall = pass_s(engine, items[2:], device)
+    units = sum(i.input_units for i in items[2:])
+    return {"bare_s_per_input_unit": wall / units, "bare_steps": len(items) - 2}
 
 
 def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
@@ -167,15 +175,14 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     configured = "cudnn_sdpa" if torch.backends.cuda.cudnn_sdp_enabled() else "no_cudnn_sdpa"
 
     def timed() -> float:
-        return _second_pass_s(engine, items, device)
+        return second_pass_s(engine, items, device)
 
     variants: dict[str, Callable[[], float]] = {
         "no_cudnn_sdpa": lambda: _with_cudnn_sdpa(False, timed),
         "cudnn_sdpa": lambda: _with_cudnn_sdpa(True, timed)}
-    flat = type(engine.optimizer)
-    if flat.__name__ == "FlatBookkeepingBF16Optimizer":   # the class it was switched from
-        variants["deepspeed_bookkeeping"] = lambda: _with_class(engine.optimizer,
-                                                                 flat.__mro__[1], timed)
+    if uses_flat_bookkeeping(engine.optimizer):   # against the class it was switched from
+        variants["deepspeed_bookkeeping"] = lambda: _with_class(
+            engine.optimizer, type(engine.optimizer).__bases__[0], timed)
     rates: dict[str, list[float]] = {}
     for where in ("thread", "process") if batcher_cfg is not None else ():
         def beside(where: str = where) -> float:
@@ -221,15 +228,6 @@ def _with_class(obj: Any, cls: type, fn: Callable[[], float]) -> float:
         obj.__class__ = before
 
 
-def _pass_s(engine, items: list, device: torch.device) -> float:
-    """Seconds of one pass over ``items``, the device's work included."""
-    _sync(device)
-    t0 = time.perf_counter()
-    _train_steps(engine, items)
-    _sync(device)
-    return time.perf_counter() - t0
-
-
 def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> dict[str, Any]:
     """A what-if: the encoder under ``torch.compile(dynamic=True)`` (in place, as
     ``train.compile`` compiles the model) against the same engine in eager mode, each timed
@@ -243,7 +241,7 @@ def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> d
     for units, items in batches.items():
         n = sum(i.input_units for i in items)
         out[f"units_{units}"] = {"eager_s_per_input_unit":
-                                 _second_pass_s(engine, items, device) / n}
+                                 second_pass_s(engine, items, device) / n}
     torch._dynamo.reset()
     counters.clear()
     encoder.compile(dynamic=True)
@@ -251,8 +249,8 @@ def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> d
         for units, items in batches.items():
             n = sum(i.input_units for i in items)
             row = out[f"units_{units}"]
-            row["first_compiled_pass_s"] = _pass_s(engine, items, device)
-            row["compiled_s_per_input_unit"] = _pass_s(engine, items, device) / n
+            row["first_compiled_pass_s"] = pass_s(engine, items, device)
+            row["compiled_s_per_input_unit"] = pass_s(engine, items, device) / n
             row["compiled_over_eager"] = (row["compiled_s_per_input_unit"]
                                           / row["eager_s_per_input_unit"])
         out["unique_graphs"] = counters["stats"]["unique_graphs"]
@@ -426,18 +424,6 @@ def sdpa_kernels(device: torch.device, dtype: torch.dtype, batch: int, length: i
             out[f"{backend.lower()}_ms"] = None
             out[f"{backend.lower()}_refused"] = str(e).splitlines()[0][:160]
     return out
-
-
-def sampler_and_source(cfg) -> tuple[Any, Any]:
-    """The task sampler and the local batch source (``PretrainBatches``) of ``cfg``'s first
-    stage, on the CPU, as rank 0 of 1."""
-    components = LocalPretrainComponents(prepare(cfg))
-    lc = loop_config(cfg)
-    source = components.build_batch_source(lc, lc.stages[0], 0,
-                                           WorkerInfo(0, 1, 0, torch.device("cpu"), 0))
-    sampler = objective.build_sampler(components, dict(lc.stages[0].tasks), 1,
-                                      lc.train.objective)
-    return sampler, source
 
 
 def batcher_rate(cfg, batches: int, warm: int = 0) -> dict[str, float]:

@@ -138,7 +138,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     # regions: rows padded to each batch's most regions (fp16 as stored), numbered in the
     # blocks' rows laid end to end with a zero row after them for the padding
     image_blocks = np.unique(refs.image_block)
-    starts = np.concatenate([[0], np.cumsum([len(blocks[b].features) for b in image_blocks])])
+    source = WindowRegions([blocks[b] for b in image_blocks], need_soft)
+    starts = source.starts
     reg_at = starts[np.searchsorted(image_blocks, refs.image_block)] + reg_at
     N = np.maximum.reduceat(n_reg, first[:-1])
     r_off = np.concatenate([[0], np.cumsum(sizes * N)])
@@ -148,7 +149,6 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
     ex, pos = np.repeat(np.arange(E), n_reg), ranges(n_reg)
     dst = rrow[ex] + pos
     take[dst] = reg_at[ex] + pos
-    source = WindowRegions([blocks[b] for b in image_blocks], need_soft)
     region_mask = np.zeros(rows_total, np.int64)
     region_mask[dst] = 1
     whole = whole_image_arrays(blocks, refs, feature_dim)      # per example: no padding

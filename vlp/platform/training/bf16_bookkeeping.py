@@ -83,6 +83,13 @@ def unsupported_reason(optimizer: Any) -> str | None:
     return None
 
 
+def uses_flat_bookkeeping(optimizer: Any) -> bool:
+    """Whether ``use_flat_bookkeeping`` switched ``optimizer`` (its base class is then
+    DeepSpeed's ``BF16_Optimizer``)."""
+    return type(optimizer).__name__ == "FlatBookkeepingBF16Optimizer" and \
+        type(optimizer) is _flat_class()
+
+
 def use_flat_bookkeeping(optimizer: Any) -> bool:
     """Switch a ``BF16_Optimizer`` to the flat bookkeeping where it applies; True if it did.
     Any other optimizer is left alone (False)."""
