@@ -63,6 +63,9 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     assert 0 < steps["real_units_share"] <= 1
     assert steps["loop_overhead_median_step"] > 0 and steps["slow_steps"] >= 0
     assert steps["cold"]["loop_overhead"] > 0 and steps["cold"]["step_time_s"] > 0
+    # the run again with its batches built in the builder process (auto's thread on a CPU)
+    assert steps["builder"] == "thread" and steps["other_builder"]["builder"] == "process"
+    assert steps["other_builder"]["loop_overhead"] > 0, steps["other_builder"]
     steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on
     for key in ("no_cudnn_sdpa_s_per_input_unit", "cudnn_sdpa_s_per_input_unit",
                 "deepspeed_bookkeeping_s_per_input_unit", "flat_over_deepspeed_bookkeeping",

@@ -7,15 +7,21 @@ region gathers) in the same process. Whenever it holds the GIL when the main thr
 back, the main thread waits — up to the interpreter's switch interval (5 ms by default).
 
 This measures that on a CPU: the main thread runs a dispatch loop of small torch operations
-(a stand-in for a GPU step's launches, ``--ops`` per step), timed alone, then beside a
-thread running the real batcher on real-shaped shards (``bench_sources.py``; uniter-base's
-10,240-unit batches, UNITER's mix) under several switch intervals, then beside the same
-batcher in a separate process (no GIL shared: what is left is the CPU the two share).
+(a stand-in for a GPU step's launches, ``--ops`` per step), timed alone, then beside the real
+batcher on real-shaped shards (``bench_sources.py``; uniter-base's 10,240-unit batches,
+UNITER's mix) building without pause on a thread and in a separate process (no GIL shared:
+what is left is the CPU the two share).
+
+Then the loop as training runs it: a batch taken from the loop's own ``Prefetcher`` every
+``--steps-per-batch`` steps, its batches built on a thread (``train.batch_builder: thread``)
+and in the builder process (``process``), against the same loop taking batches built
+before it started.
 
     python jobs/benchmarks/gil_contention.py [--world PATH] [--seconds 6]
 
 Prints one figure per line: the dispatch loop's steps per second in each setting, its ratio
-to the loop alone, and the batcher's batches per second beside it.
+to the loop alone, the batcher's batches per second beside it, and the prefetcher loops'
+data-wait shares.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ import torch
 from batcher_rate import bench_config
 from bench_sources import write_bench_sources
 from gpu_check import default_tokenizer, sizes
-from gpu_check_parts import beside_batcher
+from gpu_check_parts import beside_batcher, sampler_and_source
+from vlp.platform.training.prefetch import Prefetcher
 
 
 def dispatch_steps(seconds: float, ops: int) -> float:
@@ -45,6 +52,38 @@ def dispatch_steps(seconds: float, ops: int) -> float:
             x.add_(y, alpha=0.0)
         steps += 1
     return steps / (time.perf_counter() - t0)
+
+
+def fed_steps(cfg, builder: str | None, args) -> tuple[float, float]:
+    """(steps/s, data-wait share) of the dispatch loop taking a batch from the loop's
+    ``Prefetcher`` every ``--steps-per-batch`` steps; ``builder`` None: batches built before."""
+    sampler, source = sampler_and_source(cfg)
+    prefetch = Prefetcher(sampler, source, depth=2, device=torch.device("cpu"),
+                          builder=builder or "thread")
+    try:
+        if builder is None:   # prebuilt: the same loop with nothing built beside it
+            ready = [prefetch.next(10**6) for _ in range(8)]
+            prefetch.close()
+            take = (lambda i: ready[i % len(ready)])
+        else:
+            for _ in range(3):   # past the builder's start and the first window's read
+                prefetch.next(10**6)
+            take = (lambda i: prefetch.next(10**6))
+        wait0, steps, t0 = prefetch.wait_s, 0, time.perf_counter()
+        x, y = torch.ones(64), torch.ones(64)
+        while time.perf_counter() - t0 < args.seconds:
+            if steps % args.steps_per_batch == 0:
+                take(steps // args.steps_per_batch)
+            for _ in range(args.ops // 2):
+                x.mul_(1.0)
+                x.add_(y, alpha=0.0)
+            steps += 1
+        wall = time.perf_counter() - t0
+        wait = prefetch.wait_s - wait0 if builder is not None else 0.0
+        return steps / wall, wait / wall
+    finally:
+        prefetch.close()
+        source.close()
 
 
 def beside(where: str, cfg, args, interval: float | None) -> tuple[float, float]:
@@ -69,6 +108,9 @@ def main(argv=None) -> int:
                    "written to a temporary folder, ~1 GB)")
     p.add_argument("--seconds", type=float, default=6.0, help="each setting's timing")
     p.add_argument("--ops", type=int, default=2000, help="small operations per step")
+    p.add_argument("--steps-per-batch", type=int, default=10,
+                   help="steps per batch taken from the prefetcher (the loop must not wait "
+                   "for data to show the GIL's cost)")
     p.add_argument("--tokenizer", default=default_tokenizer())
     args = p.parse_args(argv)
     tmp = None
@@ -83,13 +125,21 @@ def main(argv=None) -> int:
     print(f"switch_interval_default_s {sys.getswitchinterval():g}")
     print(f"alone.steps_per_s {alone:.4g}")
     for label, kind, interval in (("thread", "thread", None),
-                                  ("thread_interval_0.5ms", "thread", 5e-4),
                                   ("thread_interval_0.1ms", "thread", 1e-4),
                                   ("process", "process", None)):
         rate, batches = beside(kind, cfg, args, interval)
         print(f"{label}.steps_per_s {rate:.4g}")
         print(f"{label}.over_alone {rate / alone:.3f}")
         print(f"{label}.batcher_batches_per_s {batches:.3g}")
+    fed = {b: fed_steps(cfg, b, args) for b in (None, "thread", "process")}
+    base = fed[None][0]
+    print(f"prefetched_before.steps_per_s {base:.4g}")
+    for b in ("thread", "process"):
+        rate, wait = fed[b]
+        print(f"prefetcher_{b}.steps_per_s {rate:.4g}")
+        print(f"prefetcher_{b}.over_prefetched_before {rate / base:.3f}")
+        print(f"prefetcher_{b}.data_wait_share {wait:.3f}")
+    print(f"prefetcher_process_over_thread {fed['process'][0] / fed['thread'][0]:.3f}")
     runs.cleanup()
     if tmp is not None:
         tmp.cleanup()

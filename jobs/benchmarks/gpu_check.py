@@ -16,7 +16,8 @@ bf16 and fp32 with TF32 on and off, per-task mean losses over 50 steps from one 
 largest relative difference; host syncs per step in forward, backward and the optimizer
 step; the kernel SDPA picks for vlp's padding mask and each kernel's time; save → resume →
 the steps after equal to the uninterrupted run's; the local batcher's rate against the
-step's consumption.
+step's consumption; the run again with its batches built the other way (a thread or the
+builder process).
 """
 
 from __future__ import annotations
@@ -172,12 +173,35 @@ class Check:
                 figures["bare_s_per_input_unit"] * s["units"] * 1e6
                 / figures["host_ops"]["per_step"])
         figures.update(kept)
+        figures["builder"], figures["other_builder"] = self.other_builder(family, figures)
         figures["cold"] = {k: cold[k] for k in ("step_time_s", "step_time_mean_s",
                                                 "s_per_input_unit", "slow_steps",
                                                 "slow_steps_wall_share")}
         figures["cold"]["loop_overhead"] = (cold["s_per_input_unit"]
                                             / figures["bare_s_per_input_unit"])
         return figures
+
+    def other_builder(self, family: str, figures: dict) -> tuple[str, dict]:
+        """The run again (warm shapes), its batches built the other way: on a GPU, ``auto``
+        builds them in a process, and this run on the prefetch thread (sharing the GIL with
+        the step's dispatching); on a CPU the other way round. Run after the main one: the
+        order is fixed, so compare with ``cold`` in mind."""
+        from vlp.platform.training.prefetch import resolve_builder
+
+        builder = resolve_builder("auto", self.device, splits_io=True)
+        other = "thread" if builder == "process" else "process"
+        try:
+            value = parts.run(self.cfg(f"{other}-{family}", family=family,
+                                      extra=(f"train.batch_builder={other}",)))
+        except Exception as e:   # must not lose the main run's figures
+            return builder, {"error": "".join(traceback.format_exception_only(e)).strip()}
+        f = parts.step_figures(value, self.size["skip"])
+        row = {"builder": other, **{k: f[k] for k in ("step_time_s", "s_per_input_unit",
+                                                       "median_s_per_input_unit",
+                                                       "data_wait_share")}}
+        row["loop_overhead"] = f["s_per_input_unit"] / figures["bare_s_per_input_unit"]
+        row["over_main"] = f["s_per_input_unit"] / figures["s_per_input_unit"]
+        return builder, row
 
     def micro_batch_sweep(self, worker, family: str) -> dict:
         """The bare loop on the run's engine with micro-batches ``sweep`` times larger, timed

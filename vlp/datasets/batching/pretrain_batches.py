@@ -37,6 +37,7 @@ exactly when the stream is the same every time (the local reader; Ray Data with
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 from collections import Counter, deque
@@ -171,6 +172,31 @@ class PretrainBatches:
         self.window.rng = self._window_rng(self.epoch)
         if self.text is not None and "text" in state:
             self.text.load_state_dict(state["text"])
+
+    def split_io(self) -> tuple[PretrainBatches, Callable[[int], Iterable[pa.Table]],
+                                Callable[[bool], bool] | None]:
+        """For building batches in another process (``training.batch_process``): a copy of
+        this loader without its epoch sync and its block stream, to pickle, and those two,
+        which stay in this process (a stream that ``reads_anywhere``, e.g. the local reader,
+        goes with the copy: None here). Before the first ``next``."""
+        if self._reader is not None:
+            raise RuntimeError("split_io must come before the first next()")
+        bare = copy.copy(self)
+        blocks = self._blocks_fn
+        if getattr(blocks, "reads_anywhere", False):
+            blocks = None
+        else:
+            bare._blocks_fn = None
+        bare._sync = None
+        return bare, blocks, self._sync
+
+    def attach_io(self, blocks: Callable[[int], Iterable[pa.Table]] | None,
+                  epoch_sync: Callable[[bool], bool] | None) -> None:
+        """The other process's side of ``split_io``: relays to the stream (None: the copy
+        kept its own) and the epoch sync."""
+        if blocks is not None:
+            self._blocks_fn = blocks
+        self._sync = epoch_sync
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the reader thread (waits up to ``timeout`` s: call before ``ray.shutdown``,

@@ -7,7 +7,7 @@ shuffled per epoch with the config seed, so a run is reproducible.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -19,32 +19,48 @@ from vlp.datasets.stream.image_rows import ImageRowTransform
 from vlp.datasets.batching.pretrain_batches import PretrainBatches
 
 
-def local_blocks(plan: DataPlan, shard_index: int = 0, num_shards: int = 1
-                 ) -> Callable[[int], Iterator[pa.Table]]:
+def local_blocks(plan: DataPlan, shard_index: int = 0, num_shards: int = 1) -> LocalBlocks:
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index {shard_index} outside [0, {num_shards})")
-    cfg = plan.config
-    transform = ImageRowTransform(plan)
-    source_of = plan.source_of_file()
-    files = plan.files
-    chunks = [(f, start) for f in files
-              for start in range(0, pq.ParquetFile(open_input(f)).metadata.num_rows,
-                                 cfg.read_rows)]
+    return LocalBlocks(plan, shard_index, num_shards)
 
-    def epoch_blocks(epoch: int) -> Iterator[pa.Table]:
+
+class LocalBlocks:
+    """``blocks(epoch)`` → this shard's transformed Arrow blocks of that epoch. Plain data
+    and files only: it reads the same in any process (a batch builder process reads the
+    shards itself, ``reads_anywhere``)."""
+
+    reads_anywhere = True
+
+    def __init__(self, plan: DataPlan, shard_index: int, num_shards: int):
+        self.plan, self.shard_index, self.num_shards = plan, shard_index, num_shards
+        self.source_of = plan.source_of_file()
+        read_rows = plan.config.read_rows
+        self.chunks = [(f, start) for f in plan.files
+                       for start in range(0, pq.ParquetFile(open_input(f)).metadata.num_rows,
+                                          read_rows)]
+        self._transform: ImageRowTransform | None = None   # built where it is used
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_transform": None}
+
+    def __call__(self, epoch: int) -> Iterator[pa.Table]:
+        cfg, plan = self.plan.config, self.plan
+        if self._transform is None:
+            self._transform = ImageRowTransform(plan)
         rng = np.random.default_rng([cfg.seed, epoch, 0xF11E])
-        mine = [chunks[i] for i in rng.permutation(len(chunks))][shard_index::num_shards]
+        mine = [self.chunks[i] for i in rng.permutation(len(self.chunks))
+                ][self.shard_index::self.num_shards]
         by_file: dict[str, list[int]] = {}
         for f, start in mine:
             by_file.setdefault(f, []).append(start)
         for f in sorted(by_file, key=lambda f: rng.random()):
             table = pq.read_table(open_input(f), columns=list(plan.read_columns))
             for start in by_file[f]:
-                out = transform(table.slice(start, cfg.read_rows), source_index=source_of[f])
+                out = self._transform(table.slice(start, cfg.read_rows),
+                                      source_index=self.source_of[f])
                 if out.num_rows:
                     yield out
-
-    return epoch_blocks
 
 
 def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1,

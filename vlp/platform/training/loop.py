@@ -2,21 +2,21 @@
 finetuning alike: it reads a ``LoopConfig`` only).
 
 Per optimizer step: ``grad_accum`` micro-batches, each of one task drawn by the seeded task
-sampler (the same draw on every rank: UNITER's conditional masking serves one task per
-batch), or under ``train.objective: summed`` each with every task's loss on one example set
-(``objective.py``: one backward per micro-batch either way). The micro-batches are built
-ahead on a thread (``prefetch.Prefetcher``) while the device computes. One all-reduce per
-optimizer step, after the last backward and before the update, carries the step's
-statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so ranks
-that drew differently are caught), examples, input units and the outputs' sums; nothing in a
-micro-batch waits on the device. A non-finite loss raises before the update. With
-``on_nonfinite: skip`` a small all-reduce before each backward decides instead whether to
-drop that micro-batch on every rank and draw another (a dropped batch must not reach the
-gradients). An fp16 step that DeepSpeed skips for overflow does not count as a step: the step
-counter, the schedule and the stage boundaries do not move. Reports to Ray go through a
-thread (``reporter.Reporter``): the step does not wait for Ray's controller to collect a
-metrics report; a checkpoint report is waited for. Checkpoints carry the trainer state (step,
-examples seen, sampler, batch source, RNG), so a resumed run continues exactly.
+sampler (the same draw on every rank: UNITER's conditional masking serves one task per batch),
+or under ``train.objective: summed`` each with every task's loss on one example set
+(``objective.py``: one backward per micro-batch either way). The micro-batches are built ahead
+on a thread or in a process of their own (``prefetch.Prefetcher``) while the device computes.
+One all-reduce per optimizer step, after the last backward and before the update, carries the
+step's statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so
+ranks that drew differently are caught), examples, input units and the outputs' sums; nothing
+in a micro-batch waits on the device. A non-finite loss raises before the update. With
+``on_nonfinite: skip`` a small all-reduce before each backward decides instead whether to drop
+that micro-batch on every rank and draw another (a dropped batch must not reach the gradients).
+An fp16 step that DeepSpeed skips for overflow does not count as a step: the step counter, the
+schedule and the stage boundaries do not move. Reports to Ray go through a thread
+(``reporter.Reporter``): the step does not wait for Ray's controller to collect a metrics
+report; a checkpoint report is waited for. Checkpoints carry the trainer state (step, examples
+seen, sampler, batch source, RNG), so a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from vlp.platform.training.comm_op_build import build_comm_op_once
 from vlp.platform.training.engine import build_engine, compute_dtype, resolve_precision
 from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
-from vlp.platform.training.prefetch import Prefetcher
+from vlp.platform.training.prefetch import Prefetcher, resolve_builder
 from vlp.platform.training.protocols import WorkerInfo
 from vlp.platform.training.reporter import Reporter
 from vlp.platform.training.worker_context import RayTrainContext
@@ -110,8 +110,10 @@ class _Worker:
                                                self.cfg.train.forward_groups)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
         # started at its first next(), after a resume has loaded the sampler and the source
+        builder = resolve_builder(self.cfg.train.batch_builder, self.info.device,
+                                  callable(getattr(self.source, "split_io", None)))
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
-                                   device=self.info.device, dtype=self.dtype)
+                                   device=self.info.device, dtype=self.dtype, builder=builder)
 
     def _next_stage(self, state: TrainerState) -> None:
         """Initialise stage k+1 from stage k's weights: fresh optimizer and schedule."""

@@ -12,6 +12,11 @@ the same numbers, so every rank's thread draws the same batches; a batch source 
 ``next`` makes a collective (``PretrainBatches``' epoch sync) makes the same collectives on
 every rank, on a process group of its own (see ``pretrain_components.AnyRank``).
 
+With ``builder="process"`` the batches are drawn and built in a process of their own
+(``batch_process``: no GIL shared with the step's dispatching) and the thread here only
+receives them and copies them to the device; each comes with the sampler and source state
+after its draw, so the resume point is the same.
+
 On CUDA, host tensors are pinned on the thread and copied on a side stream; the consumer's
 stream waits for that copy with an event, not with a host sync. Bookkeeping scalars
 (examples, input units) are read on the host, before any copy.
@@ -29,6 +34,10 @@ from typing import Any
 
 import torch
 
+from vlp.platform.training.batch_process import BuilderProcess
+from vlp.platform.training.packed_batch import unpack
+
+BUILDERS = ("thread", "process")
 NUM_EXAMPLES, INPUT_UNITS = "num_examples", "input_units"   # vlp/contract/batch_spec.py
 REAL_UNITS = "real_units"
 BOOKKEEPING_KEYS = (NUM_EXAMPLES, INPUT_UNITS, REAL_UNITS)
@@ -54,12 +63,18 @@ class Prefetched:
 
 class Prefetcher:
     """``next(still_needed)`` → the next ``Prefetched`` micro-batch. ``depth`` = 0 builds it
-    on the caller's thread (the synchronous input path, same batches)."""
+    on the caller's thread (the synchronous input path, same batches); otherwise ``builder``
+    builds ahead on a thread or in a process (same batches)."""
 
     def __init__(self, sampler: Any, source: Any, *, depth: int, device: torch.device,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, builder: str = "thread"):
+        if builder not in BUILDERS:
+            raise ValueError(f"builder {builder!r}: expected one of {BUILDERS}")
         self.sampler, self.source = sampler, source
         self.depth, self.device, self.dtype = depth, device, dtype
+        self.builder = builder if depth > 0 else "thread"
+        self._process: BuilderProcess | None = None
+        self._next_before: dict[str, Any] | None = None   # process: states before the next
         self.cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self.cuda and depth > 0 else None
         self._cond = threading.Condition()
@@ -99,6 +114,8 @@ class Prefetcher:
                 return copy.deepcopy(self._queue[0].before)
             if self._building is not None:
                 return copy.deepcopy(self._building)
+            if self._next_before is not None:   # the builder process's, after its last draw
+                return copy.deepcopy(self._next_before)
             return self._snapshot()
 
     def close(self, timeout: float = 120.0) -> None:
@@ -107,6 +124,8 @@ class Prefetcher:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        if self._process is not None:
+            self._process.close(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -116,17 +135,54 @@ class Prefetcher:
         with self._cond:
             self._target = max(self._target, self._consumed + 1 + min(self.depth, still_needed))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="vlp-prefetch",
-                                                daemon=True)
-                self._thread.start()
+                self._start()
+            if self._process is not None:
+                self._process.set_target(self._target)
             self._cond.notify_all()
             while not self._queue and self._error is None:
                 self._cond.wait()
             if self._error is not None and not self._queue:
-                raise RuntimeError("the batch prefetch thread failed") from self._error
+                raise RuntimeError(f"the batch prefetch {self.builder} failed") from self._error
             item = self._queue.popleft()
             self._cond.notify_all()
             return item
+
+    def _start(self) -> None:
+        target = self._run
+        if self.builder == "process":
+            self._next_before = self._snapshot()
+            self._process = BuilderProcess(self.sampler, self.source)
+            self._process.start()
+            target = self._relay
+        self._thread = threading.Thread(target=target, name="vlp-prefetch", daemon=True)
+        self._thread.start()
+
+    def _relay(self) -> None:
+        """The process builder's items, to the device and into the queue."""
+        try:
+            while True:
+                got = self._process.receive()
+                if got is None:
+                    return
+                task, buffer, slot, layout, after = got
+                with self._cond:
+                    before = self._building = self._next_before
+                    self._next_before = after
+                # one copy out of the builder's buffer, which it may then reuse: into pinned
+                # memory on CUDA (views of it go to the device)
+                own = buffer.pin_memory() if self.cuda else buffer.clone()
+                self._process.release(slot)
+                item = self._finish(task, unpack(own, layout), before)
+                with self._cond:
+                    self._queue.append(item)
+                    self._produced += 1
+                    self._building = None
+                    self._cond.notify_all()
+        except BaseException as e:   # handed to the consumer, which raises it
+            with self._cond:
+                self._error = e
+                self._building = None
+                self._cond.notify_all()
 
     def _run(self) -> None:
         try:
@@ -155,7 +211,9 @@ class Prefetcher:
 
     def _build(self, before: dict[str, Any]) -> Prefetched:
         task = self.sampler.next()
-        host = self.source.next(task)
+        return self._finish(task, self.source.next(task), before)
+
+    def _finish(self, task: Any, host: dict[str, Any], before: dict[str, Any]) -> Prefetched:
         examples = (int(host[NUM_EXAMPLES]) if NUM_EXAMPLES in host
                     else _leading_dim(host))
         units = int(host[INPUT_UNITS]) if INPUT_UNITS in host else 0
@@ -202,6 +260,15 @@ class Prefetcher:
                 and key not in BOOKKEEPING_KEYS):
             return v.to(self.dtype)
         return v
+
+
+def resolve_builder(choice: str, device: torch.device, splits_io: bool) -> str:
+    """``train.batch_builder`` for a run: ``auto`` is the process on CUDA where the batch
+    source can leave its stream here (``split_io``: the pretraining sources), else the
+    thread."""
+    if choice == "auto":
+        return "process" if device.type == "cuda" and splits_io else "thread"
+    return choice
 
 
 def _leading_dim(batch: dict[str, Any]) -> int:

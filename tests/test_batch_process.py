@@ -1,0 +1,279 @@
+"""Batches built in a process of their own (``train.batch_builder: process``).
+
+The real batcher on the tiny world, in a spawned process: the same batches as the
+synchronous path, the same resume point, the stream read and the epoch sync made in this
+process (a real gloo all-reduce), and the builder's failures — a bad block, an exception, the
+process killed — raised here with their cause.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches, local_blocks
+from vlp.datasets.batching.pretrain_batches import PretrainBatches
+from vlp.models import create_model
+from vlp.platform.pretrain.components import AnyRank
+from vlp.platform.training.packed_batch import pack, unpack
+from vlp.platform.training.prefetch import Prefetcher, resolve_builder
+
+CPU = torch.device("cpu")
+TASKS = ["mlm", "itm", "mrfr", "mrc-kl"]
+
+
+class InOrder:
+    """A task sampler drawing ``tasks`` in turn (picklable, with a state)."""
+
+    def __init__(self, tasks):
+        self.tasks, self.i = list(tasks), 0
+
+    def next(self):
+        task = self.tasks[self.i % len(self.tasks)]
+        self.i += 1
+        return task
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+@pytest.fixture(scope="module")
+def plan(tiny_world):
+    _, spec, _ = create_model("uniter-tiny", TASKS, region_feat_dim=64, num_classes=17)
+    cfg = DataConfig.for_model(spec, (SourceConfig("coco", str(tiny_world / "images" / "coco")),),
+                               batch_units=1024, bucket_window=64)
+    return plan_data(cfg, TASKS, model=spec)
+
+
+def same(a, b) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert (x.task, x.examples, x.input_units, x.real_units) == \
+            (y.task, y.examples, y.input_units, y.real_units)
+        assert x.batch.keys() == y.batch.keys()
+        for k, v in x.batch.items():
+            if isinstance(v, torch.Tensor):
+                assert v.dtype == y.batch[k].dtype and torch.equal(v, y.batch[k]), k
+            else:
+                assert v == y.batch[k], k
+
+
+def take(prefetch, n):
+    return [prefetch.next(1000) for _ in range(n)]
+
+
+def test_a_process_builds_the_synchronous_batches_and_resumes_where_the_loop_is(plan):
+    sync = Prefetcher(InOrder(TASKS), local_batches(plan), depth=0, device=CPU)
+    want = take(sync, 36)    # past the end of an epoch of the tiny world's coco shard
+    assert sync.source.epoch >= 1
+    built = Prefetcher(InOrder(TASKS), local_batches(plan), depth=3, device=CPU,
+                       builder="process")
+    try:
+        first = take(built, 18)
+        state = built.state_dict()     # the builder is ahead: the state is the loop's
+        assert state["sampler"] == {"i": 18}
+        same(first + take(built, 18), want)
+    finally:
+        built.close()
+    assert not built._process._proc.is_alive()
+
+    sampler, source = InOrder(TASKS), local_batches(plan)
+    sampler.load_state_dict(state["sampler"])
+    source.load_state_dict(state["source"])
+    resumed = Prefetcher(sampler, source, depth=2, device=CPU, builder="process")
+    try:
+        same(take(resumed, 18), want[18:])
+    finally:
+        resumed.close()
+
+
+def test_the_look_ahead_is_the_loops_in_the_process_too(plan):
+    built = Prefetcher(InOrder(TASKS), local_batches(plan), depth=4, device=CPU,
+                       builder="process")
+    try:
+        for needed_after in (2, 1, 0):
+            built.next(needed_after)
+    finally:
+        built.close()
+    assert built._produced == 3     # nothing drawn past the stage's last micro-batch
+
+
+@pytest.fixture
+def one_rank():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class CountingSync:
+    """The real epoch sync (an all-reduce on a gloo group of its own), counted here."""
+
+    def __init__(self):
+        self.sync, self.calls = AnyRank(), 0
+
+    def __call__(self, exhausted: bool) -> bool:
+        self.calls += 1
+        return self.sync(exhausted)
+
+
+def test_the_stream_and_the_epoch_sync_stay_in_the_training_process(plan, one_rank):
+    counted = {}
+
+    def source(sync):
+        blocks = local_blocks(plan)
+
+        def read(epoch):
+            counted.setdefault(id(sync), []).append(epoch)
+            yield from blocks(epoch)
+        return PretrainBatches(plan, read, epoch_sync=sync)
+
+    thread_sync, process_sync = CountingSync(), CountingSync()
+    on_thread = Prefetcher(InOrder(TASKS), source(thread_sync), depth=2, device=CPU)
+    built = Prefetcher(InOrder(TASKS), source(process_sync), depth=2, device=CPU,
+                       builder="process")
+    try:
+        want, got = take(on_thread, 36), take(built, 36)
+    finally:
+        on_thread.close()
+        built.close()
+    same(got, want)
+    # one all-reduce per batch drawn, made here for the builder; the epochs read here as well
+    assert process_sync.calls == built._produced >= 36
+    assert thread_sync.calls == on_thread._produced >= 36
+    assert counted[id(process_sync)][:2] == counted[id(thread_sync)][:2] == [0, 1]
+
+
+def test_a_failed_read_in_the_training_process_reaches_the_loop_with_its_cause(plan):
+    def broken(epoch):
+        raise ValueError("shard s3://bucket/part-7.parquet: column 'features' missing")
+        yield
+
+    built = Prefetcher(InOrder(TASKS), PretrainBatches(plan, broken), depth=2, device=CPU,
+                       builder="process")
+    try:
+        with pytest.raises(RuntimeError, match="prefetch process failed") as info:
+            built.next(10)
+    finally:
+        built.close()
+    assert "column 'features' missing" in str(info.value.__cause__)
+
+
+def test_an_error_building_a_batch_is_raised_here_with_the_builders_traceback(plan):
+    built = Prefetcher(InOrder(["no-such-task"]), local_batches(plan), depth=2, device=CPU,
+                       builder="process")
+    try:
+        with pytest.raises(RuntimeError) as info:
+            built.next(10)
+    finally:
+        built.close()
+    cause = info.value.__cause__
+    assert "batch builder process" in str(cause)
+    assert isinstance(cause.__cause__, (KeyError, ValueError))    # the builder's own error
+    assert "no-such-task" in str(cause)
+
+
+def test_a_builder_that_dies_is_reported_not_waited_for(plan):
+    built = Prefetcher(InOrder(TASKS), local_batches(plan), depth=1, device=CPU,
+                       builder="process")
+    try:
+        built.next(1000)
+        os.kill(built._process._proc.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError) as info:
+            take(built, 5)
+    finally:
+        built.close(timeout=5)
+    assert "exited unexpectedly" in str(info.value.__cause__)
+    assert str(-signal.SIGKILL) in str(info.value.__cause__)
+
+
+def test_a_batch_packs_into_one_buffer_and_unpacks_to_the_same_tensors():
+    batch = {"ids": torch.arange(7), "feat": torch.randn(3, 5).half(),
+             "mask": torch.rand(2, 3) > 0.5, "n": torch.tensor(4), "empty": torch.zeros(0, 9),
+             "strided": torch.randn(4, 6).t(), "names": ["a", "b"],
+             "task_batches": {"mlm": {"x": torch.randn(2, 2, dtype=torch.float64)}}}
+    buffer, layout = pack(batch)
+    assert buffer.is_shared() and buffer.dtype == torch.uint8
+    back = unpack(buffer, layout)
+    assert back["names"] == ["a", "b"]
+    for k in ("ids", "feat", "mask", "n", "empty", "strided"):
+        assert back[k].dtype == batch[k].dtype and torch.equal(back[k], batch[k]), k
+    assert torch.equal(back["task_batches"]["mlm"]["x"], batch["task_batches"]["mlm"]["x"])
+    for v in (back["ids"], back["feat"], back["strided"]):   # views of the one buffer
+        assert v.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
+def test_auto_builds_in_a_process_on_cuda_for_sources_that_can_leave_their_stream():
+    cuda = torch.device("cuda", 0)
+    assert resolve_builder("auto", cuda, splits_io=True) == "process"
+    assert resolve_builder("auto", cuda, splits_io=False) == "thread"
+    assert resolve_builder("auto", CPU, splits_io=True) == "thread"
+    assert resolve_builder("process", CPU, splits_io=False) == "process"
+    with pytest.raises(ValueError, match="builder 'fork'"):
+        Prefetcher(InOrder(TASKS), None, depth=1, device=CPU, builder="fork")
+
+
+ORPHAN = """
+import os, signal, sys
+import torch
+sys.path.insert(0, {tests!r})
+from test_batch_process import InOrder, TASKS
+from vlp.datasets.stream.data_config import DataConfig, SourceConfig
+from vlp.datasets.stream.data_plan import plan_data
+from vlp.datasets.stream.local_stream import local_batches
+from vlp.models import create_model
+from vlp.platform.training.prefetch import Prefetcher
+
+if __name__ == "__main__":
+    _, spec, _ = create_model("uniter-tiny", TASKS, region_feat_dim=64, num_classes=17)
+    cfg = DataConfig.for_model(spec, (SourceConfig("coco", {coco!r}),), batch_units=1024,
+                               bucket_window=64)
+    built = Prefetcher(InOrder(TASKS), local_batches(plan_data(cfg, TASKS, model=spec)),
+                       depth=2, device=torch.device("cpu"), builder="process")
+    built.next(1000)
+    print(built._process._proc.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)   # as Ray kills a failed worker: no clean-up
+"""
+
+
+def test_the_builder_exits_when_its_training_process_is_killed(tiny_world, tmp_path):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "worker.py"
+    script.write_text(ORPHAN.format(tests=str(Path(__file__).parent),
+                                    coco=str(tiny_world / "images" / "coco")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    child = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child), f"the batch builder {child} outlived its training process"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie (exited, not yet reaped by init) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
