@@ -63,7 +63,7 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     assert 0 < steps["real_units_share"] <= 1
     assert steps["loop_overhead_median_step"] > 0 and steps["slow_steps"] >= 0
     assert steps["cold"]["loop_overhead"] > 0 and steps["cold"]["step_time_s"] > 0
-    # the run again with its batches built in the builder process (auto's thread on a CPU)
+    # the run again with its batches built in the builder process
     assert steps["builder"] == "thread" and steps["other_builder"]["builder"] == "process"
     assert steps["other_builder"]["loop_overhead"] > 0, steps["other_builder"]
     steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on

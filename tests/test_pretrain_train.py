@@ -8,8 +8,8 @@ stopped at step 10 (mid-stage, mid-epoch); and that job resumed, with rank 1 rai
 step 19 — it must finish from the step-16 checkpoint with the very same per-step losses as
 the straight run (the data stream re-read and the served batches skipped), the same examples
 seen and final step, and exactly one MLflow run across stop, resume and restart. Once ended,
-the run is what `vlp pretrain` reports instead of starting workers again. Two more fits stop
-and resume the job with its batches built in separate processes: the same losses again.
+the run is what `vlp pretrain` reports instead of starting workers again. A fourth fit builds
+the batches in separate processes: the same losses again.
 """
 
 from __future__ import annotations
@@ -252,19 +252,15 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, r
 
 
 def test_batches_built_in_a_process_train_the_same_steps(straight, tiny_world, root):
-    """``train.batch_builder: process`` (what ``auto`` picks on a GPU): each worker's batches
-    are built in a process of its own, which reads the worker's Ray Data shard through it
-    and makes the epoch sync there. Stopped at step 10 and resumed, every step's loss is
-    the straight run's (built on threads)."""
-    stopped = run(tiny_world, root, "built-apart", "train.batch_builder=process",
-                  f"train.stop_after={STOP}")
-    resumed = run(tiny_world, root, "built-apart", "train.batch_builder=process")
-    assert stopped.final_step == STOP and resumed.completed
-    assert resumed.return_value["start_step"] == STOP
-    got = {x["step"]: x["loss"] for x in stopped.history + resumed.history}
-    want = {x["step"]: x["loss"] for x in straight.history}
-    assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
-    assert resumed.return_value["examples_seen"] == straight.return_value["examples_seen"]
+    """``train.batch_builder: process``: each worker's batches are built in a process of its
+    own, which reads the worker's Ray Data shard through it and makes the epoch sync there
+    (both stages, each with a builder of its own): every step's loss is the straight run's
+    (built on threads). Resuming from the builder's state: tests/test_batch_process.py."""
+    built = run(tiny_world, root, "built-apart", "train.batch_builder=process")
+    assert built.completed and built.final_step == STEPS
+    assert {x["step"]: x["loss"] for x in built.history} == pytest.approx(
+        {x["step"]: x["loss"] for x in straight.history}, rel=1e-6, abs=1e-7)
+    assert built.return_value["examples_seen"] == straight.return_value["examples_seen"]
 
 
 def test_the_trained_weights_beat_the_initial_ones_on_the_same_batches(straight, tiny_world,

@@ -182,14 +182,11 @@ class Check:
         return figures
 
     def other_builder(self, family: str, figures: dict) -> tuple[str, dict]:
-        """The run again (warm shapes), its batches built the other way: on a GPU, ``auto``
-        builds them in a process, and this run on the prefetch thread (sharing the GIL with
-        the step's dispatching); on a CPU the other way round. Run after the main one: the
+        """The run again (warm shapes), its batches built the other way: the main run builds
+        them as jobs do by default (``train.batch_builder: thread``, sharing the GIL with the
+        step's dispatching), this one in the builder process. Run after the main one: the
         order is fixed, so compare with ``cold`` in mind."""
-        from vlp.platform.training.prefetch import resolve_builder
-
-        builder = resolve_builder("auto", self.device, splits_io=True)
-        other = "thread" if builder == "process" else "process"
+        builder, other = "thread", "process"
         try:
             value = parts.run(self.cfg(f"{other}-{family}", family=family,
                                       extra=(f"train.batch_builder={other}",)))

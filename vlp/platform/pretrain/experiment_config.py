@@ -170,9 +170,9 @@ class TrainSection(ConfigModel):
     # an H200, docs/gpu-check.md)
     compile: bool = False
     prefetch_batches: int = Field(2, ge=0)   # micro-batches built ahead; 0 = off
-    # where: a thread, or a process of their own; auto: the process on a GPU (the step's
-    # dispatching then shares no GIL with the building), the thread on CPU
-    batch_builder: Literal["auto", "thread", "process"] = "auto"
+    # where: a thread of the worker, or a process of their own (no GIL shared with the step's
+    # dispatching; opt-in until the GPU check has timed it: docs/gpu-check.md)
+    batch_builder: Literal["thread", "process"] = "thread"
     peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
     log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank

@@ -29,9 +29,11 @@ import copy
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import threading
 import traceback
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
@@ -66,16 +68,34 @@ class BuilderProcess:
         self._send_lock = threading.Lock()
         self._buffers: dict[int, torch.Tensor] = {}   # the builder's shared buffers by slot
 
+    @staticmethod
+    def check_sendable(sampler: Any, source: Any) -> None:
+        """Raise a one-line TypeError now if ``start`` could not send the sampler and the
+        source to the builder (a set-up error, not a fault to retry)."""
+        split = getattr(source, "split_io", None)
+        bare = split()[0] if callable(split) else source
+        try:
+            ForkingPickler.dumps((sampler, bare))
+        except (TypeError, AttributeError, pickle.PicklingError) as e:
+            raise TypeError(_unsendable(bare, e)) from e
+
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         items_here, items_there = ctx.Pipe(duplex=False)
         control_there, control_here = ctx.Pipe(duplex=False)
         blocks_here, blocks_there = ctx.Pipe()
         sync_here, sync_there = ctx.Pipe()
-        self._proc = ctx.Process(target=_builder_main, name="vlp-batch-builder", daemon=True,
-                                 args=(self._payload, items_there, control_there,
-                                       blocks_there, sync_there))
-        self._proc.start()
+        proc = ctx.Process(target=_builder_main, name="vlp-batch-builder", daemon=True,
+                           args=(self._payload, items_there, control_there, blocks_there,
+                                 sync_there))
+        try:
+            proc.start()
+        except (TypeError, AttributeError, pickle.PicklingError) as e:
+            for end in (items_here, items_there, control_there, control_here, blocks_here,
+                        blocks_there, sync_here, sync_there):
+                end.close()
+            raise TypeError(_unsendable(self._payload[1], e)) from e
+        self._proc = proc
         for end in (items_there, control_there, blocks_there, sync_there):
             end.close()   # the child holds them: EOF here when it exits
         self._items, self._control = items_here, control_here
@@ -305,10 +325,14 @@ def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
+def _unsendable(source: Any, error: BaseException) -> str:
+    return (f"train.batch_builder: process: the task sampler or batch source "
+            f"({type(source).__name__}) cannot be sent to another process ({error}); use "
+            f"batch_builder: thread")
+
+
 def _picklable(e: BaseException) -> BaseException:
     """``e`` if it survives pickling, else a RuntimeError with its text."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(e))
         return e

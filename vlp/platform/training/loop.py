@@ -39,7 +39,7 @@ from vlp.platform.training.comm_op_build import build_comm_op_once
 from vlp.platform.training.engine import build_engine, compute_dtype, resolve_precision
 from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
-from vlp.platform.training.prefetch import Prefetcher, resolve_builder
+from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
 from vlp.platform.training.reporter import Reporter
 from vlp.platform.training.worker_context import RayTrainContext
@@ -110,10 +110,9 @@ class _Worker:
                                                self.cfg.train.forward_groups)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
         # started at its first next(), after a resume has loaded the sampler and the source
-        builder = resolve_builder(self.cfg.train.batch_builder, self.info.device,
-                                  callable(getattr(self.source, "split_io", None)))
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
-                                   device=self.info.device, dtype=self.dtype, builder=builder)
+                                   device=self.info.device, dtype=self.dtype,
+                                   builder=self.cfg.train.batch_builder)
 
     def _next_stage(self, state: TrainerState) -> None:
         """Initialise stage k+1 from stage k's weights: fresh optimizer and schedule."""

@@ -39,9 +39,8 @@ class LoopTrain:
     activation_checkpointing: bool = False
     compile: bool = False
     prefetch_batches: int = 2             # micro-batches built ahead; 0 = off
-    # where they are built: a thread, or a process of their own (batch_process); auto: the
-    # process on CUDA (a dispatch-bound step shares no GIL with it), the thread on CPU
-    batch_builder: Literal["auto", "thread", "process"] = "auto"
+    # where they are built: a thread of the worker, or a process of their own (batch_process)
+    batch_builder: Literal["thread", "process"] = "thread"
     peak_tflops: float = 0.0              # device peak for MFU; 0 = from the device name
     log_every: int = 10                   # steps between reports / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"

@@ -73,6 +73,8 @@ class Prefetcher:
         self.sampler, self.source = sampler, source
         self.depth, self.device, self.dtype = depth, device, dtype
         self.builder = builder if depth > 0 else "thread"
+        if self.builder == "process":
+            BuilderProcess.check_sendable(sampler, source)
         self._process: BuilderProcess | None = None
         self._next_before: dict[str, Any] | None = None   # process: states before the next
         self.cuda = device.type == "cuda"
@@ -260,15 +262,6 @@ class Prefetcher:
                 and key not in BOOKKEEPING_KEYS):
             return v.to(self.dtype)
         return v
-
-
-def resolve_builder(choice: str, device: torch.device, splits_io: bool) -> str:
-    """``train.batch_builder`` for a run: ``auto`` is the process on CUDA where the batch
-    source can leave its stream here (``split_io``: the pretraining sources), else the
-    thread."""
-    if choice == "auto":
-        return "process" if device.type == "cuda" and splits_io else "thread"
-    return choice
 
 
 def _leading_dim(batch: dict[str, Any]) -> int:

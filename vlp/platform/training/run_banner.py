@@ -48,12 +48,11 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
                      f"({c.batch_input_units:,} per micro-batch); examples per step are "
                      f"measured at step 1 (budget batching)")
     from vlp.platform.training.engine import precision_line
-    from vlp.platform.training.prefetch import resolve_builder
 
     name = device_name(device) or device.type
-    builder = resolve_builder(c.train.batch_builder, device, splits_io=c.job == "pretrain")
     ahead = (f"prefetch {c.train.prefetch_batches} micro-batch(es) ahead, built "
-             + ("in a process of their own" if builder == "process" else "on a thread")
+             + ("in a process of their own" if c.train.batch_builder == "process"
+                else "on a thread")
              if c.train.prefetch_batches else "no prefetch")
     lines.append(f"{precision_line(c, precision, device)}; {ahead}; MFU " + (
                      f"against {peak / 1e12:.1f} TFLOP/s per device ({name})"
