@@ -8,8 +8,9 @@ stopped at step 10 (mid-stage, mid-epoch); and that job resumed, with rank 1 rai
 step 19 — it must finish from the step-16 checkpoint with the very same per-step losses as
 the straight run (the data stream re-read and the served batches skipped), the same examples
 seen and final step, and exactly one MLflow run across stop, resume and restart. Once ended,
-the run is what `vlp pretrain` reports instead of starting workers again. A fourth fit builds
-the batches in separate processes: the same losses again.
+the run is what `vlp pretrain` reports instead of starting workers again. The stopped fit
+builds its batches in separate processes (``train.batch_builder: process``) and the resumed
+one on threads, from the state the builders checkpointed.
 """
 
 from __future__ import annotations
@@ -214,8 +215,11 @@ def test_two_workers_two_stages_losses_fall_and_mlflow_holds_the_run(straight, r
 
 
 def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, root):
-    # 1) the same job, stopped at step 10: mid-stage 1, between checkpoint intervals
-    stopped = run(tiny_world, root, "resumed", f"train.stop_after={STOP}")
+    # 1) the same job, stopped at step 10: mid-stage 1, between checkpoint intervals; its
+    #    batches built in a process of their own (train.batch_builder: process), which reads
+    #    the worker's Ray Data shard through the worker and makes the epoch sync there
+    stopped = run(tiny_world, root, "resumed", f"train.stop_after={STOP}",
+                  "train.batch_builder=process")
     assert stopped.final_step == STOP and not stopped.completed
     assert stopped.checkpoint_path.endswith(f"checkpoint_step{STOP:08d}")
     assert finished_run(config(tiny_world, root, "resumed")) is None   # not ended: resume it
@@ -232,7 +236,8 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, r
     assert resumed.return_value["examples_seen"] == straight.return_value["examples_seen"]
 
     # every step's loss, logged by the three attempts (steps after 16 may be logged twice), is
-    # the straight run's
+    # the straight run's: steps 1-10 built by the builder process, the rest on threads from
+    # the state it checkpointed
     want = {x["step"]: x["loss"] for x in straight.history}
     client, runs = mlflow_runs(root, "resumed")
     assert len(runs) == 1                                     # one MLflow run for the job
@@ -249,18 +254,6 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, r
         f"run resumed already finished: step {STEPS} of {STEPS}, checkpoint "
         f"{resumed.checkpoint_path}, MLflow run {run_.info.run_id}; nothing to train (a new "
         f"run.name starts a new run)")
-
-
-def test_batches_built_in_a_process_train_the_same_steps(straight, tiny_world, root):
-    """``train.batch_builder: process``: each worker's batches are built in a process of its
-    own, which reads the worker's Ray Data shard through it and makes the epoch sync there
-    (both stages, each with a builder of its own): every step's loss is the straight run's
-    (built on threads). Resuming from the builder's state: tests/test_batch_process.py."""
-    built = run(tiny_world, root, "built-apart", "train.batch_builder=process")
-    assert built.completed and built.final_step == STEPS
-    assert {x["step"]: x["loss"] for x in built.history} == pytest.approx(
-        {x["step"]: x["loss"] for x in straight.history}, rel=1e-6, abs=1e-7)
-    assert built.return_value["examples_seen"] == straight.return_value["examples_seen"]
 
 
 def test_the_trained_weights_beat_the_initial_ones_on_the_same_batches(straight, tiny_world,
