@@ -77,3 +77,19 @@ def tiny_world(tmp_path_factory):
     from vlp.datasets.synth import generate_world
 
     return generate_world(tmp_path_factory.mktemp("worlds") / "tiny", scale="tiny", seed=0)
+
+
+@pytest.fixture
+def one_rank():
+    """A gloo process group of one rank in this process, for the test's length."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from vlp.datasets.stream.data_config import DataConfig, SourceConfig
 from vlp.datasets.stream.data_plan import plan_data
@@ -24,27 +22,10 @@ from vlp.models import create_model
 from vlp.platform.pretrain.components import AnyRank
 from vlp.platform.training.packed_batch import pack, unpack
 from vlp.platform.training.prefetch import Prefetcher
+from vlp.testing.toy import InOrderSampler
 
 CPU = torch.device("cpu")
 TASKS = ["mlm", "itm", "mrfr", "mrc-kl"]
-
-
-class InOrder:
-    """A task sampler drawing ``tasks`` in turn (picklable, with a state)."""
-
-    def __init__(self, tasks):
-        self.tasks, self.i = list(tasks), 0
-
-    def next(self):
-        task = self.tasks[self.i % len(self.tasks)]
-        self.i += 1
-        return task
-
-    def state_dict(self):
-        return {"i": self.i}
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +53,10 @@ def take(prefetch, n):
 
 
 def test_a_process_builds_the_synchronous_batches_and_resumes_where_the_loop_is(plan):
-    sync = Prefetcher(InOrder(TASKS), local_batches(plan), depth=0, device=CPU)
+    sync = Prefetcher(InOrderSampler(TASKS), local_batches(plan), depth=0, device=CPU)
     want = take(sync, 24)    # past the ends of two epochs of the tiny world's coco shard
     assert sync.source.epoch >= 2
-    built = Prefetcher(InOrder(TASKS), local_batches(plan), depth=3, device=CPU,
+    built = Prefetcher(InOrderSampler(TASKS), local_batches(plan), depth=3, device=CPU,
                        builder="process")
     try:
         first = take(built, 12)
@@ -86,7 +67,7 @@ def test_a_process_builds_the_synchronous_batches_and_resumes_where_the_loop_is(
         built.close()
     assert not built._process._proc.is_alive()
 
-    sampler, source = InOrder(TASKS), local_batches(plan)
+    sampler, source = InOrderSampler(TASKS), local_batches(plan)
     sampler.load_state_dict(state["sampler"])
     source.load_state_dict(state["source"])
     resumed = Prefetcher(sampler, source, depth=2, device=CPU, builder="process")
@@ -97,17 +78,6 @@ def test_a_process_builds_the_synchronous_batches_and_resumes_where_the_loop_is(
     finally:
         resumed.close()
     assert resumed._produced == 12   # not 14: the look-ahead is the loop's
-
-
-@pytest.fixture
-def one_rank():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class CountingSync:
@@ -133,8 +103,8 @@ def test_the_stream_and_the_epoch_sync_stay_in_the_training_process(plan, one_ra
         return PretrainBatches(plan, read, epoch_sync=sync)
 
     thread_sync, process_sync = CountingSync(), CountingSync()
-    on_thread = Prefetcher(InOrder(TASKS), source(thread_sync), depth=2, device=CPU)
-    built = Prefetcher(InOrder(TASKS), source(process_sync), depth=2, device=CPU,
+    on_thread = Prefetcher(InOrderSampler(TASKS), source(thread_sync), depth=2, device=CPU)
+    built = Prefetcher(InOrderSampler(TASKS), source(process_sync), depth=2, device=CPU,
                        builder="process")
     try:
         want, got = take(on_thread, 24), take(built, 24)
@@ -153,7 +123,7 @@ def _failed_read(plan):
         raise ValueError("shard s3://bucket/part-7.parquet: column 'features' missing")
         yield
 
-    built = Prefetcher(InOrder(TASKS), PretrainBatches(plan, broken), depth=2, device=CPU,
+    built = Prefetcher(InOrderSampler(TASKS), PretrainBatches(plan, broken), depth=2, device=CPU,
                        builder="process")
     try:
         with pytest.raises(RuntimeError, match="prefetch process failed") as info:
@@ -164,7 +134,7 @@ def _failed_read(plan):
 
 
 def _failed_build(plan):
-    built = Prefetcher(InOrder(["no-such-task"]), local_batches(plan), depth=2, device=CPU,
+    built = Prefetcher(InOrderSampler(["no-such-task"]), local_batches(plan), depth=2, device=CPU,
                        builder="process")
     try:
         with pytest.raises(RuntimeError) as info:
@@ -175,7 +145,7 @@ def _failed_build(plan):
 
 
 def _killed(plan):
-    built = Prefetcher(InOrder(TASKS), local_batches(plan), depth=1, device=CPU,
+    built = Prefetcher(InOrderSampler(TASKS), local_batches(plan), depth=1, device=CPU,
                        builder="process")
     try:
         built.next(1000)
@@ -188,21 +158,22 @@ def _killed(plan):
 
 
 ORPHAN = """
-import os, signal, sys
+import os, signal
 import torch
-sys.path.insert(0, {tests!r})
-from test_batch_process import InOrder, TASKS
 from vlp.datasets.stream.data_config import DataConfig, SourceConfig
 from vlp.datasets.stream.data_plan import plan_data
 from vlp.datasets.stream.local_stream import local_batches
 from vlp.models import create_model
 from vlp.platform.training.prefetch import Prefetcher
+from vlp.testing.toy import InOrderSampler
+
+TASKS = {tasks!r}
 
 if __name__ == "__main__":
     _, spec, _ = create_model("uniter-tiny", TASKS, region_feat_dim=64, num_classes=17)
     cfg = DataConfig.for_model(spec, (SourceConfig("coco", {coco!r}),), batch_units=1024,
                                bucket_window=64)
-    built = Prefetcher(InOrder(TASKS), local_batches(plan_data(cfg, TASKS, model=spec)),
+    built = Prefetcher(InOrderSampler(TASKS), local_batches(plan_data(cfg, TASKS, model=spec)),
                        depth=2, device=torch.device("cpu"), builder="process")
     built.next(1000)
     print(built._process._proc.pid, flush=True)
@@ -216,11 +187,9 @@ def _orphaned(tiny_world, tmp_path):
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     script = tmp_path / "worker.py"
-    script.write_text(ORPHAN.format(tests=str(Path(__file__).parent),
-                                    coco=str(tiny_world / "images" / "coco")))
+    script.write_text(ORPHAN.format(tasks=TASKS, coco=str(tiny_world / "images" / "coco")))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -281,7 +250,7 @@ def test_a_batch_packs_into_one_buffer_and_unpacks_to_the_same_tensors():
 
 def test_a_builder_that_is_not_a_thread_or_a_process_is_refused():
     with pytest.raises(ValueError, match="builder 'fork'"):
-        Prefetcher(InOrder(TASKS), None, depth=1, device=CPU, builder="fork")
+        Prefetcher(InOrderSampler(TASKS), None, depth=1, device=CPU, builder="fork")
 
 
 def test_a_source_that_cannot_leave_the_process_is_refused_in_one_line(plan):
@@ -295,4 +264,4 @@ def test_a_source_that_cannot_leave_the_process_is_refused_in_one_line(plan):
     # when the loop builds its stage (a set-up error), not at its first batch
     with pytest.raises(TypeError, match="batch source .Local. cannot be sent to another "
                                         "process .* use batch_builder: thread"):
-        Prefetcher(InOrder(TASKS), Local(), depth=1, device=CPU, builder="process")
+        Prefetcher(InOrderSampler(TASKS), Local(), depth=1, device=CPU, builder="process")

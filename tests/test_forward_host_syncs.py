@@ -24,26 +24,12 @@ from vlp.models import create_model
 from vlp.models.families import FAMILIES
 from vlp.platform.training import objective
 from vlp.platform.training.prefetch import Prefetcher
+from vlp.testing.toy import InOrderSampler
 from vlp.testing.host_syncs import HostSyncRecorder
 
 torch.set_num_threads(1)
 WORDS = "the quick brown fox jumps over a lazy dog near river bank under blue sky".split()
 TINY = sorted(n for n in FAMILIES if n.endswith("-tiny") and not n.startswith("soho-r"))
-
-
-class InOrder:
-    """A task sampler that draws the given tasks in turn (every task once, in a fixed order)."""
-
-    def __init__(self, tasks):
-        self.tasks, self.i = list(tasks), 0
-
-    def next(self):
-        task = self.tasks[self.i % len(self.tasks)]
-        self.i += 1
-        return task
-
-    def state_dict(self):
-        return {"i": self.i}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +71,7 @@ def forward_syncs(name, tiny_world, corpus):
     # SOHO's visual dictionary takes its entries from the run's first training batch and
     # reads its "initialised" flag once: a one-time read, before the recorded forwards
     warm = [draws[0]] if hasattr(model.backbone.visual, "dictionary") else []
-    prefetch = Prefetcher(InOrder(warm + draws), source, depth=0, device=torch.device("cpu"))
+    prefetch = Prefetcher(InOrderSampler(warm + draws), source, depth=0, device=torch.device("cpu"))
     found = {}
     try:
         for _ in warm:

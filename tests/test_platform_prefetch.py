@@ -10,7 +10,6 @@ DeepSpeed does: no optimizer or scheduler step on overflow; fp16 does not run on
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -124,17 +123,6 @@ class DeepSpeedLikeEngine:
 
     def get_lr(self):
         return self.sched.get_last_lr()
-
-
-@pytest.fixture
-def one_rank():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def worker(gas: int, overflow_at: tuple[int, ...] = ()):

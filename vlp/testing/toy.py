@@ -64,6 +64,24 @@ class ToyTaskSampler:
         self.rng.setstate(_as_tuple(state["rng"]))
 
 
+class InOrderSampler:
+    """A task sampler that draws ``tasks`` in turn (every task once, in a fixed order)."""
+
+    def __init__(self, tasks):
+        self.tasks, self.i = list(tasks), 0
+
+    def next(self):
+        task = self.tasks[self.i % len(self.tasks)]
+        self.i += 1
+        return task
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.i = int(state["i"])
+
+
 def _as_tuple(x: Any) -> Any:
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 

@@ -174,17 +174,9 @@ class Prefetcher:
                 # memory on CUDA (views of it go to the device)
                 own = buffer.pin_memory() if self.cuda else buffer.clone()
                 self._process.release(slot)
-                item = self._finish(task, unpack(own, layout), before)
-                with self._cond:
-                    self._queue.append(item)
-                    self._produced += 1
-                    self._building = None
-                    self._cond.notify_all()
-        except BaseException as e:   # handed to the consumer, which raises it
-            with self._cond:
-                self._error = e
-                self._building = None
-                self._cond.notify_all()
+                self._deliver(self._finish(task, unpack(own, layout), before))
+        except BaseException as e:
+            self._fail(e)
 
     def _run(self) -> None:
         try:
@@ -195,17 +187,23 @@ class Prefetcher:
                     if self._stop:
                         return
                     before = self._building = self._snapshot()
-                item = self._build(before)
-                with self._cond:
-                    self._queue.append(item)
-                    self._produced += 1
-                    self._building = None
-                    self._cond.notify_all()
-        except BaseException as e:   # handed to the consumer, which raises it
-            with self._cond:
-                self._error = e
-                self._building = None
-                self._cond.notify_all()
+                self._deliver(self._build(before))
+        except BaseException as e:
+            self._fail(e)
+
+    def _deliver(self, item: Prefetched) -> None:
+        with self._cond:
+            self._queue.append(item)
+            self._produced += 1
+            self._building = None
+            self._cond.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        """Hand ``error`` to the consumer, which raises it."""
+        with self._cond:
+            self._error = error
+            self._building = None
+            self._cond.notify_all()
 
     def _snapshot(self) -> dict[str, Any]:
         return copy.deepcopy({"sampler": self.sampler.state_dict(),
