@@ -16,8 +16,8 @@ bf16 and fp32 with TF32 on and off, per-task mean losses over 50 steps from one 
 largest relative difference; host syncs per step in forward, backward and the optimizer
 step; the kernel SDPA picks for vlp's padding mask and each kernel's time; save → resume →
 the steps after equal to the uninterrupted run's; the local batcher's rate against the
-step's consumption; the run again with its batches built the other way (a thread or the
-builder process).
+step's consumption; the run again with its batches built in the builder process, and once
+more on the thread.
 """
 
 from __future__ import annotations
@@ -182,23 +182,30 @@ class Check:
         return figures
 
     def other_builder(self, family: str, figures: dict) -> tuple[str, dict]:
-        """The run again (warm shapes), its batches built the other way: the main run builds
-        them as jobs do by default (``train.batch_builder: thread``, sharing the GIL with the
-        step's dispatching), this one in the builder process. Run after the main one: the
-        order is fixed, so compare with ``cold`` in mind."""
-        builder, other = "thread", "process"
-        try:
-            value = parts.run(self.cfg(f"{other}-{family}", family=family,
-                                      extra=(f"train.batch_builder={other}",)))
-        except Exception as e:   # must not lose the main run's figures
-            return builder, {"error": "".join(traceback.format_exception_only(e)).strip()}
-        f = parts.step_figures(value, self.size["skip"])
-        row = {"builder": other, **{k: f[k] for k in ("step_time_s", "s_per_input_unit",
-                                                       "median_s_per_input_unit",
-                                                       "data_wait_share")}}
-        row["loop_overhead"] = f["s_per_input_unit"] / figures["bare_s_per_input_unit"]
-        row["over_main"] = f["s_per_input_unit"] / figures["s_per_input_unit"]
-        return builder, row
+        """The run again (warm shapes) with its batches built in the builder process, then
+        once more on the thread: the main run builds them as jobs do by default
+        (``train.batch_builder: thread``, sharing the GIL with the step's dispatching). The
+        thread's second run shows how much a run moves for its place in the order alone;
+        ``process_over_thread`` compares with the mean of the two thread runs."""
+        builder, rows = "thread", {}
+        for name, kind in (("process", "process"), ("thread_again", "thread")):
+            try:
+                value = parts.run(self.cfg(f"{name}-{family}", family=family,
+                                          extra=(f"train.batch_builder={kind}",)))
+            except Exception as e:   # must not lose the main run's figures
+                rows[name] = {"error": "".join(traceback.format_exception_only(e)).strip()}
+                continue
+            f = parts.step_figures(value, self.size["skip"])
+            row = {"builder": kind, **{k: f[k] for k in ("step_time_s", "s_per_input_unit",
+                                                          "median_s_per_input_unit",
+                                                          "data_wait_share")}}
+            row["loop_overhead"] = f["s_per_input_unit"] / figures["bare_s_per_input_unit"]
+            row["over_main"] = f["s_per_input_unit"] / figures["s_per_input_unit"]
+            rows[name] = row
+        if all("s_per_input_unit" in r for r in rows.values()):
+            thread = (figures["s_per_input_unit"] + rows["thread_again"]["s_per_input_unit"]) / 2
+            rows["process_over_thread"] = rows["process"]["s_per_input_unit"] / thread
+        return builder, rows
 
     def micro_batch_sweep(self, worker, family: str) -> dict:
         """The bare loop on the run's engine with micro-batches ``sweep`` times larger, timed
