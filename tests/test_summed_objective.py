@@ -29,7 +29,7 @@ from vlp.platform.training.prefetch import Prefetcher
 from vlp.testing.toy import ToyBatchSource, ToyModel
 
 from test_pipeline_models import sources
-from test_platform_prefetch import DeepSpeedLikeEngine, one_rank  # noqa: F401 (fixture)
+from test_platform_prefetch import DeepSpeedLikeEngine
 from test_pretrain_stream import batch_digest
 
 CPU = torch.device("cpu")

@@ -175,9 +175,8 @@ class BuilderProcess:
                 for table in self._blocks(epoch):
                     if self._stopping.is_set():
                         return
-                    payload = to_ipc(table)
-                    conn.send((TABLE, payload.size))
-                    conn.send_bytes(payload)
+                    conn.send((TABLE,))
+                    conn.send_bytes(to_ipc(table))
                 conn.send((END,))
             except (BrokenPipeError, EOFError, OSError):
                 return
