@@ -336,7 +336,9 @@ def test_window_collate_equals_per_batch_collate(world):
     kw = dict(feature_dim=plan.feature_dim, loc_dim=plan.loc_dim, num_classes=plan.num_classes,
               need_soft=True)
     trimmed = 0
-    for refs, collated in zip(batches, collate_window(blocks, batches, tok, **kw)):
+    for refs, collated in zip(batches, collate_window(blocks, batches, tok,
+                                                      feature_dim=plan.feature_dim,
+                                                      need_soft=True)):
         for draw in range(-1, 20):   # -1: as collated; then ITM swaps of 20 donor draws
             want_refs, got = refs, collated
             if draw >= 0:

@@ -41,12 +41,15 @@ from gpu_check_parts import beside_batcher, sampler_and_source
 from vlp.platform.training.prefetch import Prefetcher
 
 
-def dispatch_steps(seconds: float, ops: int) -> float:
-    """Steps per second of a loop of ``ops`` small operations per step."""
+def dispatch_steps(seconds: float, ops: int, before_step=None) -> float:
+    """Steps per second of a loop of ``ops`` small operations per step (``before_step(i)``
+    called before step i, if given)."""
     x = torch.ones(64)
     y = torch.ones(64)
     steps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
+        if before_step is not None:
+            before_step(steps)
         for _ in range(ops // 2):
             x.mul_(1.0)
             x.add_(y, alpha=0.0)
@@ -69,18 +72,15 @@ def fed_steps(cfg, builder: str | None, args) -> tuple[float, float]:
             for _ in range(3):   # past the builder's start and the first window's read
                 prefetch.next(10**6)
             take = (lambda i: prefetch.next(10**6))
-        wait0, steps, t0 = prefetch.wait_s, 0, time.perf_counter()
-        x, y = torch.ones(64), torch.ones(64)
-        while time.perf_counter() - t0 < args.seconds:
-            if steps % args.steps_per_batch == 0:
-                take(steps // args.steps_per_batch)
-            for _ in range(args.ops // 2):
-                x.mul_(1.0)
-                x.add_(y, alpha=0.0)
-            steps += 1
+        def feed(step: int) -> None:
+            if step % args.steps_per_batch == 0:
+                take(step // args.steps_per_batch)
+
+        wait0, t0 = prefetch.wait_s, time.perf_counter()
+        rate = dispatch_steps(args.seconds, args.ops, feed)
         wall = time.perf_counter() - t0
         wait = prefetch.wait_s - wait0 if builder is not None else 0.0
-        return steps / wall, wait / wall
+        return rate, wait / wall
     finally:
         prefetch.close()
         source.close()

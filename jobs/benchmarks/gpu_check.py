@@ -173,7 +173,8 @@ class Check:
                 figures["bare_s_per_input_unit"] * s["units"] * 1e6
                 / figures["host_ops"]["per_step"])
         figures.update(kept)
-        figures["builder"], figures["other_builder"] = self.other_builder(family, figures)
+        figures["builder"] = cfg.train.batch_builder
+        figures["other_builder"] = self.other_builder(family, figures)
         figures["cold"] = {k: cold[k] for k in ("step_time_s", "step_time_mean_s",
                                                 "s_per_input_unit", "slow_steps",
                                                 "slow_steps_wall_share")}
@@ -181,13 +182,13 @@ class Check:
                                             / figures["bare_s_per_input_unit"])
         return figures
 
-    def other_builder(self, family: str, figures: dict) -> tuple[str, dict]:
+    def other_builder(self, family: str, figures: dict) -> dict:
         """The run again (warm shapes) with its batches built in the builder process, then
         once more on the thread: the main run builds them as jobs do by default
         (``train.batch_builder: thread``, sharing the GIL with the step's dispatching). The
         thread's second run shows how much a run moves for its place in the order alone;
         ``process_over_thread`` compares with the mean of the two thread runs."""
-        builder, rows = "thread", {}
+        rows: dict = {}
         for name, kind in (("process", "process"), ("thread_again", "thread")):
             try:
                 value = parts.run(self.cfg(f"{name}-{family}", family=family,
@@ -205,7 +206,7 @@ class Check:
         if all("s_per_input_unit" in r for r in rows.values()):
             thread = (figures["s_per_input_unit"] + rows["thread_again"]["s_per_input_unit"]) / 2
             rows["process_over_thread"] = rows["process"]["s_per_input_unit"] / thread
-        return builder, rows
+        return rows
 
     def micro_batch_sweep(self, worker, family: str) -> dict:
         """The bare loop on the run's engine with micro-batches ``sweep`` times larger, timed

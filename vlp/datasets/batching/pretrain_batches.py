@@ -360,8 +360,7 @@ class PretrainBatches:
         batches = self.window.cut_refs(self._live, final)
         plan = self.plan
         collated = collate_window(self._live, batches, self.tok,
-                                  feature_dim=plan.feature_dim, loc_dim=plan.loc_dim,
-                                  num_classes=plan.num_classes,
+                                  feature_dim=plan.feature_dim,
                                   need_soft=plan.needs_soft_labels)
         self._ready.extend((b, c, self._reading_epoch) for b, c in zip(batches, collated))
         carried = self.window.referenced_blocks()

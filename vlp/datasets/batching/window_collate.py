@@ -98,10 +98,8 @@ def resolve_regions(batch: Batch, need_soft: bool) -> None:
         batch[SOFT_LABELS] = arrays[2]
 
 
-
 def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
-                   tok: TextTokenizer, *, feature_dim: int, loc_dim: int,
-                   num_classes: int | None, need_soft: bool) -> list[Batch]:
+                   tok: TextTokenizer, *, feature_dim: int, need_soft: bool) -> list[Batch]:
     """The unmasked batches (text, regions, ``positive``, unit counts) of ``batches``."""
     if not batches:
         return []
@@ -172,8 +170,8 @@ def collate_window(blocks: Mapping[int, ImageBlock], batches: list[ExampleRefs],
 
 
 TEXT_SIDE = (K.INPUT_IDS, K.TEXT_MASK, TEXT_KEYS)
-IMAGE_SIDE = (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, IMAGE_KEYS, REGION_ROWS,
-              WHOLE_FEAT, HAS_WHOLE)
+# a collated batch's image side: its region arrays are still row references (resolve_regions)
+IMAGE_SIDE = (K.REGION_MASK, IMAGE_KEYS, REGION_ROWS, WHOLE_FEAT, HAS_WHOLE)
 
 
 def swap_negatives(batch: Batch, donors: Donors) -> Batch:
@@ -193,9 +191,8 @@ def swap_negatives(batch: Batch, donors: Donors) -> Batch:
         for k in (K.INPUT_IDS, K.TEXT_MASK):
             out[k] = np.ascontiguousarray(out[k][:, :T])
     if N < out[K.REGION_MASK].shape[1]:
-        for k in (K.REGION_FEATS, K.REGION_LOC, K.REGION_MASK, REGION_ROWS):
-            if k in out:
-                out[k] = np.ascontiguousarray(out[k][:, :N])
+        for k in (K.REGION_MASK, REGION_ROWS):
+            out[k] = np.ascontiguousarray(out[k][:, :N])
     out[K.POSITIVE] = batch[K.POSITIVE] & ~donors.negative
     out[K.INPUT_UNITS] = np.array(len(t) * int((t + n).max()), dtype=np.int64)
     return out

@@ -40,7 +40,7 @@ import pyarrow as pa
 import torch
 import torch.multiprocessing  # noqa: F401  (tensors then pickle as shared memory, not bytes)
 
-from vlp.platform.training.packed_batch import pack, packed_size
+from vlp.platform.training.packed_batch import Packing
 
 log = logging.getLogger(__name__)
 
@@ -277,11 +277,12 @@ def _build_until_stopped(sampler: Any, source: Any, items: Connection,
         host = source.next(task)
         after = copy.deepcopy({"sampler": sampler.state_dict(),
                                "source": source.state_dict()})
-        size = packed_size(host)
-        slot, buffer, fresh = slots.take(size)
-        buffer, layout = pack(host, buffer)
+        packing = Packing(host)
+        slot, buffer, fresh = slots.take(packing.size)
+        packing.write(buffer)
         # a buffer travels once (its file descriptor); after that its slot number does
-        items.send((ITEM, task, slot, buffer if fresh else None, size, layout, after))
+        items.send((ITEM, task, slot, buffer if fresh else None, packing.size, packing.layout,
+                    after))
         produced += 1
 
 

@@ -18,47 +18,44 @@ ALIGN = 64   # every tensor starts on a cache line (and on its dtype's alignment
 TENSOR, DICT, VALUE = "t", "d", "v"
 
 
-def pack(batch: dict[str, Any], buffer: torch.Tensor | None = None
-         ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``(buffer, layout)``: every tensor of ``batch`` (nested dicts included) written into
-    one uint8 tensor — ``buffer`` when it is large enough (``packed_size``), else a new one
-    in shared memory — and what ``unpack`` needs to view them again."""
-    layout, size, tensors = _plan(batch)
-    if buffer is None or buffer.numel() < size:
-        buffer = torch.empty(max(size, ALIGN), dtype=torch.uint8).share_memory_()
-    for offset, v in tensors:
-        _view(buffer, offset, v.dtype, tuple(v.shape)).copy_(v)
-    return buffer, layout
+class Packing:
+    """Where each tensor of ``batch`` (nested dicts included) goes in one uint8 buffer:
+    ``size`` bytes in all, ``layout`` for ``unpack``; ``write`` copies them into a buffer of at
+    least ``size`` bytes."""
 
+    def __init__(self, batch: dict[str, Any]):
+        self._tensors: list[tuple[int, torch.Tensor]] = []
+        self.size = 0
+        self.layout = self._plan(batch)
 
-def packed_size(batch: dict[str, Any]) -> int:
-    """The bytes ``pack`` needs for ``batch``."""
-    return _plan(batch)[1]
+    def write(self, buffer: torch.Tensor) -> None:
+        for offset, v in self._tensors:
+            _view(buffer, offset, v.dtype, tuple(v.shape)).copy_(v)
 
-
-def _plan(batch: dict[str, Any]) -> tuple[dict[str, Any], int, list[tuple[int, torch.Tensor]]]:
-    tensors: list[tuple[int, torch.Tensor]] = []
-    size = 0
-
-    def plan(d: dict[str, Any]) -> dict[str, Any]:
-        nonlocal size
+    def _plan(self, d: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
             if isinstance(v, dict):
-                out[k] = (DICT, plan(v))
+                out[k] = (DICT, self._plan(v))
             elif isinstance(v, torch.Tensor):
                 if v.device.type != "cpu":
                     raise ValueError(f"batch key {k!r}: a {v.device} tensor; the batch builder "
                                      f"hands over host tensors only")
-                tensors.append((size, v))
-                out[k] = (TENSOR, size, v.dtype, tuple(v.shape))
-                size = _aligned(size + v.numel() * v.element_size())
+                self._tensors.append((self.size, v))
+                out[k] = (TENSOR, self.size, v.dtype, tuple(v.shape))
+                self.size = _aligned(self.size + v.numel() * v.element_size())
             else:
                 out[k] = (VALUE, v)
         return out
 
-    layout = plan(batch)
-    return layout, size, tensors
+
+def pack(batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``(buffer, layout)``: ``batch``'s tensors in a new uint8 tensor in shared memory, and
+    what ``unpack`` needs to view them again."""
+    packing = Packing(batch)
+    buffer = torch.empty(max(packing.size, ALIGN), dtype=torch.uint8).share_memory_()
+    packing.write(buffer)
+    return buffer, packing.layout
 
 
 def unpack(buffer: torch.Tensor, layout: dict[str, Any]) -> dict[str, Any]:
