@@ -8,10 +8,13 @@ gradient norm, and clips, one view at a time. On a GPU that is several operation
 parameter tensor for the host to dispatch, in a step the host already bounds (the GPU
 check's ``host_ops``).
 
-``use_flat_bookkeeping`` gives the optimizer a subclass that does the same arithmetic:
-one multi-tensor add per group (the bf16 → fp32 cast inside it; the fp32 sums are the
-same bit for bit), and the norm and the clip over the flat buffers those views live in.
-The buffers hold zeros outside the gradients of this step (padding, parameters no loss
+``use_flat_bookkeeping`` gives the optimizer a subclass that does the same arithmetic on
+whole lists, the bf16 → fp32 cast inside each operation: a multi-tensor copy into the views
+that hold no gradient yet in this step (zeros, so the copy is the sum; a step without
+accumulation is all copy, which CUDA runs as multi-tensor kernels across the two dtypes,
+where an add of bf16 into fp32 falls back to a kernel per tensor), a multi-tensor add into
+the others; and the norm and the clip over the flat buffers those views live in. The
+buffers hold zeros outside the gradients of this step (padding, parameters no loss
 reached), so the norm is the same up to the order of summation.
 
 It applies only where that holds and nothing else reads the per-view lists: no model or
@@ -51,7 +54,12 @@ def _flat_class() -> type:
                 if not present:
                     continue
                 lp_grads = [group[j].grad for j in present]
-                torch._foreach_add_([shaped[j] for j in present], lp_grads)
+                # a view with no gradient yet in this step holds zeros (clear_hp_grads)
+                fresh = [k for k, j in enumerate(present) if not has[j]]
+                again = [k for k, j in enumerate(present) if has[j]]
+                for picked, op in ((fresh, torch._foreach_copy_), (again, torch._foreach_add_)):
+                    if picked:
+                        op([shaped[present[k]] for k in picked], [lp_grads[k] for k in picked])
                 for j in present:
                     group[j]._hp_grad = views[j]
                     has[j] = True
