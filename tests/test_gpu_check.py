@@ -70,6 +70,7 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on
     for key in ("no_cudnn_sdpa_s_per_input_unit", "cudnn_sdpa_s_per_input_unit",
                 "deepspeed_bookkeeping_s_per_input_unit", "flat_over_deepspeed_bookkeeping",
+                "separate_qkv_s_per_input_unit", "fused_over_separate_qkv",
                 "beside_batcher_thread_over_alone", "beside_batcher_process_over_alone",
                 "beside_batcher_process_batches_per_s", "order_drift"):
         assert steady[key] > 0, steady

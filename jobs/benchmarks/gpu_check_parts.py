@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vlp.models.fused_qkv import FusedQKVSelfAttention, fuse_qkv, separate_qkv
 from vlp.platform.pretrain.data import prepare
 from vlp.platform.pretrain.job import load_pretrain_config, resolved
 from vlp.platform.pretrain.local import LocalPretrainComponents
@@ -166,7 +167,8 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     first-shape costs such as kernel plans or allocator growth) in several variants: SDPA's
     cuDNN kernel allowed and refused (the memory-efficient kernel then takes vlp's mask);
     for a bf16 ZeRO-1 engine, DeepSpeed's own per-parameter optimizer bookkeeping in place
-    of vlp's flat one (bf16_bookkeeping.py); with ``batcher_cfg``'s batches built beside it,
+    of vlp's flat one (bf16_bookkeeping.py); ``transformers``' three query, key and value
+    projections in place of vlp's one (fused_qkv.py); with ``batcher_cfg``'s batches built beside it,
     on a thread (the prefetcher's way: the GIL shared with the dispatching thread) and in a
     separate process. The variants take turns, ``rounds`` times (A B C A B C): a pass can
     run slower than the same pass before it, and ``order_drift`` (the last round over the
@@ -183,6 +185,8 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     if uses_flat_bookkeeping(engine.optimizer):   # against the class it was switched from
         variants["deepspeed_bookkeeping"] = lambda: _with_class(
             engine.optimizer, type(engine.optimizer).__bases__[0], timed)
+    if any(isinstance(m, FusedQKVSelfAttention) for m in engine.module.modules()):
+        variants["separate_qkv"] = lambda: _with_separate_qkv(engine.module, timed)
     rates: dict[str, list[float]] = {}
     for where in ("thread", "process") if batcher_cfg is not None else ():
         def beside(where: str = where) -> float:
@@ -207,6 +211,8 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     if "deepspeed_bookkeeping" in times:
         out["flat_over_deepspeed_bookkeeping"] = \
             alone / out["deepspeed_bookkeeping_s_per_input_unit"]
+    if "separate_qkv" in times:
+        out["fused_over_separate_qkv"] = alone / out["separate_qkv_s_per_input_unit"]
     return out
 
 
@@ -217,6 +223,14 @@ def _with_cudnn_sdpa(on: bool, fn: Callable[[], float]) -> float:
         return fn()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def _with_separate_qkv(model: torch.nn.Module, fn: Callable[[], float]) -> float:
+    separate_qkv(model)
+    try:
+        return fn()
+    finally:
+        fuse_qkv(model)
 
 
 def _with_class(obj: Any, cls: type, fn: Callable[[], float]) -> float:

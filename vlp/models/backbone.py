@@ -1,6 +1,7 @@
 """The shared backbone: family embeddings → packed row → BERT encoder (post-LN) → outputs.
 
-The encoder is ``transformers``' ``BertEncoder`` built from a ``BertConfig`` (no hub access);
+The encoder is ``transformers``' ``BertEncoder`` built from a ``BertConfig`` (no hub access),
+its self-attention's three input projections run as one (``fused_qkv.py``, the same weights);
 attention goes through ``config._attn_implementation`` — "sdpa" by default, i.e.
 ``torch.nn.functional.scaled_dot_product_attention`` with the boolean padding mask that
 ``create_bidirectional_mask`` builds for that implementation (none when no row is padded),
@@ -28,6 +29,7 @@ from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
 from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
+from vlp.models.fused_qkv import fuse_qkv
 from vlp.models.packing import pack
 
 
@@ -40,6 +42,8 @@ class VLBackbone(nn.Module):
         self.text_embeddings = TextEmbeddings(cfg)
         self.visual = EMBEDDERS[family.visual.kind](cfg, family.visual, feat_dim)
         self.encoder = BertEncoder(self.bert_config)
+        if cfg.fused_qkv:
+            fuse_qkv(self.encoder)
         self.pooler = BertPooler(self.bert_config)
         self.token_type_layout = ""   # the downstream layout its type table was extended for
         self.activation_checkpointing = False

@@ -38,6 +38,8 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-12  # UNITER / BERT: every LayerNorm uses eps 1e-12
     initializer_range: float = 0.02
     attn_implementation: str = "sdpa"
+    # the query, key and value projections as one product (fused_qkv.py); the same weights
+    fused_qkv: bool = True
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
