@@ -29,7 +29,7 @@ from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
 from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
 from vlp.models.embeddings.text import TextEmbeddings
-from vlp.models.fused_qkv import fuse_qkv
+from vlp.models.fused_qkv import ROW_SHAPE, fuse_qkv, takes_flat_rows
 from vlp.models.packing import pack
 
 
@@ -93,7 +93,7 @@ class VLBackbone(nn.Module):
             else:   # no mask for an unpadded batch: SDPA may pick its flash kernel
                 mask = (padding_mask(rows.attention_mask, attention, rows.embeddings.dtype)
                         if layout[1] else None)
-            sequence = self.encoder(rows.embeddings, attention_mask=mask).last_hidden_state
+            sequence = self._encode(rows.embeddings, mask)
         finally:
             self.bert_config._attn_implementation = configured
         n = inputs.num_regions
@@ -107,6 +107,14 @@ class VLBackbone(nn.Module):
             pooled_output=self.pooler(sequence) if pool else None,
             extras=inputs.extras,
         )
+
+
+    def _encode(self, embeddings: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if not takes_flat_rows(self.encoder):
+            return self.encoder(embeddings, attention_mask=mask).last_hidden_state
+        b, n, d = embeddings.shape   # flat rows: each Linear multiplies [B·L, hidden] as it is
+        return self.encoder(embeddings.view(b * n, d), attention_mask=mask,
+                            **{ROW_SHAPE: (b, n)}).last_hidden_state.view(b, n, d)
 
 
 def host_layout(batch: Mapping[str, torch.Tensor], inputs: EmbeddedInputs

@@ -9,6 +9,9 @@ checkpoints, converted weights and the optimizer's groups are unchanged) and run
 attention itself is still ``transformers``' (the implementation the config names), called as
 ``BertSelfAttention`` calls it, so dropout draws are the same.
 
+On flat rows (``takes_flat_rows``: [B·L, hidden] hidden states and their (B, L) in the
+``row_shape`` keyword) the layer's other products take their input without a view.
+
 Only for the encoder's use here: no key/value cache, no cross-attention, not a decoder, no
 ZeRO-3 partitioned weights; a call with any of those runs ``BertSelfAttention``'s own
 forward.
@@ -26,6 +29,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention, eager_atte
 
 # what BertSelfAttention's forward would use a cache or encoder states for
 _NOT_FUSED = ("cache", "past_key_values", "encoder_hidden_states")
+ROW_SHAPE = "row_shape"   # the keyword that carries (B, L) of flat rows
 
 
 class FusedQKVSelfAttention(BertSelfAttention):
@@ -33,14 +37,20 @@ class FusedQKVSelfAttention(BertSelfAttention):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # flat rows: [B·L, hidden] hidden states, (B, L) given by the backbone
+        rows = kwargs.pop(ROW_SHAPE, None)
         # (a ZeRO-3 parameter, ``ds_id``, is gathered only when its own module runs)
-        if args or self.is_decoder or hidden_states.dim() != 3 or any(
+        if args or self.is_decoder or hidden_states.dim() != (3 if rows is None else 2) or any(
                 kwargs.get(k) is not None for k in _NOT_FUSED) or hasattr(
                 self.query.weight, "ds_id"):
-            return super().forward(hidden_states, attention_mask, *args, **kwargs)
+            if rows is None:
+                return super().forward(hidden_states, attention_mask, *args, **kwargs)
+            out, weights = super().forward(hidden_states.view(*rows, -1), attention_mask,
+                                           *args, **kwargs)
+            return out.reshape(hidden_states.shape[0], -1), weights
         for k in _NOT_FUSED:
             kwargs.pop(k, None)
-        batch, length = hidden_states.shape[:2]
+        batch, length = rows if rows is not None else hidden_states.shape[:2]
         weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))
         bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
         qkv = F.linear(hidden_states, weight, bias).view(
@@ -53,7 +63,17 @@ class FusedQKVSelfAttention(BertSelfAttention):
         out, weights = attend(self, query, key, value, attention_mask,
                               dropout=self.dropout.p if self.training else 0.0,
                               scaling=self.scaling, **kwargs)
-        return out.reshape(batch, length, -1).contiguous(), weights
+        return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+
+
+def takes_flat_rows(encoder: nn.Module) -> bool:
+    """Whether every layer of ``encoder`` (a ``BertEncoder``) has the fused self-attention,
+    so that the encoder can run on flat rows: hidden states [B·L, hidden], with
+    ``row_shape=(B, L)`` among its keyword arguments (``transformers`` hands them down to
+    each layer's attention). Every other operation of a layer works on the last dimension;
+    its ``Linear`` modules then multiply [B·L, hidden] as it is, where a [B, L, hidden] input
+    costs a view before and after each product, in the forward and again in the backward."""
+    return all(type(layer.attention.self) is FusedQKVSelfAttention for layer in encoder.layer)
 
 
 def fuse_qkv(encoder: nn.Module) -> int:
