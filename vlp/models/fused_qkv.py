@@ -82,19 +82,16 @@ def fuse_qkv(encoder: nn.Module) -> int:
     attention-function registry to call)."""
     if not hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
         return 0
-    switched = 0
-    for module in encoder.modules():
-        if type(module) is BertSelfAttention:
-            module.__class__ = FusedQKVSelfAttention
-            switched += 1
-    return switched
+    return _switch(encoder, BertSelfAttention, FusedQKVSelfAttention)
 
 
 def separate_qkv(encoder: nn.Module) -> int:
     """Undo ``fuse_qkv`` (``transformers``' own forward again); the number switched back."""
-    switched = 0
-    for module in encoder.modules():
-        if type(module) is FusedQKVSelfAttention:
-            module.__class__ = BertSelfAttention
-            switched += 1
-    return switched
+    return _switch(encoder, FusedQKVSelfAttention, BertSelfAttention)
+
+
+def _switch(encoder: nn.Module, old: type, new: type) -> int:
+    modules = [m for m in encoder.modules() if type(m) is old]
+    for module in modules:
+        module.__class__ = new
+    return len(modules)
