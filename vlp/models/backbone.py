@@ -108,7 +108,6 @@ class VLBackbone(nn.Module):
             extras=inputs.extras,
         )
 
-
     def _encode(self, embeddings: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if not takes_flat_rows(self.encoder):
             return self.encoder(embeddings, attention_mask=mask).last_hidden_state
