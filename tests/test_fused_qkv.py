@@ -122,3 +122,21 @@ def test_a_call_with_a_cache_runs_transformers_forward():
     torch.testing.assert_close(flat, plain(x)[0].view(10, 32), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(flat_cached, want.view(10, 32), rtol=1e-5, atol=1e-6)
     assert cache.get_seq_length() == 5
+
+
+def test_a_pretraining_config_can_run_transformers_projections():
+    from types import SimpleNamespace
+
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
+    from vlp.platform.pretrain.init_weights_check import model_kwargs
+
+    setup = SimpleNamespace(vocab_size=30522, preprocess=SimpleNamespace(vocab_size=30522),
+                            family="uniter-tiny", tasks=("mlm",), feature_dim=64,
+                            num_classes=21)
+    for value, want in (("true", FusedQKVSelfAttention), ("false", BertSelfAttention)):
+        cfg = load_experiment_config(data={"data": {"sources": {"a": {"path": "/x"}}},
+                                           "tasks": {"mlm": 1}, "train": {"steps": 10},
+                                           "optimizer": {"warmup_steps": 1}},
+                                     overrides=[f"model.fused_qkv={value}"])
+        model, _, _ = create_model(**model_kwargs(cfg.model, setup))
+        assert {type(layer.attention.self) for layer in model.backbone.encoder.layer} == {want}

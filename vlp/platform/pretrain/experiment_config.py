@@ -70,6 +70,10 @@ class ModelSection(ConfigModel):
     # rows (copied from the text row) and captions "question [SEP] answer [SEP] rationale"
     # carry their segments' types; "" = the family's own types
     token_types: Literal["", "vcr"] = ""
+    # the encoder's query, key and value projections as one product on flat rows (the same
+    # weights and results, fewer host operations: vlp/models/fused_qkv.py); false runs
+    # transformers' own three
+    fused_qkv: bool = True
 
     def validate(self):
         if not self.family:

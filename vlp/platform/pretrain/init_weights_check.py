@@ -32,7 +32,8 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
         # reader: the endpoint and keys from the standard AWS environment)
         init = f"{model.init}:{local_weights(model.init_path)}"
     overrides: dict[str, Any] = {"transformer.hidden_dropout": p,
-                                 "transformer.attention_dropout": p}
+                                 "transformer.attention_dropout": p,
+                                 "transformer.fused_qkv": model.fused_qkv}
     if model.dictionary_init:
         overrides["visual.dictionary_init"] = model.dictionary_init
     return dict(family=setup.family, tasks=list(setup.tasks), init=init,
