@@ -18,13 +18,13 @@ Prints a settings block, then one figure per line.
 from __future__ import annotations
 
 import argparse
-import collections
+import contextlib
 import sys
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpu_check_parts import OpCounter
 from vlp.models import create_model
 from vlp.models.fused_qkv import FusedQKVSelfAttention, fuse_qkv, separate_qkv
 from vlp.testing.example_batches import example_batch
@@ -32,46 +32,32 @@ from vlp.testing.example_batches import example_batch
 TASKS = ("mlm", "itm", "mrfr", "mrc-kl")
 
 
-class OpCount(TorchDispatchMode):
-    """aten operations dispatched while on."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
-def one_pass(model, batches: dict, device: torch.device, count: bool = False):
-    """(seconds, process CPU seconds) of one forward+backward per task; with ``count``,
-    (forward ops, backward ops) per step instead."""
+def timed_pass(model, batches: dict, device: torch.device) -> tuple[float, float]:
+    """(seconds, process CPU seconds) of one forward+backward per task."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
-    fwd = bwd = 0
     for task in TASKS:
-        with OpCount() if count else _Nothing() as f:
-            loss = model(batches[task], task=task)["loss"]
-        with OpCount() if count else _Nothing() as b:
-            loss.backward()
-        model.zero_grad(set_to_none=True)
-        if count:
-            fwd, bwd = fwd + f.n, bwd + b.n
-    if count:
-        return fwd / len(TASKS), bwd / len(TASKS)
+        _step(model, batches[task], task, contextlib.nullcontext(), contextlib.nullcontext())
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-class _Nothing:
-    def __enter__(self):
-        return self
+def counted_pass(model, batches: dict) -> tuple[float, float]:
+    """(forward, backward) aten operations per step over one forward+backward per task."""
+    fwd, bwd = OpCounter(), OpCounter()
+    for task in TASKS:
+        _step(model, batches[task], task, fwd, bwd)
+    return (sum(fwd.ops.values()) / len(TASKS), sum(bwd.ops.values()) / len(TASKS))
 
-    def __exit__(self, *exc):
-        return False
+
+def _step(model, batch: dict, task: str, around_forward, around_backward) -> None:
+    with around_forward:
+        loss = model(batch, task=task)["loss"]
+    with around_backward:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
 
 
 def main(argv=None) -> int:
@@ -110,18 +96,18 @@ def main(argv=None) -> int:
     cpu = {True: 0.0, False: 0.0}
     for fused in (True, False):   # shapes and allocator seen once by each
         switch(fused)
-        one_pass(model, batches, device)
+        timed_pass(model, batches, device)
     for _ in range(args.rounds):
         for fused in (True, False):
             switch(fused)
-            seconds, cpu_seconds = one_pass(model, batches, device)
+            seconds, cpu_seconds = timed_pass(model, batches, device)
             wall[fused] += seconds
             cpu[fused] += cpu_seconds
     steps = args.rounds * len(TASKS)
     ops = {}
     for fused in (True, False):
         switch(fused)
-        ops[fused] = one_pass(model, batches, device, count=True)
+        ops[fused] = counted_pass(model, batches)
     switch(True)
     for fused, name in ((True, "fused"), (False, "separate")):
         print(f"{name}/step_ms {wall[fused] / steps * 1e3:.1f}")

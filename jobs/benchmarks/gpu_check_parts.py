@@ -350,7 +350,7 @@ def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:
             "optimizer_step_per_step": counts["step"] / n, "examples": where[:6]}
 
 
-class _OpCounter(TorchDispatchMode):
+class OpCounter(TorchDispatchMode):
     """Counts the aten operations dispatched while it is on (each a kernel launch on a GPU,
     or a view or metadata change costing the host a few microseconds)."""
 
@@ -372,7 +372,7 @@ def host_ops(engine, items: list, top: int = 6) -> dict[str, Any]:
 
     @contextlib.contextmanager
     def counting(phase: str):
-        with _OpCounter() as c:
+        with OpCounter() as c:
             yield
         counts[phase] += c.ops
 

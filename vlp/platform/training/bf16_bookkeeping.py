@@ -53,18 +53,17 @@ def _flat_class() -> type:
                 present = [j for j, lp in enumerate(group) if lp.grad is not None]
                 if not present:
                     continue
-                lp_grads = [group[j].grad for j in present]
                 # a view with no gradient yet in this step holds zeros (clear_hp_grads)
-                fresh = [k for k, j in enumerate(present) if not has[j]]
-                again = [k for k, j in enumerate(present) if has[j]]
+                fresh = [j for j in present if not has[j]]
+                again = [j for j in present if has[j]]
                 for picked, op in ((fresh, torch._foreach_copy_), (again, torch._foreach_add_)):
                     if picked:
-                        op([shaped[present[k]] for k in picked], [lp_grads[k] for k in picked])
+                        op([shaped[j] for j in picked], [group[j].grad for j in picked])
                 for j in present:
                     group[j]._hp_grad = views[j]
                     has[j] = True
                 if clear_lp_grads:
-                    torch._foreach_zero_(lp_grads)
+                    torch._foreach_zero_([group[j].grad for j in present])
 
         @torch.no_grad()
         def get_grads_for_norm(self, for_clipping: bool = False):
