@@ -175,14 +175,14 @@ def test_retrieval_losses_by_hand():
     s = torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, -1.0]])
     sig = s.sigmoid()
     m = 0.2
-    hinge = (m + sig[:, 1:] - sig[:, :1]).clamp(min=0)
-    assert float(margin_loss(s, m)) == pytest.approx(float(hinge.mean()))
-    hardest = (m + sig[:, 1:].max(1).values - sig[:, 0]).clamp(min=0)
-    assert float(triplet_loss(s, m)) == pytest.approx(float(hardest.mean()))
     labels = torch.tensor([[1.0, 0, 0], [1.0, 0, 0]])
-    assert float(RETRIEVAL_LOSSES["bce"](s, m)) == pytest.approx(
+    hinge = (m + sig[:, 1:] - sig[:, :1]).clamp(min=0)
+    assert float(margin_loss(s, m, labels)) == pytest.approx(float(hinge.mean()))
+    hardest = (m + sig[:, 1:].max(1).values - sig[:, 0]).clamp(min=0)
+    assert float(triplet_loss(s, m, labels)) == pytest.approx(float(hardest.mean()))
+    assert float(RETRIEVAL_LOSSES["binary"](s, m, labels)) == pytest.approx(
         float(F.binary_cross_entropy_with_logits(s, labels)))
-    assert float(RETRIEVAL_LOSSES["mce"](s, m)) == pytest.approx(
+    assert float(RETRIEVAL_LOSSES["mce"](s, m, labels)) == pytest.approx(
         float(-(s.log_softmax(1)[:, 0]).mean()))
 
 
@@ -196,7 +196,7 @@ def test_hard_negative_rows_are_each_sides_top_k():
     assert sorted(rows2[0, 1:3].tolist()) == [2, 3] and sorted(rows2[1, 3:].tolist()) == [11, 13]
 
 
-@pytest.mark.parametrize("loss", ["margin", "bce", "mce", "triplet"])
+@pytest.mark.parametrize("loss", ["margin", "binary", "mce", "triplet"])
 def test_retrieval_finetuning_learns_with_each_loss(cfg, loss):
     data = RetrievalData(cfg, "train", negatives=2)
     batch = data.batch(np.arange(6), np.random.default_rng(0))

@@ -66,6 +66,9 @@ class Benchmark:
     # the token-type layout the head extends the table for (vlp.models.heads); a
     # checkpoint pretrained with it (UNITER's VCR second stage) loads into the extended table
     token_types: ClassVar[str | None] = None
+    # the option that is the downstream protocol (head or loss) a family's paper fixes
+    # (vlp.benchmarks.protocols); None: one protocol for every family
+    protocol_option: ClassVar[str | None] = None
 
     @property
     def meta_parts(self) -> dict[str, str]:
@@ -84,6 +87,10 @@ class Benchmark:
             return from_dict(self.Options, dict(raw or {}))
         except ConfigError as e:
             raise ConfigError([(f"{key}.{k}" if key else k, m) for k, m in e.problems]) from None
+
+    def protocol(self, options: Any) -> str:
+        """The protocol these typed options choose ("" where the benchmark has one only)."""
+        return str(getattr(options, self.protocol_option)) if self.protocol_option else ""
 
     def option_names(self) -> list[str]:
         return list(self.Options.model_fields)

@@ -17,7 +17,9 @@ from vlp.benchmarks.registry import register
 
 
 class Nlvr2Options(ConfigModel):
-    variant: Literal["triplet", "pair", "pair-biattn"] = "pair-biattn"   # UNITER's best
+    # the protocol (vlp.benchmarks.protocols): UNITER's best; a family's finetune defaults to
+    # its paper's (SOHO: pair)
+    variant: Literal["triplet", "pair", "pair-biattn"] = "pair-biattn"
 
 
 @register
@@ -28,6 +30,7 @@ class Nlvr2(Benchmark):
     defaults = TrainDefaults(steps=600, batch_size=32, lr=1e-4)
     Options = Nlvr2Options
     primary = "nlvr2_acc"
+    protocol_option = "variant"
 
     def _data(self, ctx, split):
         types = (1, 2)

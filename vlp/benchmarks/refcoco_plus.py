@@ -1,14 +1,18 @@
-"""RefCOCO+ comprehension (UNITER §4.1): Linear(H, 1) per region, padding masked, CE over
-regions; a prediction is right when its box has IoU > 0.5 with the target.
+"""RefCOCO+ comprehension (UNITER §4.1): Linear(H, 1) per region, padding masked; the loss
+``head: softmax`` (UNITER's CE over regions) or ``per-roi-binary`` (VL-BERT §4.2.3); a
+prediction is right when its box has IoU > 0.5 with the target.
 
 Two benchmarks: ``refcoco+`` on detected boxes (the Meta-Sum part, UNITER's val^d) and
 ``refcoco+-gt`` on features of the ground-truth boxes."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from vlp.datasets.downstream.refexp import RefExpData
+from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
 from vlp.benchmarks.registry import register
@@ -17,10 +21,18 @@ from vlp.benchmarks.registry import register
 IOU_RIGHT = 0.5   # a prediction is right when its box has IoU > 0.5 with the target
 
 
+class RefCocoOptions(ConfigModel):
+    # the protocol (vlp.benchmarks.protocols): UNITER's softmax over regions; a family's
+    # finetune defaults to its paper's (VL-BERT: a binary classification per RoI)
+    head: Literal["softmax", "per-roi-binary"] = "softmax"
+
+
 class _RefCoco(Benchmark):
     table = "refexp"
     defaults = TrainDefaults(steps=600, batch_size=32, lr=1e-4)
     boxes = "detected"
+    Options = RefCocoOptions
+    protocol_option = "head"
 
     def check(self, ctx):
         if ctx.data.visual != "regions":
@@ -37,7 +49,8 @@ class _RefCoco(Benchmark):
         return data.labelled
 
     def build_head(self, ctx, backbone, itm_head):
-        return build_head("region-scorer", name=self.task, hidden=hidden_size(ctx))
+        return build_head("region-scorer", name=self.task, hidden=hidden_size(ctx),
+                          loss=ctx.options.head)
 
     def evaluate(self, ctx, data: RefExpData, runner) -> EvalResult | None:
         # scores are [rows, regions] with a region count per batch: pad every batch to the

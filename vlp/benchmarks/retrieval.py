@@ -1,8 +1,9 @@
 """Image–text retrieval, Flickr30K-style (UNITER §4.1 / Appendix; ImageBERT §4.4).
 
 Finetuning: the match score of the pooled [CLS] (initialised from the pretrained ITM head),
-1 positive + k negatives per side, loss ``margin`` (UNITER, 0.2 on sigmoid scores), ``bce``,
-``mce`` or ``triplet`` (ImageBERT's comparison); optional on-the-fly hard negatives (UNITER:
+1 positive + k negatives per side, loss ``margin`` (UNITER, 0.2 on sigmoid scores), ``binary``
+(ImageBERT's best), ``mce`` or ``triplet`` (ImageBERT's comparison), or ``in-batch-binary``
+(SOHO: every caption of the mini-batch against every image of it); optional on-the-fly hard negatives (UNITER:
 score ``hard_candidates`` per side without gradients, train on the top k). Evaluation scores
 every (text, image) pair of the split (``eval_images``: of its first N images and their
 captions, a smaller gallery, as COCO's 1K test), texts sharded over the workers; IR and TR
@@ -20,6 +21,7 @@ from pydantic import Field
 
 from vlp.datasets.downstream.retrieval import RetrievalData
 from vlp.models.heads import build_head
+from vlp.models.heads.retrieval_losses import IN_BATCH_LOSSES
 from vlp.contract.config_loader import ConfigModel
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
 from vlp.benchmarks.registry import register
@@ -28,7 +30,8 @@ TOP = 10
 
 
 class RetrievalOptions(ConfigModel):
-    loss: Literal["margin", "bce", "mce", "triplet"] = "margin"
+    # the protocol (vlp.benchmarks.protocols): a family's finetune defaults to its paper's
+    loss: Literal["margin", "binary", "in-batch-binary", "mce", "triplet"] = "margin"
     margin: float = Field(0.2, gt=0)
     negatives: int = Field(1, gt=0)          # per side per positive (UNITER: 1 + 1)
     hard_negatives: bool = False               # mine the top ``negatives`` of the candidates
@@ -37,6 +40,9 @@ class RetrievalOptions(ConfigModel):
     eval_images: int = Field(0, ge=0)          # 0 = the split's gallery; N = its first N images
 
     def validate(self):
+        if self.loss in IN_BATCH_LOSSES and self.hard_negatives:
+            yield "hard_negatives", (f"the {self.loss} loss takes the mini-batch's own "
+                                     f"captions as negatives; none are mined")
         if self.hard_negatives and self.hard_candidates <= self.negatives:
             yield "hard_candidates", (f"is {self.hard_candidates}: expected more candidates "
                                       f"than the {self.negatives} negatives kept")
@@ -50,11 +56,13 @@ class Retrieval(Benchmark):
     defaults = TrainDefaults(steps=600, batch_size=16, lr=5e-5)
     Options = RetrievalOptions
     primary = "r_mean"
+    protocol_option = "loss"
 
     def train_data(self, ctx):
         o = ctx.options
         return RetrievalData(ctx.data, "train", o.negatives,
-                             o.hard_candidates if o.hard_negatives else 0)
+                             o.hard_candidates if o.hard_negatives else 0,
+                             in_batch=o.loss in IN_BATCH_LOSSES)
 
     def eval_data(self, ctx):
         return RetrievalData(ctx.data, ctx.eval_split, max_images=ctx.options.eval_images)

@@ -64,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
         print((csv_text if args.csv else json_text)(board), end="")
         return 0
+    from vlp.platform.tracking.leaderboard_protocols import protocol_header
+
     print(f"# {board.sweep} ({board.mode}), parent run {run_id}\n")
+    for line in protocol_header(board.rows):
+        print(line)
     print(board.markdown())
     print(board.noise_note())
     from vlp.platform.tracking.leaderboard import ranking_verdict

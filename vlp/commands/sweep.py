@@ -97,6 +97,10 @@ def report(result) -> int:
     board = result.leaderboard
     print(f"\nLeaderboard of {board.sweep} ({board.mode}); {result.trials} trials, "
           f"{result.errors} failed, {result.seconds:.0f} s:\n")
+    from vlp.platform.tracking.leaderboard_protocols import protocol_header
+
+    for line in protocol_header(board.rows):
+        print(line)
     print(board.markdown())
     print(board.noise_note())
     for line in ranking_verdict(board):

@@ -15,6 +15,8 @@ ANSWER_POSITION = "answer_position"  # long [E] VQA from a token: the text posit
                                  #   appended [MASK] whose output is classified (VL-BERT)
 HARD_KEEP = "hard_keep"          # long [] retrieval: of each side's candidates keep the top k
                                  #   (0 = use all: random negatives)
+MATCH_LABELS = "match_labels"    # float [E, G] retrieval in-batch groups: 1 where the row's
+                                 #   caption belongs to the row's image (SOHO §4.2.1)
 
 LABEL_KEYS = (LABELS, TARGETS, EXAMPLE_INDEX, GROUP_SIZE, IMAGE_NEGATIVES, TEXT_NEGATIVES,
-              HARD_KEEP, ANSWER_POSITION)
+              HARD_KEEP, ANSWER_POSITION, MATCH_LABELS)

@@ -6,6 +6,11 @@ captions. With hard-negative mining the group carries ``candidates`` of each sid
 and ``hard_keep = k``: the model scores the candidates without gradients and trains on the
 top k of each side (UNITER's on-the-fly variant of its sampled hard negatives).
 
+In-batch groups (``in_batch``, SOHO §4.2.1): the t captions of the mini-batch are its t
+aligned pairs; each caption's image forms a group with every caption of the batch, its own
+first (t rows per group, t² in all), and ``match_labels`` says which rows match (a caption of
+the same image drawn twice is a match, not a negative).
+
 Evaluation scores every (text, image) pair of the split (or of its first ``max_images`` images
 and their captions): :meth:`RetrievalData.pair_batch`.
 """
@@ -26,7 +31,7 @@ class RetrievalData(TableData):
     task = "retrieval"
 
     def __init__(self, cfg, split: str, negatives: int = 1, hard_candidates: int = 0,
-                 max_images: int = 0):
+                 max_images: int = 0, in_batch: bool = False):
         super().__init__(cfg, split)
         if max_images:
             self._keep_first_images(max_images)
@@ -42,6 +47,10 @@ class RetrievalData(TableData):
             raise DownstreamDataError(f"{self.path}: retrieval needs at least 2 images")
         self.negatives = negatives
         self.hard_candidates = hard_candidates
+        self.in_batch = in_batch
+        if in_batch and hard_candidates:
+            raise DownstreamDataError("retrieval: in-batch groups take no mined negatives "
+                                      "(hard_candidates must be 0)")
 
     def _keep_first_images(self, n: int) -> None:
         """The split's first ``n`` images (first-seen order) and every caption of them: a
@@ -58,6 +67,8 @@ class RetrievalData(TableData):
         """Groups of 1 + 2m rows (m = hard_candidates, else negatives) per caption in ``idx``."""
         rng = rng if rng is not None else np.random.default_rng(0)
         idx = np.asarray(idx, np.int64)
+        if self.in_batch:
+            return self.in_batch_groups(idx)
         m = self.hard_candidates or self.negatives
         own = self.text_to_image[idx]                                   # gallery columns
         neg_img = _others(own, len(self.image_ids), m, rng)             # [B, m] columns
@@ -73,6 +84,21 @@ class RetrievalData(TableData):
             D.GROUP_SIZE: G, D.IMAGE_NEGATIVES: m, D.TEXT_NEGATIVES: m,
             D.HARD_KEEP: self.negatives if self.hard_candidates else 0,
             D.EXAMPLE_INDEX: idx})
+
+    def in_batch_groups(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        """One group per caption of ``idx``: its image with every caption of the batch, its
+        own caption first, then the others in batch order."""
+        t = len(idx)
+        own = self.text_to_image[idx]
+        order = np.array([[k] + [j for j in range(t) if j != k] for k in range(t)], np.int64)
+        text_rows = idx[order]                                          # [t, t]
+        image_cols = np.repeat(own[:, None], t, 1)
+        match = (self.text_to_image[text_rows] == image_cols).astype(np.float32)
+        text = text_batch(self.tok, [(self.captions, text_rows.reshape(-1), 0)])
+        visual = self.images.visual_arrays(self.gallery[image_cols.reshape(-1)])
+        return self.assemble(text, visual, t, {
+            D.GROUP_SIZE: t, D.IMAGE_NEGATIVES: 0, D.TEXT_NEGATIVES: t - 1, D.HARD_KEEP: 0,
+            D.MATCH_LABELS: match, D.EXAMPLE_INDEX: idx})
 
     def _caption_of(self, image_cols: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if not hasattr(self, "_by_image"):

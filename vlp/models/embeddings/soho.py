@@ -16,6 +16,13 @@ first forward's ResNet → dictionary output is kept and the other tasks reuse i
 image goes through the CNN and the dictionary once per micro-batch, as in the paper (Eq. 9
 on one forward of the image); the CNN's gradient is the sum of every task's.
 
+Finetuning (``set_finetune_input``): SOHO §4.2, "using input features of the VD module for
+visual representation is better than directly applying VD embedding. We adopt the former":
+with ``tokens = "features"`` the visual tokens are built from the grid features that enter
+the dictionary (its quantised output is then only read for the usage figures); with
+``"dictionary"`` from its quantised output, as in pre-training. ``dictionary_updates=False``
+freezes the entries (no moving average, no initialisation) for the finetune.
+
 Every forward also reports the dictionary's usage on the batch's images (``vd_used``: the
 share of entries some valid cell maps to; ``vd_perplexity``: exp of the entropy of the
 cells' index distribution; ``vd_indices_per_image``: distinct indices per image, mean), so a
@@ -43,6 +50,9 @@ from vlp.models.embeddings.text import TextEmbeddings
 from vlp.contract.encoder_output import MVM_LABELS  # noqa: E402  (re-exported)
 
 
+TOKEN_SOURCES = ("features", "dictionary")
+
+
 class SohoEmbedder(nn.Module):
     def __init__(self, cfg: TransformerConfig, visual: SohoVisualConfig, feat_dim: int):
         super().__init__()
@@ -59,11 +69,20 @@ class SohoEmbedder(nn.Module):
         # autograd while frozen; its BatchNorm statistics still follow the data
         self.cnn_frozen = False
         self.shared_images: dict | None = None   # images_encoded_once's cache (a dict there)
+        self.tokens = "dictionary"   # what the visual tokens are built from (see the module)
 
     def init_extra_(self, std: float) -> None:
         nn.init.normal_(self.mask_token, std=std)
         nn.init.kaiming_normal_(self.proj.weight, mode="fan_out", nonlinearity="relu")
         nn.init.zeros_(self.proj.bias)
+
+    def set_finetune_input(self, tokens: str = "features",
+                           dictionary_updates: bool = False) -> None:
+        """SOHO's finetuning input (see the module): ``features`` | ``dictionary``."""
+        if tokens not in TOKEN_SOURCES:
+            raise ValueError(f"SOHO visual tokens {tokens!r}: expected one of {TOKEN_SOURCES}")
+        self.tokens = tokens
+        self.dictionary.frozen = not dictionary_updates
 
     def encode_images(self, pixels: torch.Tensor, pixel_mask: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
@@ -135,14 +154,15 @@ class SohoEmbedder(nn.Module):
         grid, valid, (h, w), quantised, indices = self.quantised_images(
             pixels, batch.get(bs.PIXEL_MASK))
         extras = {METRIC_PREFIX + name: v for name, v in self.usage(indices, valid).items()}
+        # the VD module's input (finetuning, §4.2) or its quantised output (pre-training)
+        cells = grid if self.tokens == "features" else quantised
         if visual_masking:
             masked = self.mask_one_index(indices, valid, require(batch, bs.MVM_APPLY, who))
-            quantised = torch.where(masked.unsqueeze(-1), self.mask_token.to(quantised.dtype),
-                                    quantised)
+            cells = torch.where(masked.unsqueeze(-1), self.mask_token.to(cells.dtype), cells)
             labels = torch.where(masked, indices, torch.full_like(indices, -100))
             extras[MVM_LABELS] = labels[image_index]
-        position = sine_position_2d(valid.view(-1, h, w), quantised.shape[-1])
-        tokens = self.LayerNorm(quantised + position.flatten(1, 2).to(quantised.dtype)
+        position = sine_position_2d(valid.view(-1, h, w), cells.shape[-1])
+        tokens = self.LayerNorm(cells + position.flatten(1, 2).to(cells.dtype)
                                 + text.token_type(1))
         tokens = self.dropout(tokens)[image_index]
         return EmbeddedInputs(

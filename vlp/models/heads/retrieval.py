@@ -6,6 +6,9 @@ the pretrained P(match) does (ITM's softmax CE only identifies the logits' diffe
 copies the match row alone, which ranks by a quantity ITM never trained). Zero-shot
 evaluation uses this initial score, so it is the pretrained ITM ranking.
 
+In-batch groups (SOHO §4.2.1, loss ``in-batch-binary``) carry ``match_labels``: a caption of
+the same image elsewhere in the batch is labelled a match, not a negative.
+
 Hard negatives (UNITER): when the batch carries ``hard_keep = k > 0``, each group holds m
 candidates per side; a no-grad pass scores them all and the training pass sees the positive
 and the top k of each side.
@@ -19,7 +22,7 @@ from torch import nn
 from vlp.contract import downstream_keys as D
 
 from vlp.models.heads.head import Batch, DownstreamHead, encode, group_view
-from vlp.models.heads.retrieval_losses import RETRIEVAL_LOSSES, hardest_rows
+from vlp.models.heads.retrieval_losses import RETRIEVAL_LOSSES, group_labels, hardest_rows
 
 
 class MatchScorer(DownstreamHead):
@@ -45,7 +48,9 @@ class MatchScorer(DownstreamHead):
         if keep:
             batch = self.mine(backbone, batch, keep)
         scores = group_view(self.predict(backbone, batch).float(), batch)   # [E, G]
-        loss = RETRIEVAL_LOSSES[self.loss_name](scores, self.margin)
+        labels = (batch[D.MATCH_LABELS].view_as(scores).to(scores.dtype)
+                  if D.MATCH_LABELS in batch else group_labels(scores))
+        loss = RETRIEVAL_LOSSES[self.loss_name](scores, self.margin, labels)
         with torch.no_grad():   # share of groups whose positive outscores every negative
             top = (scores[:, :1] > scores[:, 1:]).all(1).float().mean()
         return {f"{self.name}_loss": loss, f"{self.name}_top1": top}

@@ -33,6 +33,10 @@ class VisualDictionary(nn.Module):
             raise ValueError(f"visual dictionary init {init!r}: expected one of {INITS}")
         self.size, self.dim, self.momentum, self.init = size, dim, momentum, init
         self.updates = True   # off: training forwards leave the entries (running_stats.py)
+        # off for a finetune (SOHO §4.2 finetunes on the features; unless asked, the
+        # dictionary stays as pre-training left it); apart from ``updates``, which
+        # running_stats switches back on after each summed step
+        self.frozen = False
         # A buffer, not a parameter: only the moving average moves it (never the optimiser)
         self.register_buffer("embedding", torch.empty(size, dim))
         self.register_buffer("initialised", torch.tensor(False))
@@ -87,14 +91,14 @@ class VisualDictionary(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``features`` [..., dim], ``valid`` bool [...] (padding cells neither update nor vote)
         → (straight-through quantised features [..., dim], indices long [...])."""
-        if self.training and not self._is_initialised():
+        if self.training and not self.frozen and not self._is_initialised():
             keep = valid if valid is not None else torch.ones(
                 features.shape[:-1], dtype=torch.bool, device=features.device)
             self.initialise_from(features.detach()[keep])
         indices = self.assign(features)
         quantised = self.embedding[indices].to(features.dtype)
         out = features + (quantised - features).detach()
-        if self.training and self.updates:
+        if self.training and self.updates and not self.frozen:
             self.update(features.detach(), indices, valid)
         return out, indices
 

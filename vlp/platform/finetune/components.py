@@ -21,6 +21,7 @@ from vlp.datasets.downstream import EpochSampler
 from vlp.datasets.stream.text_tokenizer import load_tokenizer
 from vlp.models import create_model
 from vlp.models.checkpoints import CheckpointError
+from vlp.models.embeddings.soho import SohoEmbedder
 from vlp.models.heads import DownstreamModel, build_head, extend_for
 from vlp.platform.training import pretrained_weights as ckpt
 from vlp.benchmarks import BenchmarkContext, get_benchmark
@@ -76,6 +77,8 @@ class FinetuneComponents:
     dropout: float = 0.1
     predictions_dir: str = ""
     zero_shot: bool = False        # no head training: retrieval scored by the pretrained ITM
+    visual_tokens: str = "features"   # SOHO: the VD module's input (§4.2) or its tokens
+    dictionary_updates: bool = False  # SOHO: the dictionary's moving average while finetuning
 
     # ---- Components protocol --------------------------------------------------------------
 
@@ -107,8 +110,11 @@ class FinetuneComponents:
                                       f"{self.checkpoint} has none (pretrain with itm)")
             head = build_head("match-scorer", name=bench.task,
                               hidden=family.transformer.hidden_size, itm_head=itm)
-        else:
+        else:   # zero-shot scores the pretrained model as it was pre-trained
             head = bench.build_head(self.ctx, base.backbone, itm)
+            for m in base.backbone.modules():
+                if isinstance(m, SohoEmbedder):
+                    m.set_finetune_input(self.visual_tokens, self.dictionary_updates)
         return DownstreamModel(base.backbone, head)
 
     def build_batch_source(self, cfg: Any, stage: Any, stage_index: int, worker: Any

@@ -7,6 +7,11 @@
 Per-benchmark settings (``settings.<benchmark>``) override the benchmark's defaults (steps,
 batch size, learning rate) and carry its own options, checked by the benchmark's typed
 options class: an unknown benchmark, setting or option is an error naming its key.
+
+``protocol`` picks the head or loss of retrieval, NLVR2 and RefCOCO+ an option left unset
+takes: ``family`` (default) = the model family's paper's (ImageBERT: binary retrieval; SOHO:
+in-batch binary retrieval and the NLVR2 pair set-up; VL-BERT: a binary loss per RoI on
+RefCOCO+; ``vlp.benchmarks.protocols``), ``uniter`` = UNITER's for every family.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pydantic import Field
 from vlp.contract.config_loader import ConfigError, ConfigModel, load_config
 from vlp.platform.pretrain.experiment_config import ScalingSection, _NAME
 from vlp.benchmarks import BENCHMARKS, UnknownBenchmark, get_benchmark
-from vlp.benchmarks import meta_sum
+from vlp.benchmarks import meta_sum, protocols
 
 META_SUM_BENCHMARKS = list(meta_sum.BENCHMARKS)   # UNITER Table 3
 # The benchmarks' default lrs are UNITER-base's, tuned at hidden width 768. With Adam the step
@@ -30,6 +35,12 @@ META_SUM_BENCHMARKS = list(meta_sum.BENCHMARKS)   # UNITER Table 3
 # set in ``settings`` is taken as given.
 DEFAULT_LR_WIDTH = 768
 _Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+def _families() -> dict:
+    from vlp.models import FAMILIES
+
+    return FAMILIES
 
 
 def default_lr_scale(family: str) -> float:
@@ -60,12 +71,24 @@ class FtModelSection(ConfigModel):
     init: Literal["checkpoint", "random", "minilm"] = "checkpoint"
     checkpoint: str = ""           # a pretraining checkpoint / run folder / state-dict file
     tokenizer: str = ""            # folder or file; "" = the packaged uncased vocab
+    # SOHO (§4.2: "using input features of the VD module for visual representation is better
+    # than directly applying VD embedding. We adopt the former"): features = the grid
+    # features entering the visual dictionary, dictionary = its quantised tokens (as in
+    # pre-training); and whether the dictionary's moving average runs while finetuning
+    visual_tokens: Literal["features", "dictionary"] = "features"
+    dictionary_updates: bool = False
 
     def validate(self):
         from vlp.models import FAMILIES
 
         if self.family not in FAMILIES:
             yield "family", f"unknown model family {self.family!r}; known: {', '.join(FAMILIES)}"
+        elif FAMILIES[self.family].visual.kind != "soho":
+            if self.visual_tokens != "features":
+                yield "visual_tokens", (f"{self.visual_tokens!r} is SOHO's visual-dictionary "
+                                        f"switch; {self.family} has no dictionary")
+            if self.dictionary_updates:
+                yield "dictionary_updates", f"SOHO only: {self.family} has no visual dictionary"
         if self.init == "checkpoint" and not self.checkpoint:
             yield "checkpoint", "required with model.init: checkpoint (or set model.init: random)"
         if self.init != "checkpoint" and self.checkpoint:
@@ -110,6 +133,7 @@ class FinetuneConfig(ConfigModel):
     model: FtModelSection = Field(default_factory=FtModelSection)
     world: str = ""                # a vlp world folder (manifest.json), or its URI (s3://...)
     benchmarks: list[str] = Field(default_factory=lambda: list(META_SUM_BENCHMARKS))
+    protocol: Literal["family", "uniter"] = "family"   # see the module
     settings: dict[str, BenchmarkSettings] = Field(default_factory=dict)
     train: FtTrainSection = Field(default_factory=FtTrainSection)
     eval: FtEvalSection = Field(default_factory=FtEvalSection)
@@ -136,7 +160,7 @@ class FinetuneConfig(ConfigModel):
                 yield f"settings.{name}", f"unknown benchmark; known: {', '.join(BENCHMARKS)}"
                 continue
             try:
-                get_benchmark(name).options(s.options, f"settings.{name}.options")
+                self.options_for(name)
             except ConfigError as e:
                 yield from e.problems
 
@@ -148,8 +172,25 @@ class FinetuneConfig(ConfigModel):
         s = self.settings.get(name, BenchmarkSettings())
         steps = max(1, round((s.steps or bench.defaults.steps) * self.train.steps_scale))
         lr = s.lr or bench.defaults.lr * default_lr_scale(self.model.family)
-        return (steps, s.batch_size or bench.defaults.batch_size, lr,
-                bench.options(s.options, f"settings.{name}.options"))
+        return steps, s.batch_size or bench.defaults.batch_size, lr, self.options_for(name)
+
+    def options_for(self, name: str) -> Any:
+        """One benchmark's typed options: the protocol's (``protocol``) under the ones set."""
+        s = self.settings.get(name, BenchmarkSettings())
+        family = self.model.family
+        base = protocols.options_for(name, family, self.protocol) if family in _families() \
+            else {}
+        return get_benchmark(name).options({**base, **s.options}, f"settings.{name}.options")
+
+    def protocol_of(self, name: str) -> tuple[str, str]:
+        """(the protocol ``name`` is finetuned with, where it comes from); ("", "") for a
+        benchmark with one protocol only."""
+        bench = get_benchmark(name)
+        label = bench.protocol(self.options_for(name))
+        if not label:
+            return "", ""
+        s = self.settings.get(name, BenchmarkSettings())
+        return label, protocols.source(name, self.model.family, self.protocol, s.options)
 
     def resolved_paths(self) -> "FinetuneConfig":
         from vlp.platform.cluster.run_storage import is_uri

@@ -49,6 +49,8 @@ class BenchmarkReport:
     predictions: str | None = None
     eval_split: str = ""
     eval_examples: int = 0
+    protocol: str = ""           # the head or loss it was finetuned with ("" = only one)
+    protocol_source: str = ""    # the family's paper (section), UNITER's, or set
 
 
 @dataclass
@@ -59,13 +61,22 @@ class DownstreamReport:
     parent_run_id: str | None = None
     tracking_uri: str | None = None
 
+    @property
+    def protocols(self) -> dict[str, str]:
+        """benchmark → the protocol it was finetuned with (benchmarks with a choice)."""
+        return {b.name: b.protocol for b in self.benchmarks.values() if b.protocol}
+
     def lines(self) -> list[str]:
-        """One figure per line (``name value``)."""
+        """One figure per line (``name value``); each finetune's protocol after its figures
+        (``retrieval.protocol binary (ImageBERT §5.3)``): a score means something only with
+        the head and loss it was finetuned with."""
         out = [f"{k} {v:.2f}" for k, v in self.scores.items()]
         if self.meta_sum is not None:
             out.append(f"meta_sum {self.meta_sum:.2f}")
         for b in self.benchmarks.values():
             out += [f"{b.name}.{k} {v:.2f}" for k, v in b.metrics.items()]
+            if b.protocol:
+                out.append(f"{b.name}.protocol {b.protocol} ({b.protocol_source})")
         return out
 
 
@@ -127,7 +138,8 @@ def run_finetune(cfg: FinetuneConfig, *,
     scores = meta_parts(reports)
     total = meta_sum(scores) if complete(scores) else None
     if parent is not None:
-        tracking.log_summary(parent, scores, total)
+        tracking.log_summary(parent, scores, total,
+                             {n: r.protocol for n, r in reports.items() if r.protocol})
     return DownstreamReport(scores, total, reports, parent.run_id if parent else None,
                             parent.tracking_uri if parent else None)
 
@@ -152,17 +164,29 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
     if not after:
         raise RuntimeError(f"finetune {name}: training stopped at step {result.final_step} of "
                            f"{steps}; no evaluation ran")
+    protocol, source = cfg.protocol_of(name)
     report = BenchmarkReport(name, dict(after["metrics"]), steps, time.perf_counter() - start,
                              result.run_dir, result.mlflow_run_id, after.get("predictions"),
-                             after.get("eval_split", ""), after.get("eval_examples", 0))
+                             after.get("eval_split", ""), after.get("eval_examples", 0),
+                             protocol, source)
     if parent is not None and result.mlflow_run_id:
         params = {f"finetune.{k}": v for k, v in flatten({
             "benchmark": name, "init": cfg.model.init, "checkpoint": cfg.model.checkpoint,
             "checkpoint_step": prepared.checkpoint_step, "batch_size": batch_size,
-            "eval_split": cfg.eval.split, "options": options.model_dump()}).items()}
+            "eval_split": cfg.eval.split, "options": options.model_dump(),
+            "protocol": protocol, "protocol_source": source,
+            **soho_params(cfg, prepared)}).items()}
         tracking.log_benchmark(parent.tracking_uri, result.mlflow_run_id, params,
                                report.metrics, report.predictions)
     return report
+
+
+def soho_params(cfg: FinetuneConfig, prepared: Prepared) -> dict[str, Any]:
+    """SOHO's finetuning visual input and dictionary switch (other families have neither)."""
+    if prepared.family.visual.kind != "soho":
+        return {}
+    return {"visual_tokens": cfg.model.visual_tokens,
+            "dictionary_updates": cfg.model.dictionary_updates}
 
 
 def components_for(cfg: FinetuneConfig, name: str, prepared: Prepared, batch_size: int,
@@ -171,7 +195,8 @@ def components_for(cfg: FinetuneConfig, name: str, prepared: Prepared, batch_siz
     return FinetuneComponents(
         benchmark=name, ctx=ctx, init=cfg.model.init, checkpoint=cfg.model.checkpoint,
         batch_size=batch_size, eval_batch_size=cfg.eval.batch_size, dropout=cfg.train.dropout,
-        predictions_dir=predictions_folder(cfg, run_name(cfg, name)), zero_shot=zero_shot)
+        predictions_dir=predictions_folder(cfg, run_name(cfg, name)), zero_shot=zero_shot,
+        visual_tokens=cfg.model.visual_tokens, dictionary_updates=cfg.model.dictionary_updates)
 
 
 def predictions_folder(cfg: FinetuneConfig, run: str) -> str:

@@ -128,10 +128,17 @@ def log_predictions(run: Any, predictions: str) -> None:
         run.log_artifact(str(local_copy(folder, [name], cache=tmp) / name), "predictions")
 
 
-def log_summary(parent: Parent, scores: dict[str, float], meta_sum: float | None) -> None:
+def log_summary(parent: Parent, scores: dict[str, float], meta_sum: float | None,
+                protocols: dict[str, str] | None = None) -> None:
+    """Meta-Sum's parts on the parent run, and the protocol each benchmark was finetuned
+    with (tags ``downstream_protocol.<benchmark>``: a sweep trial's finetunes log one
+    benchmark each)."""
     from mlflow.tracking import MlflowClient
 
     run = MlflowRun(MlflowClient(parent.tracking_uri), parent.run_id, "", parent.tracking_uri)
+    if protocols:
+        run.set_tags({f"downstream_protocol.{k.replace('+', 'plus')}": v
+                      for k, v in protocols.items()})
     metrics = {f"downstream.{k.replace('+', 'plus')}": v for k, v in scores.items()}
     if meta_sum is not None:
         metrics["downstream.meta_sum"] = meta_sum

@@ -55,12 +55,21 @@ def open_trial_run(cfg: SweepConfig, parent_run_id: str, instance: str, name: st
                          run_name=f"{name} {point.mix_label()}",
                          key=run_key(cfg.sweep_uri, instance, TRIAL_JOB, name),
                          parent_run_id=parent_run_id,
-                         tags={"vlp.job": TRIAL_JOB, "vlp.sweep.trial": name, **point.tags()},
+                         tags={"vlp.job": TRIAL_JOB, "vlp.sweep.trial": name, **point.tags(),
+                               **protocol_tags(cfg)},
                          artifact_location=artifact_location(cfg.mlflow.tracking_uri))
     if fresh:
         run.log_params(point.mlflow_params())
     run.set_tags({"vlp.state": "running"})
     return run
+
+
+def protocol_tags(cfg: SweepConfig) -> dict[str, str]:
+    """The model family and the downstream protocol of a trial's finetunes (the leaderboard
+    says when its lines mix protocols)."""
+    from vlp.platform.sweep.trial_configs import downstream_protocol
+
+    return {"family": cfg.model.family, "downstream_protocol": downstream_protocol(cfg)}
 
 
 def close_trial_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, Any]) -> None:

@@ -195,3 +195,14 @@ def configs_of(cfg: SweepConfig, points: list[tuple[str, TrialPoint]]
         trial_dir = str(Path(cfg.sweep.output_dir) / cfg.sweep.name / "trials" / name)
         yield name, point, (pretrain_config(cfg, point, trial=name, trial_dir=trial_dir)
                             if point.pretrains else None)
+
+
+def downstream_protocol(cfg: SweepConfig) -> str:
+    """``benchmark:protocol …`` the sweep's finetunes use (the same for every trial: the
+    family's paper's unless the finetune overrides say otherwise); the trial runs' tag, which
+    the leaderboard's header reads."""
+    from vlp.benchmarks.protocols import protocol_label
+
+    trial_dir = str(cfg.sweep_dir / "trials" / "check")
+    return protocol_label({b: finetune_config(cfg, TrialPoint(), b, trial_dir).protocol_of(b)[0]
+                           for b in cfg.finetune.benchmarks})

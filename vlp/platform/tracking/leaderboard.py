@@ -60,6 +60,8 @@ class Row:
     est: dict[str, Estimate] = field(default_factory=dict)    # key → mean and its noise
     verdict: str = ""          # best | ≈best | below | "" (no noise estimate / not finished)
     p_vs_best: float | None = None
+    family: str = ""           # the model family (trial tag; "" in runs logged before it)
+    protocol: str = ""         # its finetunes' downstream protocol (leaderboard_protocols.py)
 
     @property
     def seeds(self) -> int:
@@ -241,7 +243,8 @@ def _row(run: Any) -> Row:
                score=m.get("score"), stage=as_int("stage"), stages=as_int("stages"),
                state=state, steps=as_int("trial_steps"), seconds=m.get("trial_seconds"),
                run_id=run.info.run_id, error=t.get("vlp.error", ""),
-               point_key=t.get("vlp.point_key", ""), seed_values=_seed_values(m))
+               point_key=t.get("vlp.point_key", ""), seed_values=_seed_values(m),
+               family=t.get("family", ""), protocol=t.get("downstream_protocol", ""))
 
 
 def _seed_values(m: dict[str, float]) -> dict[str, list[float]]:

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from vlp.platform.tracking.leaderboard import KEYS, Leaderboard
+from vlp.platform.tracking.leaderboard_protocols import protocol_header
 
 
 def records(board: Leaderboard) -> list[dict[str, Any]]:
@@ -23,7 +24,7 @@ def records(board: Leaderboard) -> list[dict[str, Any]]:
             "rank": rank, "trial": r.trial, "data": r.data, "tasks": r.tasks,
             "ratios": r.ratios, "init": r.init, "seeds": r.seeds, "status": r.status(),
             "vs_best": r.verdict, "p_vs_best": r.p_vs_best, "steps": r.steps,
-            "run_id": r.run_id}
+            "run_id": r.run_id, "family": r.family, "protocol": r.protocol}
         for key in KEYS:
             e = r.est.get(key)
             mean = e.mean if e else (r.meta_sum if key == "meta_sum" else r.scores.get(key))
@@ -51,7 +52,7 @@ def csv_text(board: Leaderboard) -> str:
 def json_text(board: Leaderboard) -> str:
     return json.dumps({"sweep": board.sweep, "mode": board.mode,
                        "parent_run_id": board.parent_run_id, "noise": board.noise_note(),
-                       "lines": records(board)}, indent=2, ensure_ascii=False) + "\n"
+                       "protocol": protocol_header(board.rows), "lines": records(board)}, indent=2, ensure_ascii=False) + "\n"
 
 
 # ---- writing to the parent run -----------------------------------------------------------------
@@ -72,8 +73,10 @@ def log_leaderboard(tracking_uri: str, board: Leaderboard) -> None:
 
     client = MlflowClient(tracking_uri)
     title = f"{board.sweep} ({board.mode})"
+    header = "".join(f"{line}\n" for line in protocol_header(board.rows))
     client.log_text(board.parent_run_id,
-                    f"# {title}\n\n{board.markdown()}\n{board.noise_note()}\n", LEADERBOARD_MD)
+                    f"# {title}\n\n{header}\n{board.markdown()}\n{board.noise_note()}\n",
+                    LEADERBOARD_MD)
     client.log_text(board.parent_run_id, csv_text(board), LEADERBOARD_CSV)
     client.log_text(board.parent_run_id, json_text(board), LEADERBOARD_JSON)
     client.log_figure(board.parent_run_id, leaderboard_figure(board, title), LEADERBOARD_PNG)
