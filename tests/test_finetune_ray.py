@@ -37,6 +37,11 @@ def test_finetune_through_ray_train_logs_a_child_run(ray_local, tiny_world, tmp_
     assert child.data.tags["mlflow.parentRunId"] == parent.run_id
     assert child.data.params["finetune.benchmark"] == "retrieval"
     assert child.data.params["finetune.init"] == "random"
+    # the protocol each score was finetuned with: logged, tagged on the parent, printed
+    assert child.data.params["finetune.protocol"] == "margin"       # uniter-tiny's: UNITER §4.1
+    assert child.data.params["finetune.protocol_source"] == "UNITER §4.1"
+    assert client.get_run(parent.run_id).data.tags["downstream_protocol.retrieval"] == "margin"
+    assert "retrieval.protocol margin (UNITER §4.1)" in report.lines()
     assert child.data.metrics["ir_r10"] == pytest.approx(r.metrics["ir_r10"])
     assert "retrieval_loss" in child.data.metrics                  # the loop's training curve
     arts = [a.path for a in client.list_artifacts(r.mlflow_run_id, "predictions")]
