@@ -7,19 +7,23 @@ import argparse
 EPILOG = """\
 benchmarks (--benchmarks, comma-separated; default: the Meta-Sum four):
   vqa          VQA v2-style, VQA score (official evaluator)
-  retrieval    Flickr30K-style image/text retrieval, R@1/5/10 per direction
+  retrieval    Flickr30K-style image/text retrieval, R@1/5/10 per direction;
+               settings.retrieval.options.loss = margin | binary | in-batch-binary | mce | triplet
   nlvr2        NLVR2, accuracy; settings.nlvr2.options.variant = triplet | pair | pair-biattn
-  refcoco+     RefCOCO+ on detected boxes, accuracy (IoU > 0.5)
+  refcoco+     RefCOCO+ on detected boxes, accuracy (IoU > 0.5);
+               settings.refcoco+.options.head = softmax | per-roi-binary
   refcoco+-gt  RefCOCO+ on ground-truth boxes
   ve           SNLI-VE, accuracy
   vcr          VCR Q->A, QA->R, Q->AR
 Meta-Sum (UNITER Table 3) = VQA + IR mean(R@1,5,10) + TR mean(R@1,5,10) + NLVR2 + RefCOCO+ (det).
+Unset, those options take the family's paper's protocol (protocol: family; --set protocol=uniter
+gives UNITER's to every family); each finetune prints and logs the protocol it used.
 
 examples:
   vlp finetune --checkpoint runs/pretrain/checkpoint_step00001000 --world runs/demo/world
   vlp finetune --checkpoint none --world runs/demo/world --benchmarks vqa,nlvr2 \\
       --set settings.nlvr2.options.variant=pair --set train.steps_scale=0.5
-  vlp finetune --config jobs/configs/finetune.yaml --set settings.retrieval.options.loss=bce
+  vlp finetune --config jobs/configs/finetune.yaml --set settings.retrieval.options.loss=binary
 
 Each benchmark is one Ray Train + DeepSpeed run (<output-dir>/<name>-<benchmark>) and one
 MLflow child run (metrics + predictions file) nested under the pretraining run that wrote the
