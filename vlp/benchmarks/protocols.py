@@ -53,9 +53,10 @@ CITES = {("uniter", "retrieval"): "UNITER ยง4.1", ("uniter", "nlvr2"): "UNITER ย
 
 
 def family_kind(family: str) -> str:
-    from vlp.models import get_family
+    """The family's kind; "" for an unknown family (``model.family``'s own error names it)."""
+    from vlp.models import FAMILIES
 
-    return get_family(family).visual.kind
+    return FAMILIES[family].visual.kind if family in FAMILIES else ""
 
 
 def options_for(benchmark: str, family: str, protocol: str = "family") -> dict[str, str]:

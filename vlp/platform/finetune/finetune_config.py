@@ -37,12 +37,6 @@ DEFAULT_LR_WIDTH = 768
 _Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
-def _families() -> dict:
-    from vlp.models import FAMILIES
-
-    return FAMILIES
-
-
 def default_lr_scale(family: str) -> float:
     """What a benchmark's default lr is multiplied by for ``family``."""
     from vlp.models import FAMILIES
@@ -177,9 +171,7 @@ class FinetuneConfig(ConfigModel):
     def options_for(self, name: str) -> Any:
         """One benchmark's typed options: the protocol's (``protocol``) under the ones set."""
         s = self.settings.get(name, BenchmarkSettings())
-        family = self.model.family
-        base = protocols.options_for(name, family, self.protocol) if family in _families() \
-            else {}
+        base = protocols.options_for(name, self.model.family, self.protocol)
         return get_benchmark(name).options({**base, **s.options}, f"settings.{name}.options")
 
     def protocol_of(self, name: str) -> tuple[str, str]:
