@@ -137,3 +137,9 @@ def test_asha_stops_the_trial_below_the_rung_and_records_it_as_stopped(sweep):
     assert stopped.data.metrics["score"] == 2 * STAGE1["t002"]
     assert "vlp.error" not in stopped.data.tags
     assert runs["t001"][0].info.status == "FINISHED"
+    # each line says which family and downstream protocol its finetunes used; the header too
+    from vlp.platform.tracking.leaderboard_protocols import protocol_header
+    assert {(r.family, r.protocol) for r in second.leaderboard.rows} == {
+        ("uniter-tiny", "retrieval:margin")}
+    assert protocol_header(second.leaderboard.rows) == [
+        "downstream protocol (every line): retrieval:margin; family uniter-tiny"]
