@@ -158,7 +158,8 @@ def test_vlbert_recipe_builds_the_per_roi_binary_head(tiny_world):
     data = RefExpData(comp.ctx.data, "train", "detected")
     batch = data.batch(data.labelled[:4])
     out = model(batch, task="refcocoplus")
-    scores, real = model.head.region_scores(model.backbone, batch)
+    with torch.no_grad():
+        scores, real = model.head.region_scores(model.backbone, batch)
     assert float(out["refcocoplus_loss"].detach()) == pytest.approx(float(per_roi_binary_loss(
         scores, batch[D.LABELS].long(), real)), rel=1e-5)
     assert float(out["refcocoplus_loss"].detach()) != pytest.approx(float(F.cross_entropy(
@@ -213,3 +214,18 @@ def test_the_sweeps_trials_are_tagged_with_their_protocol(tiny_world, tmp_path):
         "finetune.benchmarks=[retrieval,nlvr2]"])
     assert protocol_tags(sweep) == {"family": "imagebert-tiny",
                                     "downstream_protocol": "nlvr2:pair-biattn retrieval:binary"}
+
+
+def test_the_new_losses_read_nothing_back_from_the_device():
+    """What would make the host wait for a GPU (vlp.testing.host_syncs), none."""
+    from vlp.testing.host_syncs import HostSyncRecorder
+
+    s = torch.randn(4, 4, requires_grad=True)
+    y = torch.eye(4)
+    real = torch.tensor([[True] * 4, [True] * 3 + [False]] * 2)
+    with HostSyncRecorder() as syncs:
+        loss = (RETRIEVAL_LOSSES["in-batch-binary"](s, 0.2, y)
+                + per_roi_binary_loss(s.masked_fill(~real, NEG), torch.tensor([0, 2, 1, 1]),
+                                      real))
+    loss.backward()
+    assert not syncs.events, [f"{e.what} at {e.where}" for e in syncs.events]

@@ -31,7 +31,9 @@ def softmax_loss(scores: torch.Tensor, labels: torch.Tensor, real: torch.Tensor)
 def per_roi_binary_loss(scores: torch.Tensor, labels: torch.Tensor,
                         real: torch.Tensor) -> torch.Tensor:
     """Mean over the real regions of BCE(sigmoid(score), region == label)."""
-    target = F.one_hot(labels, scores.shape[1]).to(scores.dtype)
+    # a comparison, not F.one_hot: no range check that could read the labels to the host
+    target = (torch.arange(scores.shape[1], device=scores.device) == labels[:, None]).to(
+        scores.dtype)
     each = F.binary_cross_entropy_with_logits(scores, target, reduction="none")
     weight = real.to(scores.dtype)
     return (each * weight).sum() / weight.sum().clamp(min=1)
