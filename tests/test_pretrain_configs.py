@@ -94,7 +94,8 @@ def test_finetune_default_lr_scales_with_width_and_a_set_lr_is_kept():
 # None: left to issue 29's rework of that recipe (VL-BERT's warm-up and batch, SOHO's
 # schedule), checked there.
 PAPER_RECIPES = {
-    # UNITER Appendix A.1 / release: 200k steps, 10240 units per GPU, lr 5e-5, 10k warm-up
+    # UNITER's reference code (its in-domain base config; the paper states none of these):
+    # 200k steps, 10240 units per GPU, lr 5e-5, 10k warm-up
     "uniter-base-indomain": (200_000, 10_240, 5e-5, 10_000),
     # UNITER-large (release config): 500k steps, 6144 units per 16 GB V100, lr 5e-5, 10k
     "uniter-large": (500_000, 6_144, 5e-5, 10_000),
@@ -129,3 +130,11 @@ def test_soho_recipe_trains_the_cnn_by_sgd_frozen_for_a_quarter_of_the_steps():
     o = cfg.optimizer
     assert (o.cnn, o.cnn_lr, o.cnn_weight_decay) == ("sgd", 1e-2, 5e-4)
     assert cfg.model.cold_start_steps * 4 == cfg.total_steps()
+
+
+@pytest.mark.parametrize("path", PRETRAIN, ids=lambda p: p.name)
+def test_every_pretraining_config_masks_at_the_papers_15_percent(path):
+    """UNITER §3.1 (words and regions), VL-BERT §3.3 (words and RoIs), ImageBERT §4.3 (MLM
+    and MOC): 15%. Most configs leave data.mask_prob to the default, so this pins it."""
+    assert load_pretrain_config(path).data.pipeline_options()["mask_prob"] == 0.15
+    assert PipelineOptions().mask_prob == 0.15

@@ -10,6 +10,7 @@ import numpy as np
 
 from vlp.datasets.downstream.refexp import RefExpData
 from vlp.models.heads import build_head
+from vlp.benchmarks.accuracy import tied_maxima
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
 from vlp.benchmarks.registry import register
 
@@ -41,7 +42,8 @@ class _RefCoco(Benchmark):
 
     def evaluate(self, ctx, data: RefExpData, runner) -> EvalResult | None:
         # scores are [rows, regions] with a region count per batch: pad every batch to the
-        # split's widest so the shards stack (padding scores below any region's)
+        # split's widest so the shards stack (the padding, finite so that it is not counted
+        # as a non-finite score, is cut off again below)
         width = int(max(len(data.region_boxes(k)) for k in range(len(data))))
         scores = runner.predict_sharded(data.batch, len(data), post=lambda s: _pad(s, width))
         if scores is None:
@@ -49,18 +51,20 @@ class _RefCoco(Benchmark):
         pred, hit = [], []
         for k, row in enumerate(scores):
             boxes = data.region_boxes(k)
-            row = row[:len(boxes)]
-            tied = np.flatnonzero(row == row.max())       # ties broken at random: expected hit
-            pred.append(int(tied[0]))
-            hit.append(float((box_iou(boxes[tied], data.target_boxes[k]) > IOU_RIGHT).mean()))
-        boxes = [data.region_boxes(k)[p] for k, p in enumerate(pred)]
+            # ties broken at random: the expected hit; no finite score: no region, no hit
+            tied = np.flatnonzero(tied_maxima(row[None, :len(boxes)])[0])
+            pred.append(int(tied[0]) if len(tied) else -1)
+            hit.append(float((box_iou(boxes[tied], data.target_boxes[k]) > IOU_RIGHT).mean())
+                       if len(tied) else 0.0)
+        boxes = [data.region_boxes(k)[p].tolist() if p >= 0 else None
+                 for k, p in enumerate(pred)]
         return EvalResult({f"{self.task}_acc": 100.0 * float(np.mean(hit))},
-                          [{"ref_id": r, "region": p, "box": b.tolist()}
+                          [{"ref_id": r, "region": p, "box": b}
                            for r, p, b in zip(data.column("ref_id"), pred, boxes)])
 
 
 def _pad(scores: np.ndarray, width: int) -> np.ndarray:
-    out = np.full((len(scores), width), -np.inf, np.float32)
+    out = np.full((len(scores), width), np.finfo(np.float32).min, np.float32)
     out[:, :scores.shape[1]] = scores
     return out
 

@@ -49,6 +49,11 @@ class BenchmarkReport:
     predictions: str | None = None
     eval_split: str = ""
     eval_examples: int = 0
+    primary: str = ""            # the benchmark's headline metric (Benchmark.primary)
+
+    @property
+    def headline(self) -> float:
+        return self.metrics[self.primary]
 
 
 @dataclass
@@ -60,10 +65,14 @@ class DownstreamReport:
     tracking_uri: str | None = None
 
     def lines(self) -> list[str]:
-        """One figure per line (``name value``)."""
+        """One figure per line (``name value``): the Meta-Sum parts, Meta-Sum, the headline of
+        each benchmark that is not a part itself (retrieval: r_mean; ve, vcr, ...), then
+        every metric."""
         out = [f"{k} {v:.2f}" for k, v in self.scores.items()]
         if self.meta_sum is not None:
             out.append(f"meta_sum {self.meta_sum:.2f}")
+        out += [f"{b.name} {b.headline:.2f}" for b in self.benchmarks.values()
+                if b.primary and b.name not in self.scores]
         for b in self.benchmarks.values():
             out += [f"{b.name}.{k} {v:.2f}" for k, v in b.metrics.items()]
         return out
@@ -154,7 +163,8 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
                            f"{steps}; no evaluation ran")
     report = BenchmarkReport(name, dict(after["metrics"]), steps, time.perf_counter() - start,
                              result.run_dir, result.mlflow_run_id, after.get("predictions"),
-                             after.get("eval_split", ""), after.get("eval_examples", 0))
+                             after.get("eval_split", ""), after.get("eval_examples", 0),
+                             after.get("primary", ""))
     if parent is not None and result.mlflow_run_id:
         params = {f"finetune.{k}": v for k, v in flatten({
             "benchmark": name, "init": cfg.model.init, "checkpoint": cfg.model.checkpoint,
