@@ -331,3 +331,16 @@ def test_the_report_reads_each_benchmarks_headline():
                                      primary=get_benchmark("ve").primary)}
     lines = DownstreamReport({"ir": 40.0, "tr": 50.0}, None, reports).lines()
     assert lines[:4] == ["ir 40.00", "tr 50.00", "retrieval 45.00", "ve 61.00"]
+
+
+def test_refcoco_says_which_boxes_it_scored(setting):
+    """vlp's detected boxes are the shard's own detector regions, not MAttNet's detections
+    (the papers' val^d): the output says so, so its absolute score is not read as theirs."""
+    family, data_cfg = setting
+    for name, words in (("refcoco+", "not MAttNet's"), ("refcoco+-gt", "ground-truth")):
+        bench = get_benchmark(name)
+        ctx = BenchmarkContext(data_cfg, bench.options({}), family, "val", 0)
+        data = bench.eval_data(ctx)
+        answer = lambda b, right: np.where(b[K.REGION_MASK].bool().numpy(), 0.0, -1e4)  # noqa
+        result = bench.evaluate(ctx, data, EvalRunner(Oracle(answer, True), batch_size=7))
+        assert words in result.notes["boxes"]

@@ -141,14 +141,17 @@ class FinetuneComponents:
             print(f"[finetune] {self.benchmark}: {runner.nonfinite} of the model's scores are "
                   f"NaN or ±inf; each ranks below every finite score and is never a hit",
                   flush=True)
-        out = {"metrics": result.metrics, "primary": bench.primary,
+        for key, note in result.notes.items():
+            print(f"[finetune] {self.benchmark} {key}: {note}", flush=True)
+        out = {"metrics": result.metrics, "primary": bench.primary, "notes": result.notes,
                "eval_split": self.ctx.eval_split,
                "eval_examples": len(data), "predictions": None}
         if self.predictions_dir:
             out["predictions"] = write_predictions(
                 self.predictions_dir, f"{bench.task}-{self.ctx.eval_split}.json",
                 {"benchmark": self.benchmark, "split": self.ctx.eval_split,
-                 "metrics": result.metrics, "predictions": result.predictions})
+                 "metrics": result.metrics, "notes": result.notes,
+                 "predictions": result.predictions})
         return out
 
     def with_(self, **changes) -> "FinetuneComponents":
