@@ -93,3 +93,12 @@ def test_a_pairs_budget_caps_the_examples_beside_the_units():
     assert max(len(b) for b in units_only) > 64                      # the units alone: > 2×
     assert max(len(b) for b in capped) == 32
     assert sorted(np.concatenate(capped).tolist()) == list(range(1000))   # every pair once
+
+
+def test_a_pixel_family_pretrains_without_regions(tiny_world):
+    """SOHO reads pixels: the experiment's regions: null must not reach its DataConfig."""
+    from vlp.platform.pretrain.data import stage_data_config
+
+    cfg = load_experiment_config(data=base("soho-tiny"))
+    _, spec, _ = create_model("soho-tiny", ["mlm"])
+    assert stage_data_config(cfg, cfg.stage_plan()[0], spec).visual == "pixels"

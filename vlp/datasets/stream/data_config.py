@@ -252,9 +252,10 @@ class DataConfig(PipelineOptions, frozen=True):
             max_text_len=min(60, int(preprocess.max_text_positions) - 2))
         if preprocess.location_kind:
             kw["location"] = preprocess.location_kind
-        if preprocess.input_kind == "regions" and overrides.get("regions") is None:
-            overrides.pop("regions", None)      # not given: the family's paper's selection
-            kw["regions"] = family_regions(preprocess.family)
+        if overrides.get("regions", 0) is None:
+            del overrides["regions"]            # null: not given
+        if preprocess.input_kind == "regions" and "regions" not in overrides:
+            kw["regions"] = family_regions(preprocess.family)   # the family's paper's
         if preprocess.input_kind == "pixels" and preprocess.image_min_side:
             px = {"shorter_side": preprocess.image_min_side,
                   "longer_max": preprocess.image_max_side or preprocess.image_min_side}
