@@ -61,8 +61,10 @@ def evaluate(setting, name: str, answer, right: bool, **options):
     ctx = BenchmarkContext(data_cfg, bench.options(options), family, "val", 0)
     data = bench.eval_data(ctx)
     result = bench.evaluate(ctx, data, EvalRunner(Oracle(answer(data), right), batch_size=7))
-    # the metric meta_sum.PARTS names for each of its parts is one the benchmark reports
+    # the metric meta_sum.PARTS names for each of its parts is one the benchmark reports, and
+    # so is its headline (the finetune's report and summary line read it)
     assert set(bench.meta_parts.values()) <= set(result.metrics)
+    assert bench.primary in result.metrics
     return result.metrics, data
 
 
@@ -288,3 +290,57 @@ def test_constant_predictor_scores_chance_on_retrieval(setting):
         tr = np.mean([1 - comb(n_txt - c, k) / comb(n_txt, k) for c in captions if c])
         assert result[f"tr_r{k}"] == pytest.approx(100 * tr)
     assert result["ir_r1"] < 10
+
+
+# ---- a model whose every score is NaN or ±inf (diverged, or overflowed in fp16/bf16) scores 0
+# on every benchmark, through its own evaluate: non-finite scores never hit (issue 39)
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_predictor_scores_zero_everywhere(setting, bad):
+    def filled(width_of):
+        return lambda data: (lambda b, right: np.full(width_of(data, b), bad, np.float32))
+
+    rows = lambda b: len(b[D.LABELS])                                    # noqa: E731
+    got = {}
+    got["ve"], _ = evaluate(setting, "ve", filled(lambda d, b: (rows(b), 3)), True)
+    for variant in ("pair", "triplet", "pair-biattn"):
+        got[variant], _ = evaluate(setting, "nlvr2", filled(lambda d, b: (rows(b), 2)), True,
+                                   variant=variant)
+    got["vcr"], _ = evaluate(setting, "vcr", filled(lambda d, b: (rows(b), 4)), True)
+    got["vqa"], _ = evaluate(setting, "vqa", filled(
+        lambda d, b: (len(b[D.EXAMPLE_INDEX]), len(d.vocab.answers))), True)
+    got["retrieval"], _ = evaluate(setting, "retrieval",
+                                   filled(lambda d, b: (len(b[K.INPUT_IDS]),)), True)
+    for name in ("refcoco+", "refcoco+-gt"):     # raised IndexError on NaN
+        got[name], _ = evaluate(setting, name, filled(
+            lambda d, b: tuple(b[K.REGION_MASK].shape)), True)
+    for name, metrics in got.items():
+        scored = {k: v for k, v in metrics.items() if k != "answer_coverage"}
+        assert scored == {k: 0.0 for k in scored}, name
+
+
+def test_the_report_reads_each_benchmarks_headline():
+    """``Benchmark.primary`` is what the finetune's summary prints for a benchmark that is
+    not a Meta-Sum part itself (retrieval's r_mean, VE's accuracy)."""
+    from vlp.platform.finetune.run import BenchmarkReport, DownstreamReport
+
+    reports = {"retrieval": BenchmarkReport("retrieval", {"ir_mean": 40.0, "tr_mean": 50.0,
+                                                          "r_mean": 45.0}, 1, 0.0, "",
+                                            primary=get_benchmark("retrieval").primary),
+               "ve": BenchmarkReport("ve", {"ve_acc": 61.0}, 1, 0.0, "",
+                                     primary=get_benchmark("ve").primary)}
+    lines = DownstreamReport({"ir": 40.0, "tr": 50.0}, None, reports).lines()
+    assert lines[:4] == ["ir 40.00", "tr 50.00", "retrieval 45.00", "ve 61.00"]
+
+
+def test_refcoco_says_which_boxes_it_scored(setting):
+    """vlp's detected boxes are the shard's own detector regions, not MAttNet's detections
+    (the papers' val^d): the output says so, so its absolute score is not read as theirs."""
+    family, data_cfg = setting
+    for name, words in (("refcoco+", "not MAttNet's"), ("refcoco+-gt", "ground-truth")):
+        bench = get_benchmark(name)
+        ctx = BenchmarkContext(data_cfg, bench.options({}), family, "val", 0)
+        data = bench.eval_data(ctx)
+        answer = lambda b, right: np.where(b[K.REGION_MASK].bool().numpy(), 0.0, -1e4)  # noqa
+        result = bench.evaluate(ctx, data, EvalRunner(Oracle(answer, True), batch_size=7))
+        assert words in result.notes["boxes"]

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from vlp.platform.tracking.leaderboard import load_leaderboard
+from vlp.platform.tracking.leaderboard import load_leaderboard, ranking_verdict
 from vlp.platform.tracking.leaderboard_export import log_leaderboard
 from vlp.platform.tracking.leaderboard_stats import (estimate, indistinguishable, pooled_variance,
                                                      t_quantile, t_two_sided_p, welch_p)
@@ -230,3 +230,43 @@ def test_asha_stopping_every_pretrained_mix_still_gets_a_verdict(tmp_path):
     low = pretraining_verdict(store("low", 0.0))
     assert "RefCOCO+ 30.00" in low and "below, beyond seed noise" in low
     assert "does not separate pretraining from none" in low
+
+
+def test_a_nonfinite_meta_sum_is_a_failed_line_last_and_never_best(tmp_path):
+    """A diverged model's NaN (or inf) Meta-Sum: before, NaN sorted first (-(nan) compares
+    false) and max() kept it as best; a NaN seed made its line's mean NaN."""
+    uri, parent = make_store(tmp_path, (100.0, 104.0, 96.0))
+    _trial(parent, "t006", TrialPoint.of({"itm": 1}),
+           {"meta_sum": math.nan, "score": math.nan, "vqa": math.nan})
+    _trial(parent, "t007", TrialPoint.of({"mrfr": 1}), {"meta_sum": math.inf, "score": 1e9})
+    _trial(parent, "t008", TrialPoint.of({"mrc": 1}),       # one of its 2 seeds diverged
+           {"meta_sum": math.nan, "score": math.nan, "seed0.meta_sum": 200.0,
+            "seed1.meta_sum": math.nan})
+    board = load_leaderboard(uri, parent.run_id)
+    order = [r.trial for r in board.rows]
+    assert order[:4] == ["t002", "t004", "t003", "t001"]
+    assert sorted(order[4:]) == ["t006", "t007", "t008"]
+    assert board.best().trial == "t002"
+    rows = {r.trial: r for r in board.rows}
+    for t in ("t006", "t007", "t008"):
+        r = rows[t]
+        assert (r.state, r.meta_sum, r.verdict) == ("failed", None, "")
+        assert "meta_sum" not in r.est and "failed after stage 4/4: Meta-Sum is " in r.status()
+    assert rows["t002"].verdict == "best"
+    assert ranking_verdict(board)[0].startswith("best: t002")
+    md = board.markdown().splitlines()
+    assert all(": Meta-Sum is" in line and "| – |" in line for line in md[-3:])
+
+
+def test_best_and_noise_skip_a_nan_row_built_directly():
+    from vlp.platform.tracking.leaderboard import Leaderboard, Row, sort_key
+
+    def row(name, meta):
+        return Row(name, "", "", "", "", meta, {}, meta, None, None, "completed", None, None,
+                   name, seed_values={"meta_sum": [meta]})
+
+    rows = [row("nan", math.nan), row("a", 120.0), row("b", 110.0)]
+    board = Leaderboard("s", "search", "p", rows)
+    board.estimate_noise()
+    assert board.best().trial == "a" and rows[0].verdict == ""
+    assert [r.trial for r in sorted(rows, key=sort_key)] == ["a", "b", "nan"]

@@ -68,8 +68,12 @@ def test_mrc_hard_label_excludes_background():
     torch.testing.assert_close(model(derived, task="mrc")["mrc_loss"], expected)
 
 
-def test_mrfr_regresses_raw_features_with_mse():
-    model, spec, _ = create_model("uniter-tiny", tasks=["mrfr"], region_feat_dim=16)
+@pytest.mark.parametrize("reduction", ["sum-features", "mean-elements"])
+def test_mrfr_regresses_raw_features_with_squared_l2(reduction):
+    """sum-features (default): UNITER §3.2's Σᵢ‖h − r‖²₂ per masked region, mean over regions;
+    mean-elements: the reference code's MSE (mean over regions × D)."""
+    model, spec, _ = create_model("uniter-tiny", tasks=["mrfr"], region_feat_dim=16,
+                                  overrides={"mrfr_reduction": reduction})
     model.eval()
     batch = example_batch(spec, "mrfr")
     enc = model.backbone(batch)
@@ -77,8 +81,9 @@ def test_mrfr_regresses_raw_features_with_mse():
     pred = model.heads["mrfr"](enc.select_regions(select))
     target = batch[bs.REGION_FEAT_TARGETS][select]
     assert target.abs().sum() > 0  # targets are the features before zeroing
-    torch.testing.assert_close(model(batch, task="mrfr")["mrfr_loss"],
-                               ((pred - target) ** 2).mean())
+    per_region = ((pred - target) ** 2).sum(-1)            # [M]: ‖h − r‖²₂
+    expected = per_region.mean() if reduction == "sum-features" else per_region.mean() / 16
+    torch.testing.assert_close(model(batch, task="mrfr")["mrfr_loss"], expected)
 
 
 @pytest.mark.parametrize("family,task", [("uniter-tiny", "mlm"), ("uniter-tiny", "mrc-kl"),

@@ -66,9 +66,11 @@ def test_data_section_offers_every_pipeline_option_the_model_does_not_decide():
                                   "text_segment_types"}   # model.token_types decides it
     assert section == set(PipelineOptions.model_fields)
     defaults = DataSection()
-    for name in section:           # one definition: the pipeline's defaults
+    for name in section - {"regions"}:     # one definition: the pipeline's defaults
         assert getattr(defaults, name) == DataConfig.model_fields[name].get_default(
             call_default_factory=True), name
+    # regions: null = the family's paper's selection (data_config.family_regions)
+    assert defaults.regions is None
     # the one renamed option: its YAML key in the experiment config, its checks shared
     assert defaults.batch_input_units == defaults.batch_units
     assert DataSection.model_fields["batch_units"].alias == "batch_input_units"
@@ -94,7 +96,8 @@ def test_finetune_default_lr_scales_with_width_and_a_set_lr_is_kept():
 # None: left to issue 29's rework of that recipe (VL-BERT's warm-up and batch, SOHO's
 # schedule), checked there.
 PAPER_RECIPES = {
-    # UNITER Appendix A.1 / release: 200k steps, 10240 units per GPU, lr 5e-5, 10k warm-up
+    # UNITER's reference code (its in-domain base config; the paper states none of these):
+    # 200k steps, 10240 units per GPU, lr 5e-5, 10k warm-up
     "uniter-base-indomain": (200_000, 10_240, 5e-5, 10_000),
     # UNITER-large (release config): 500k steps, 6144 units per 16 GB V100, lr 5e-5, 10k
     "uniter-large": (500_000, 6_144, 5e-5, 10_000),
@@ -102,8 +105,9 @@ PAPER_RECIPES = {
     "uniter-base-vcr-stage2": (60_000, 4_096, 3e-4, None),
     # VL-BERT §4 (as issue 29 reads it): lr 1e-4
     "vlbert-base": (None, None, 1e-4, None),
-    # ImageBERT §4.2: Adam lr 1e-4, batch 48 examples (≈ 4096 units), two stages
-    "imagebert-base-two-stage": (250_000, 4_096, 1e-4, None),
+    # ImageBERT §5.1: Adam lr 1e-4, batch 48 of 144-position sequences (48 × 144 units),
+    # two stages (§4.2)
+    "imagebert-base-two-stage": (250_000, 6_912, 1e-4, None),
     # SOHO §4.1: AdamW lr 1e-4 for the Transformer
     "soho-r18-l3": (None, None, 1e-4, None),
 }
@@ -129,3 +133,28 @@ def test_soho_recipe_trains_the_cnn_by_sgd_frozen_for_a_quarter_of_the_steps():
     o = cfg.optimizer
     assert (o.cnn, o.cnn_lr, o.cnn_weight_decay) == ("sgd", 1e-2, 5e-4)
     assert cfg.model.cold_start_steps * 4 == cfg.total_steps()
+
+
+@pytest.mark.parametrize("path", PRETRAIN, ids=lambda p: p.name)
+def test_every_pretraining_config_masks_at_the_papers_15_percent(path):
+    """UNITER §3.1 (words and regions), VL-BERT §3.3 (words and RoIs), ImageBERT §4.3 (MLM
+    and MOC): 15%. Most configs leave data.mask_prob to the default, so this pins it."""
+    assert load_pretrain_config(path).data.pipeline_options()["mask_prob"] == 0.15
+    assert PipelineOptions().mask_prob == 0.15
+
+
+def test_imagebert_takes_the_top_100_rois_by_confidence():
+    """§5.3: "the top-100 ranked objects ordered by confidence scores" (Table 4: 36 vs 100
+    RoIs moves IR R@1 by 4.3); §5.1: 144 positions, 100 of them visual."""
+    cfg = load_pretrain_config(CONFIGS[0].parent / "imagebert-base-two-stage.yaml")
+    assert cfg.data.regions.fixed_regions == 100
+    assert cfg.data.max_text_len + 2 + cfg.data.regions.max_per_image() == 144
+
+
+def test_vlbert_batches_256_pairs_per_step():
+    """VL-BERT §4.1: 256 pairs per batch. Budgeted in pairs (data.batch_examples) beside the
+    units budget, which is large enough for 32 of the longest pairs, so 32 × 8 workers hold."""
+    cfg = load_pretrain_config(CONFIGS[0].parent / "vlbert-base.yaml")
+    d = cfg.data
+    assert d.batch_examples * cfg.scaling.num_workers * cfg.train.grad_accum == 256
+    assert d.batch_input_units >= d.batch_examples * (d.max_example_units() + 2)

@@ -1,4 +1,6 @@
-"""The pretraining objective, sampled vs summed, by the finetuned Meta-Sum (issue 18, item 3).
+"""The pretraining objective by the finetuned Meta-Sum: sampled vs summed (issue 18, item 3),
+or with ``--compare mrfr`` MRFR's loss on the papers' scale vs the reference code's (issue 39:
+``model.mrfr_reduction`` sum-features vs mean-elements, the family's paper objective).
 
 For each family (default imagebert-tiny and soho-tiny; vlbert-tiny on request), objective and
 seed: pretrain on the
@@ -13,6 +15,8 @@ std over seeds.
         --pretrain-steps 60 --finetune-steps 60 --out runs/objective-compare
     python jobs/benchmarks/objective_compare.py --world runs/demo/world --seeds 0 1 2
                            # the issue's size: demo world, 3 seeds, the demo sweep's budget
+    python jobs/benchmarks/objective_compare.py --compare mrfr --families imagebert-tiny \
+        --scale tiny --seeds 0 1 2 --pretrain-steps 40 --finetune-steps 40 --pretrain-mode local
 
 Mixes: each family's paper tasks at equal ratios (the papers' loss weight 1 each under
 summed; equal draw shares under sampled). SOHO reads pixels and RefCOCO+ scores detected
@@ -39,6 +43,9 @@ MIXES = {"imagebert-tiny": {"mlm": 1.0, "moc": 1.0, "mrfr": 1.0, "itm": 1.0},
          # RoIs masked together (the family's forward group: "summed-joint")
          "vlbert-tiny": {"mlm": 1.0, "mrc-vlbert": 1.0, "sirp": 1.0}}
 OBJECTIVES = ("sampled", "summed")
+# --compare → the arms: (name, train.objective, model.mrfr_reduction); "" = the family's
+ARMS = {"objective": [(o, o, "") for o in OBJECTIVES],
+        "mrfr": [("mrfr-" + r, "", r) for r in ("sum-features", "mean-elements")]}
 
 
 def figure(name: str, value: float, unit: str = "") -> None:
@@ -57,6 +64,8 @@ def main() -> int:
     p.add_argument("--out", default="runs/objective-compare", help="runs folder")
     p.add_argument("--world", type=Path, help="world folder (default: a cached synthetic one)")
     p.add_argument("--scale", default="demo", help="the cached world's scale without --world")
+    p.add_argument("--compare", choices=list(ARMS), default="objective",
+                   help="objective: sampled vs summed; mrfr: MRFR's scale (families with mrfr)")
     p.add_argument("--families", nargs="+", default=["imagebert-tiny", "soho-tiny"],
                    choices=list(MIXES))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -90,8 +99,11 @@ def main() -> int:
                       or b != "refcoco+"]
         parts = [p.name for b in benchmarks for p in parts_of(b)]
         label = "meta_sum" if len(parts) == len(PART_NAMES) else "parts_sum"
-        for objective in OBJECTIVES:
-            arm = f"{family}.{objective}"
+        for arm_name, objective, reduction in ARMS[args.compare]:
+            if reduction and "mrfr" not in MIXES[family]:
+                print(f"# {family} has no mrfr task: skipped", flush=True)
+                break
+            arm = f"{family}.{arm_name}"
             for seed in args.seeds:
                 t = time.perf_counter()
                 budget = f"{args.pretrain_steps}x{args.pretrain_units}"
@@ -99,7 +111,7 @@ def main() -> int:
                                 family=family, tasks=MIXES[family], steps=args.pretrain_steps,
                                 lr=args.pretrain_lr, batch_units=args.pretrain_units,
                                 seed=seed, mode=args.pretrain_mode, objective=objective,
-                                say=lambda s: None)
+                                mrfr_reduction=reduction, say=lambda s: None)
                 figure(f"{arm}.s{seed}.pretrain_s", time.perf_counter() - t, "s")
                 figure(f"{arm}.s{seed}.examples_seen", examples_seen(ckpt))
                 t = time.perf_counter()

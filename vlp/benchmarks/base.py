@@ -54,6 +54,7 @@ class BenchmarkContext:
 class EvalResult:
     metrics: dict[str, float]                       # percentages, like UNITER's tables
     predictions: list[dict] = field(default_factory=list)   # one record per query
+    notes: dict[str, str] = field(default_factory=dict)     # what the scores rest on, in words
 
 
 class Benchmark:

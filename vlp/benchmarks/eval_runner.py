@@ -23,6 +23,8 @@ class EvalRunner:
     world_size: int = 1
     batch_size: int = 128            # rows per forward pass
     device: torch.device = torch.device("cpu")
+    # scores rank 0 received that were NaN or ±inf (they score nothing: vlp.benchmarks.accuracy)
+    nonfinite: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -68,6 +70,11 @@ class EvalRunner:
         dist.all_gather_object(out, local)
         return out if self.is_main else None
 
+    def count_nonfinite(self, scores: np.ndarray) -> np.ndarray:
+        """``scores`` (rank 0's gathered predictions), their NaN/±inf added to ``nonfinite``."""
+        self.nonfinite += int(np.size(scores) - np.isfinite(scores).sum())
+        return scores
+
     def predict_sharded(self, make_batch: Callable[[np.ndarray], dict[str, torch.Tensor]],
                         n: int, batch_size: int | None = None,
                         post: Callable[[np.ndarray], np.ndarray] | None = None
@@ -77,4 +84,5 @@ class EvalRunner:
         if parts is None:
             return None
         parts = [p for p in parts if len(p)]
-        return np.concatenate(parts, 0) if parts else np.zeros((0,), np.float32)
+        return self.count_nonfinite(np.concatenate(parts, 0) if parts
+                                    else np.zeros((0,), np.float32))

@@ -14,11 +14,21 @@ import numpy as np
 from vlp.datasets.downstream.refexp import RefExpData
 from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head
+from vlp.benchmarks.accuracy import tied_maxima
 from vlp.benchmarks.base import Benchmark, EvalResult, TrainDefaults, hidden_size
 from vlp.benchmarks.registry import register
 
 
 IOU_RIGHT = 0.5   # a prediction is right when its box has IoU > 0.5 with the target
+# the papers' val^d scores rank MAttNet's detections (UNITER footnote 9, VL-BERT §4.2.3);
+# vlp's "detected" boxes are the image shard's own detector regions, so its absolute scores
+# compare across vlp's runs, not with the papers' tables: every output says so
+BOX_NOTES = {
+    "detected": "detected = the image shard's own detector regions, not MAttNet's "
+                "detections (the papers' val^d): comparable across vlp runs, not with the "
+                "papers' RefCOCO+ figures",
+    "gt": "ground-truth boxes (features of the annotated boxes)",
+}
 
 
 class RefCocoOptions(ConfigModel):
@@ -54,7 +64,8 @@ class _RefCoco(Benchmark):
 
     def evaluate(self, ctx, data: RefExpData, runner) -> EvalResult | None:
         # scores are [rows, regions] with a region count per batch: pad every batch to the
-        # split's widest so the shards stack (padding scores below any region's)
+        # split's widest so the shards stack (the padding, finite so that it is not counted
+        # as a non-finite score, is cut off again below)
         width = int(max(len(data.region_boxes(k)) for k in range(len(data))))
         scores = runner.predict_sharded(data.batch, len(data), post=lambda s: _pad(s, width))
         if scores is None:
@@ -62,18 +73,21 @@ class _RefCoco(Benchmark):
         pred, hit = [], []
         for k, row in enumerate(scores):
             boxes = data.region_boxes(k)
-            row = row[:len(boxes)]
-            tied = np.flatnonzero(row == row.max())       # ties broken at random: expected hit
-            pred.append(int(tied[0]))
-            hit.append(float((box_iou(boxes[tied], data.target_boxes[k]) > IOU_RIGHT).mean()))
-        boxes = [data.region_boxes(k)[p] for k, p in enumerate(pred)]
+            # ties broken at random: the expected hit; no finite score: no region, no hit
+            tied = np.flatnonzero(tied_maxima(row[None, :len(boxes)])[0])
+            pred.append(int(tied[0]) if len(tied) else -1)
+            hit.append(float((box_iou(boxes[tied], data.target_boxes[k]) > IOU_RIGHT).mean())
+                       if len(tied) else 0.0)
+        boxes = [data.region_boxes(k)[p].tolist() if p >= 0 else None
+                 for k, p in enumerate(pred)]
         return EvalResult({f"{self.task}_acc": 100.0 * float(np.mean(hit))},
-                          [{"ref_id": r, "region": p, "box": b.tolist()}
-                           for r, p, b in zip(data.column("ref_id"), pred, boxes)])
+                          [{"ref_id": r, "region": p, "box": b}
+                           for r, p, b in zip(data.column("ref_id"), pred, boxes)],
+                          {"boxes": BOX_NOTES[self.boxes]})
 
 
 def _pad(scores: np.ndarray, width: int) -> np.ndarray:
-    out = np.full((len(scores), width), -np.inf, np.float32)
+    out = np.full((len(scores), width), np.finfo(np.float32).min, np.float32)
     out[:, :scores.shape[1]] = scores
     return out
 

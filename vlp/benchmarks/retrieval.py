@@ -90,17 +90,18 @@ def score_matrix(data: RetrievalData, runner, pairs_per_batch: int) -> np.ndarra
 
     local = runner.predict(make, np.arange(len(texts) * n_img), pairs_per_batch)
     parts = runner.gather(local.reshape(len(texts), n_img))
-    return None if parts is None else np.concatenate(parts, 0)
+    return None if parts is None else runner.count_nonfinite(np.concatenate(parts, 0))
 
 
 def recall_result(data: RetrievalData, scores: np.ndarray) -> EvalResult:
     metrics = retrieval_recall(scores, data.text_to_image)
     metrics["r_mean"] = (metrics["ir_mean"] + metrics["tr_mean"]) / 2
     caption_ids, image_ids = data.column("caption_id"), data.image_ids
-    top_img = np.argsort(-scores, axis=1, kind="stable")[:, :TOP]
-    top_txt = np.argsort(-scores, axis=0, kind="stable")[:TOP].T
-    true = scores[np.arange(len(scores)), data.text_to_image]
-    ir_rank = (scores > true[:, None]).sum(1)
+    ranked = np.where(np.isfinite(scores), scores, -np.inf)   # non-finite: last
+    top_img = np.argsort(-ranked, axis=1, kind="stable")[:, :TOP]
+    top_txt = np.argsort(-ranked, axis=0, kind="stable")[:TOP].T
+    true = ranked[np.arange(len(scores)), data.text_to_image]
+    ir_rank = np.where(np.isfinite(true), (ranked > true[:, None]).sum(1), len(image_ids))
     preds = [{"query": "text", "caption_id": c, "rank_of_image": int(r),
               "top_images": [image_ids[j] for j in row]}
              for c, r, row in zip(caption_ids, ir_rank, top_img)]
@@ -125,6 +126,10 @@ def retrieval_recall(scores: np.ndarray, text_to_image: Sequence[int],
     pair one score gets chance, R@K = K/N for IR (and 1 - C(N-c, K)/C(N, K) for TR, an
     image with c captions among N texts) — not 100 (ties for the model, counting only
     strictly higher scores) nor 0 (ties against it). Untied scores rank as before.
+
+    Non-finite scores (NaN, ±inf) score nothing: they rank below every finite score and are
+    never a hit, so a query whose true pair's score is not finite scores 0 (NaN compares
+    false with everything, which used to leave a NaN query counted as ranked first).
     """
     scores = np.asarray(scores, dtype=np.float64)
     t2i = np.asarray(text_to_image)
@@ -132,10 +137,14 @@ def retrieval_recall(scores: np.ndarray, text_to_image: Sequence[int],
     if t2i.shape != (n_txt,):
         raise ValueError(f"retrieval_recall: text_to_image has {t2i.shape[0]} entries, "
                          f"scores has {n_txt} texts")
+    # non-finite scores rank below every finite one (-inf, compared strictly) and never hit
+    finite = np.isfinite(scores)
+    scores = np.where(finite, scores, -np.inf)
     # IR: the true image sits uniformly among its ties, after the images scoring higher
     true = scores[np.arange(n_txt), t2i]
+    true_finite = finite[np.arange(n_txt), t2i]
     above = (scores > true[:, None]).sum(1)
-    tied = (scores == true[:, None]).sum(1)            # including the true image
+    tied = np.maximum((scores == true[:, None]).sum(1), 1)      # including the true image
     # TR: per image, the group of texts tied at its best own caption's score
     tr_above, tr_tied, tr_own = [], [], []
     for i in range(n_img):
@@ -143,13 +152,18 @@ def retrieval_recall(scores: np.ndarray, text_to_image: Sequence[int],
         if not own.any():
             continue
         column = scores[:, i]
+        if not finite[own, i].any():                 # no own caption scored: a miss
+            tr_above.append(n_txt)
+            tr_tied.append(1)
+            tr_own.append(1)
+            continue
         best = column[own].max()
         tr_above.append(int((column > best).sum()))
         tr_tied.append(int((column == best).sum()))
         tr_own.append(int((column[own] == best).sum()))
     out = {}
     for k in ks:
-        ir_hit = np.clip(k - above, 0, tied) / tied
+        ir_hit = np.where(true_finite, np.clip(k - above, 0, tied) / tied, 0.0)
         tr_hit = [hit_in_tied_group(k - a, m, j) for a, m, j in zip(tr_above, tr_tied, tr_own)]
         out[f"ir_r{k}"] = 100.0 * float(ir_hit.mean())
         out[f"tr_r{k}"] = 100.0 * float(np.mean(tr_hit))

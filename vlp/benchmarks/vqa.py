@@ -21,7 +21,7 @@ from vlp.models.heads import build_head
 from vlp.contract.config_loader import ConfigModel
 from vlp.benchmarks.base import (Benchmark, BenchmarkContext, EvalResult, TrainDefaults,
                                  hidden_size, layer_norm_eps)
-from vlp.benchmarks.accuracy import tied_maxima
+from vlp.benchmarks.accuracy import mean_over_best, tied_maxima
 from vlp.benchmarks.registry import register
 
 
@@ -137,7 +137,8 @@ def expected_vqa_score(logits: np.ndarray, vocab: Sequence[str],
     """Mean official VQA accuracy in percent of the argmax answer of ``logits`` [questions,
     vocab], ties broken at random (``vlp.benchmarks.accuracy``): a question's credit is the
     mean accuracy of its tied best answers. Only answers an annotator gave earn anything, so
-    each question sums over its (at most 10) distinct annotator answers, not the vocabulary."""
+    each question sums over its (at most 10) distinct annotator answers, not the vocabulary.
+    A non-finite logit is never the answer; a question with none finite earns 0."""
     best = tied_maxima(logits)
     if len(best) != len(answers) or best.shape[1] != len(vocab):
         raise ValueError(f"expected_vqa_score: logits {best.shape} for {len(answers)} "
@@ -151,4 +152,4 @@ def expected_vqa_score(logits: np.ndarray, vocab: Sequence[str],
             tied = int(best[k, columns.get(given, [])].sum())
             if tied:
                 credit[k] += tied * vqa_accuracy(given, gts)
-    return 100.0 * float((credit / best.sum(1)).mean())
+    return 100.0 * float(mean_over_best(best, credit).mean())

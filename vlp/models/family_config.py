@@ -16,10 +16,12 @@ from typing import Any, Mapping
 
 from transformers import BertConfig
 
+from vlp.tasks.mrfr import REDUCTIONS as MRFR_REDUCTIONS
 from vlp.tasks.registry import family_tasks
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
 OBJECTIVES = ("sampled", "summed")   # how a family's pretraining combines its tasks
+TOP_LEVEL_KEYS = ("mrfr_reduction",)    # FamilyConfig fields an override may name
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,10 @@ class FamilyConfig:
     # kind's (PAPER_OBJECTIVE): sampled = one task per micro-batch drawn by mix ratio;
     # summed = every task's loss on the same examples, one backward
     objective: str = ""
+    # MRFR's loss (vlp/tasks/mrfr.py): sum-features = the papers' Σ over the feature width
+    # per masked region (UNITER §3.2, ImageBERT §4.3); mean-elements = the reference code's
+    # mean over regions × width
+    mrfr_reduction: str = "sum-features"
 
     def __post_init__(self) -> None:
         if not self.objective:
@@ -198,6 +204,9 @@ class FamilyConfig:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"family {self.name!r}: objective={self.objective!r}: expected "
                              f"one of {', '.join(OBJECTIVES)}")
+        if self.mrfr_reduction not in MRFR_REDUCTIONS:
+            raise ValueError(f"family {self.name!r}: mrfr_reduction={self.mrfr_reduction!r}: "
+                             f"expected one of {', '.join(MRFR_REDUCTIONS)}")
 
     @property
     def forward_groups(self) -> tuple[tuple[str, ...], ...]:
@@ -216,7 +225,11 @@ class FamilyConfig:
 
         An unknown key is an error naming it (a typo must not silently keep the default)."""
         transformer, visual = self.transformer, self.visual
+        top = {}
         for key, value in overrides.items():
+            if key in TOP_LEVEL_KEYS:
+                top[key] = value
+                continue
             section, _, name = key.partition(".")
             target = {"transformer": transformer, "visual": visual}.get(section)
             if target is None or not name or name not in {
@@ -226,4 +239,4 @@ class FamilyConfig:
                 transformer = dataclasses.replace(transformer, **{name: value})
             else:
                 visual = dataclasses.replace(visual, **{name: value})
-        return dataclasses.replace(self, transformer=transformer, visual=visual)
+        return dataclasses.replace(self, transformer=transformer, visual=visual, **top)

@@ -3,7 +3,16 @@
 Masking: UNITER's region masking (see ``mrc.py``), the raw features kept as targets. Head (UNITER's
 ``feat_regress``): Linear(H, H) → GELU → LN → a projection to D whose weight is
 the image embedder's feature Linear weight, transposed (tied), + its own bias. Target: the
-raw feature before masking (not normalised). Loss: MSE, mean over masked regions × D.
+raw feature before masking (not normalised).
+
+Loss, by the family's ``mrfr_reduction`` (``model.mrfr_reduction`` in a run's config):
+
+- ``sum-features`` (the default; the papers'): Σ_d (h − r)² per masked region, the mean over
+  the masked regions — UNITER §3.2 "Σᵢ ‖h_θ(v_m⁽ⁱ⁾) − r(v_m⁽ⁱ⁾)‖²₂", ImageBERT §4.3 the same
+  sum of squared L2 distances. MRC-kl's KL is summed over classes the same way, so the two
+  region losses keep the papers' relative weight.
+- ``mean-elements``: the reference code's ``F.mse_loss``, the mean over masked regions × D:
+  D times smaller (2,048× at BUTD's width).
 """
 
 from __future__ import annotations
@@ -22,9 +31,24 @@ from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 
 
+REDUCTIONS = ("sum-features", "mean-elements")
+
+
+def mrfr_loss(prediction: torch.Tensor, target: torch.Tensor, reduction: str) -> torch.Tensor:
+    """[M, D] predictions and raw targets of M masked regions → the scalar loss (module
+    docstring), in fp32."""
+    squared = (prediction.float() - target.float()).square()
+    if reduction == "sum-features":
+        return squared.sum(-1).mean()
+    if reduction == "mean-elements":
+        return squared.mean()
+    raise ValueError(f"mrfr_reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)}")
+
+
 class RegionFeatureRegression(nn.Module):
     def __init__(self, ctx: HeadContext):
         super().__init__()
+        self.reduction = ctx.backbone.family.mrfr_reduction
         projection = getattr(ctx.backbone.visual, "feature_projection", None)
         if projection is None:
             raise ValueError(f"mrfr needs a region family (a feature Linear to tie to); "
@@ -66,4 +90,4 @@ class MaskedRegionFeatureRegression(Task):
             return {"mrfr_loss": zero_loss(enc)}
         target = require(batch, bs.REGION_FEAT_TARGETS, "mrfr")[targets[0], targets[1]]
         prediction = head(enc.regions_at(targets))
-        return {"mrfr_loss": F.mse_loss(prediction.float(), target.float())}
+        return {"mrfr_loss": mrfr_loss(prediction, target, head.reduction)}

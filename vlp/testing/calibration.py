@@ -17,9 +17,11 @@ SOURCES = ("coco", "vg", "cc", "sbu")
 
 def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[str, float],
              steps: int, lr: float, batch_units: int, seed: int, mode: str = "auto",
-             dropout: float = 0.1, objective: str = "", say=print) -> str:
+             dropout: float = 0.1, objective: str = "", mrfr_reduction: str = "",
+             say=print) -> str:
     """Pretrain and return the checkpoint path (reused when it exists already).
-    ``objective``: ``train.objective`` ("" = the family's paper's)."""
+    ``objective``: ``train.objective`` ("" = the family's paper's); ``mrfr_reduction``:
+    ``model.mrfr_reduction`` ("" = the family's: the papers' sum over the feature width)."""
     if mode in ("auto", "platform"):
         try:
             from vlp.platform.pretrain.job import load_pretrain_config, pretrain as run_job
@@ -30,7 +32,8 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
         else:
             cfg = load_pretrain_config(data={
                 "run": {"name": name, "output_dir": out_dir, "seed": seed},
-                "model": {"family": family, "dropout": dropout},
+                "model": {"family": family, "dropout": dropout,
+                          "mrfr_reduction": mrfr_reduction},
                 "data": {"sources": {s: {"path": f"{world}/images/{s}"} for s in SOURCES},
                          "batch_input_units": batch_units},
                 "tasks": tasks, "train": {"steps": steps, "log_every": max(1, steps // 10),
@@ -41,12 +44,14 @@ def pretrain(world: str, out_dir: str, name: str, *, family: str, tasks: dict[st
             return run_job(cfg, progress=False, say=say).checkpoint_path
     return local_pretrain(world, str(Path(out_dir) / f"{name}.pt"), family=family, tasks=tasks,
                           steps=steps, lr=lr, batch_units=batch_units, seed=seed,
-                          dropout=dropout, objective=objective, say=say)
+                          dropout=dropout, objective=objective,
+                          mrfr_reduction=mrfr_reduction, say=say)
 
 
 def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float], steps: int,
                    lr: float, batch_units: int, seed: int, dropout: float = 0.1,
-                   objective: str = "", say=print, every: int = 0, on_every=None) -> str:
+                   objective: str = "", mrfr_reduction: str = "", say=print, every: int = 0,
+                   on_every=None) -> str:
     """``on_every(step, model, spec)`` (``spec``: ``create_model``'s) runs after every
     ``every``-th step (e.g. a probe), in eval mode; training resumes in train mode after it."""
     from vlp.datasets.storage.world import load_manifest
@@ -67,7 +72,9 @@ def local_pretrain(world: str, out: str, *, family: str, tasks: dict[str, float]
     model, spec, _ = create_model(family, list(tasks), region_feat_dim=m.feature_dim,
                                   num_classes=m.num_classes or 1601,
                                   overrides={"transformer.hidden_dropout": dropout,
-                                             "transformer.attention_dropout": dropout})
+                                             "transformer.attention_dropout": dropout,
+                                             **({"mrfr_reduction": mrfr_reduction}
+                                                if mrfr_reduction else {})})
     # the model's preprocessing decides the input (ImageBERT's 5-d locations, SOHO's pixels)
     plan = plan_data(DataConfig.for_model(spec, sources, batch_units=batch_units, seed=seed),
                      tasks, model=spec)

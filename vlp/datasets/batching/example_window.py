@@ -119,7 +119,8 @@ class ExampleWindow:
                       items.aged)
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
                                         packed=False, sort=self.cfg.bucketing,
-                                        keep_tails=final)
+                                        keep_tails=final,
+                                        max_examples=self.cfg.batch_examples)
         self._carry_tails(items, tails, E, batches)
         order = np.argsort(owner, kind="stable")
         starts = np.searchsorted(owner[order], np.arange(len(items) + 1))
@@ -139,7 +140,8 @@ class ExampleWindow:
         refs, T, V, E, _ = self._pair_examples(blocks, items)   # one example per item
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
                                         packed=True, sort=self.cfg.bucketing,
-                                        keep_tails=final)
+                                        keep_tails=final,
+                                        max_examples=self.cfg.batch_examples)
         self._carry_tails(items, tails, E, batches)
         return [refs.take(b) for b in batches if len(b)]
 

@@ -21,9 +21,13 @@ import numpy as np
 
 def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
                    rng: np.random.Generator, *, examples: np.ndarray | None = None,
-                   packed: bool = True, sort: bool = True, keep_tails: bool = True
-                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                   packed: bool = True, sort: bool = True, keep_tails: bool = True,
+                   max_examples: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split item indices into batches; returns (batches in shuffled order, tails).
+
+    A batch holds at most ``budget`` input units (examples × its longest row) and, when
+    ``max_examples`` > 0, at most that many examples (a paper's batch in pairs: VL-BERT's 256;
+    an item bringing more examples than that alone still makes a batch of its own).
 
     ``examples[i]`` is how many examples item i contributes (1 by default). With
     ``keep_tails=False`` the last, partly filled batch of each band is returned in ``tails``
@@ -46,7 +50,7 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
         chunks = [c[np.lexsort((V[c], T[c]))] for c in np.array_split(order, bands)]
     batches, tails = [], []
     for chunk in chunks:
-        cut = _greedy_cut(chunk, T, V, E, budget, packed)
+        cut = _greedy_cut(chunk, T, V, E, budget, packed, max_examples)
         if not keep_tails and cut:
             tails.append(cut.pop())
         batches += cut
@@ -72,7 +76,9 @@ def _band_count(T: np.ndarray, V: np.ndarray, E: np.ndarray, budget: int) -> int
     return int(np.clip(round(math.sqrt(k * sV / sT)), 1, min(k, len(T))))
 
 
-def _greedy_cut(idx: np.ndarray, T, V, E, budget: int, packed: bool) -> list[np.ndarray]:
+def _greedy_cut(idx: np.ndarray, T, V, E, budget: int, packed: bool,
+                max_examples: int = 0) -> list[np.ndarray]:
+    cap = max_examples or np.iinfo(np.int64).max
     batches, start, count, mt, mv = [], 0, 0, 0, 0
     t, v, e = T[idx].tolist(), V[idx].tolist(), E[idx].tolist()
     for j in range(len(idx)):
@@ -80,7 +86,7 @@ def _greedy_cut(idx: np.ndarray, T, V, E, budget: int, packed: bool) -> list[np.
             nt, nv = max(mt, t[j] + v[j]), 0
         else:
             nt, nv = max(mt, t[j]), max(mv, v[j])
-        if count and (count + e[j]) * (nt + nv) > budget:
+        if count and ((count + e[j]) * (nt + nv) > budget or count + e[j] > cap):
             batches.append(idx[start:j])
             start, count = j, 0
             nt, nv = (t[j] + v[j], 0) if packed else (t[j], v[j])

@@ -94,7 +94,8 @@ class PretrainBatches:
         if any(get_task(t).text_only for t in plan.tasks):
             self.text = TextCorpusBatches(
                 self.cfg.text_corpus, self.tok, self.ctx, max_text_len=self.cfg.max_text_len,
-                batch_units=self.cfg.batch_units, feature_dim=plan.feature_dim,
+                batch_units=self.cfg.batch_units, batch_examples=self.cfg.batch_examples,
+                feature_dim=plan.feature_dim,
                 loc_dim=plan.loc_dim, seed=self.cfg.seed, rank=rank, world_size=world_size)
 
     # ---- the train loop's API ---------------------------------------------------------------

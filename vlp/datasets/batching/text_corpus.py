@@ -47,10 +47,11 @@ def corpus_files(path: str) -> list[Path]:
 class TextCorpusBatches:
     def __init__(self, path: str, tok, ctx: MaskContext, *, max_text_len: int,
                  batch_units: int, feature_dim: int, loc_dim: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, batch_examples: int = 0):
         self.files = corpus_files(path)
         self.tok, self.ctx = tok, ctx
         self.max_text_len, self.batch_units = max_text_len, batch_units
+        self.batch_examples = batch_examples or batch_units   # 0: the units budget alone
         self.feature_dim, self.loc_dim = feature_dim, loc_dim
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch, self.served_in_epoch, self._skip = 0, 0, 0
@@ -91,7 +92,8 @@ class TextCorpusBatches:
                 continue
             ids = flat[starts[i]:starts[i] + min(int(n), self.max_text_len)]
             w = max(width, len(ids) + 2)
-            if batch and w * (len(batch) + 1) > self.batch_units:
+            if batch and (w * (len(batch) + 1) > self.batch_units
+                          or len(batch) + 1 > self.batch_examples):
                 yield batch
                 batch, w = [], len(ids) + 2
             batch.append(ids)

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from vlp.contract.config_loader import ConfigModel
-from vlp.datasets.stream.data_config import PixelConfig, RegionConfig
+from vlp.datasets.stream.data_config import PixelConfig, RegionConfig, family_regions
 
 # PreprocessSpec.location_kind → the pipeline's LOCATION_FEATURES key
 LOCATION_OF_KIND = {"uniter7": "uniter", "imagebert5": "imagebert", "box4": "vlbert"}
@@ -40,8 +40,10 @@ def data_config_for(spec, world: str, **overrides) -> DownstreamDataConfig:
               image_feat=spec.needs_image_feat,
               max_text_len=min(60, spec.max_text_positions - 4))
     if visual == "regions":
+        # the family's paper's region selection, as its pretraining saw them
         kw.update(location=LOCATION_OF_KIND[spec.location_kind],
-                  feature_dim=int(spec.region_feat_dim or 0))
+                  feature_dim=int(spec.region_feat_dim or 0),
+                  regions=family_regions(spec.family))
     else:
         kw["pixels"] = PixelConfig(mean=tuple(spec.pixel_mean), std=tuple(spec.pixel_std))
     kw.update(overrides)

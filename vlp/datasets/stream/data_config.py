@@ -58,6 +58,38 @@ class RegionConfig(ConfigModel, frozen=True):
             yield "max_regions", f"is {self.max_regions}, below min_regions {self.min_regions}"
 
 
+# ---- each family's paper's region selection ------------------------------------------------
+#
+# The default wherever a run does not set ``regions`` (pretraining without a recipe, a sweep,
+# finetuning), so that a family is never fed UNITER's rule by accident:
+# - UNITER: detector confidence > 0.2, 10 to 100 regions (the reference code's BUTD
+#   features; the paper states none): ``RegionConfig()``'s defaults;
+# - VL-BERT: "at most 100 RoIs with detection scores higher than 0.5, and at least 10 RoIs"
+#   (§4.1);
+# - ImageBERT: "the top-100 ranked objects ordered by confidence scores" (§5.3; §5.1: 144
+#   positions, 100 of them visual);
+# - SOHO reads pixels: no regions.
+# A family's kind is the first part of its registered name (``vlbert-base`` → vlbert; every
+# registered family is named so, tests/test_family_defaults.py checks it), so that configs
+# can be completed without importing the model zoo.
+
+FAMILY_REGIONS = {
+    "uniter": RegionConfig(),
+    "vlbert": RegionConfig(conf_threshold=0.5, min_regions=10, max_regions=100),
+    "imagebert": RegionConfig(fixed_regions=100),
+}
+
+
+def family_kind(family: str) -> str:
+    """``uniter-base`` → ``uniter``: the embedder kind the family's name starts with."""
+    return family.split("-", 1)[0]
+
+
+def family_regions(family: str) -> RegionConfig:
+    """The region selection of ``family``'s paper (UNITER's rule for an unknown kind)."""
+    return FAMILY_REGIONS.get(family_kind(family), RegionConfig())
+
+
 class PixelConfig(ConfigModel, frozen=True):
     """SOHO's end-to-end input. The paper resizes to shorter side 600 / longer ≤ 1000; the
     defaults are small because the synthetic world renders small scenes."""
@@ -100,6 +132,10 @@ class PipelineOptions(ConfigModel):
                                       # () = the class names in the sources' world manifest
     itm_neg_prob: float = Field(0.5, ge=0, le=1)
     batch_units: int = batch_units_field()
+    # per worker per batch, at most this many examples (image-text pairs) beside the units
+    # budget; 0 = none. A paper that gives its batch in pairs (VL-BERT §4.1: 256) holds it
+    # whatever the rows' lengths, the units budget then only bounds memory
+    batch_examples: int = Field(0, ge=0)
     bucket_window: int = Field(4096, ge=1)   # examples sorted by length together (UNITER:
                                       # 8192); the window holds their images, so memory ∝ this
     bucketing: bool = True            # False: cut the window in random order (a baseline)
@@ -207,7 +243,8 @@ class DataConfig(PipelineOptions, frozen=True):
                   ) -> "DataConfig":
         """The config that feeds a model built by ``vlp.models.create_model``: its
         ``PreprocessSpec`` decides the visual input, location encoding, whole-image feature,
-        vocabulary, text length and image sizes; ``overrides`` set any other field."""
+        vocabulary, text length and image sizes, and its family the region selection unless
+        ``regions`` is given (``family_regions``); ``overrides`` set any other field."""
         kw: dict[str, Any] = dict(
             visual=preprocess.input_kind,
             image_feat=bool(getattr(preprocess, "needs_image_feat", False)),
@@ -215,6 +252,10 @@ class DataConfig(PipelineOptions, frozen=True):
             max_text_len=min(60, int(preprocess.max_text_positions) - 2))
         if preprocess.location_kind:
             kw["location"] = preprocess.location_kind
+        if overrides.get("regions", 0) is None:
+            del overrides["regions"]            # null: not given
+        if preprocess.input_kind == "regions" and "regions" not in overrides:
+            kw["regions"] = family_regions(preprocess.family)   # the family's paper's
         if preprocess.input_kind == "pixels" and preprocess.image_min_side:
             px = {"shorter_side": preprocess.image_min_side,
                   "longer_max": preprocess.image_max_side or preprocess.image_min_side}

@@ -138,13 +138,26 @@ class FinetuneComponents:
         result = bench.evaluate(self.ctx, data, runner)
         if result is None:      # not rank 0
             return None
-        out = {"metrics": result.metrics, "eval_split": self.ctx.eval_split,
+        if bench.primary not in result.metrics:     # the headline every report reads
+            raise RuntimeError(f"benchmark {self.benchmark}'s evaluation has no "
+                               f"{bench.primary!r} (its primary metric); it reported "
+                               f"{sorted(result.metrics)}")
+        if runner.nonfinite:    # scored as nothing; said, so a diverged model's 0 is explained
+            result.metrics["nonfinite_scores"] = float(runner.nonfinite)
+            print(f"[finetune] {self.benchmark}: {runner.nonfinite} of the model's scores are "
+                  f"NaN or ±inf; each ranks below every finite score and is never a hit",
+                  flush=True)
+        for key, note in result.notes.items():
+            print(f"[finetune] {self.benchmark} {key}: {note}", flush=True)
+        out = {"metrics": result.metrics, "primary": bench.primary, "notes": result.notes,
+               "eval_split": self.ctx.eval_split,
                "eval_examples": len(data), "predictions": None}
         if self.predictions_dir:
             out["predictions"] = write_predictions(
                 self.predictions_dir, f"{bench.task}-{self.ctx.eval_split}.json",
                 {"benchmark": self.benchmark, "split": self.ctx.eval_split,
-                 "metrics": result.metrics, "predictions": result.predictions})
+                 "metrics": result.metrics, "notes": result.notes,
+                 "predictions": result.predictions})
         return out
 
     def with_(self, **changes) -> "FinetuneComponents":

@@ -51,6 +51,11 @@ class BenchmarkReport:
     eval_examples: int = 0
     protocol: str = ""           # the head or loss it was finetuned with ("" = only one)
     protocol_source: str = ""    # the family's paper (section), UNITER's, or set
+    primary: str = ""            # the benchmark's headline metric (Benchmark.primary)
+
+    @property
+    def headline(self) -> float:
+        return self.metrics[self.primary]
 
 
 @dataclass
@@ -67,12 +72,16 @@ class DownstreamReport:
         return {b.name: b.protocol for b in self.benchmarks.values() if b.protocol}
 
     def lines(self) -> list[str]:
-        """One figure per line (``name value``); each finetune's protocol after its figures
-        (``retrieval.protocol binary (ImageBERT §5.3)``): a score means something only with
-        the head and loss it was finetuned with."""
+        """One figure per line (``name value``): the Meta-Sum parts, Meta-Sum, the headline of
+        each benchmark that is not a part itself (retrieval: r_mean; ve, vcr, ...), then
+        every metric, each finetune's protocol after its figures (``retrieval.protocol binary
+        (ImageBERT §5.3)``): a score means something only with the head and loss it was
+        finetuned with."""
         out = [f"{k} {v:.2f}" for k, v in self.scores.items()]
         if self.meta_sum is not None:
             out.append(f"meta_sum {self.meta_sum:.2f}")
+        out += [f"{b.name} {b.headline:.2f}" for b in self.benchmarks.values()
+                if b.primary and b.name not in self.scores]
         for b in self.benchmarks.values():
             out += [f"{b.name}.{k} {v:.2f}" for k, v in b.metrics.items()]
             if b.protocol:
@@ -168,7 +177,7 @@ def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
     report = BenchmarkReport(name, dict(after["metrics"]), steps, time.perf_counter() - start,
                              result.run_dir, result.mlflow_run_id, after.get("predictions"),
                              after.get("eval_split", ""), after.get("eval_examples", 0),
-                             protocol, source)
+                             protocol, source, after.get("primary", ""))
     if parent is not None and result.mlflow_run_id:
         params = {f"finetune.{k}": v for k, v in flatten({
             "benchmark": name, "init": cfg.model.init, "checkpoint": cfg.model.checkpoint,

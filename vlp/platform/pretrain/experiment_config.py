@@ -9,7 +9,8 @@ it, with the model's preprocessing, onto one ``DataConfig`` per stage.
 Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
 decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
 except precision (``auto``: bf16 on a bf16-capable GPU, fp32 on CPU) and steps (set them per
-run).
+run). For another family, the optimizer keys a config leaves out are that family's paper's
+(``family_defaults.py``) and so is the region selection (``data_config.family_regions``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vlp.contract.config_loader import ConfigError, ConfigModel, load_config
-from vlp.datasets.stream.data_config import PipelineOptions, batch_units_field
+from vlp.datasets.stream.data_config import PipelineOptions, RegionConfig, batch_units_field
 
 # NVIDIA GPU types as Ray names them (ray.util.accelerators): scaling.accelerator_type
 ACCELERATOR_TYPES = ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
@@ -74,6 +75,10 @@ class ModelSection(ConfigModel):
     # weights and results, fewer host operations: vlp/models/fused_qkv.py); false runs
     # transformers' own three
     fused_qkv: bool = True
+    # MRFR's loss: "" = the family's (sum-features, the papers' Σ over the feature width per
+    # masked region, UNITER §3.2 / ImageBERT §4.3); mean-elements = the reference code's mean
+    # over regions × width (vlp/tasks/mrfr.py)
+    mrfr_reduction: Literal["", "sum-features", "mean-elements"] = ""
 
     def validate(self):
         if not self.family:
@@ -102,6 +107,9 @@ class DataSection(PipelineOptions):
     sources: dict[str, SourceSection] = Field(default_factory=dict)
     # per worker per micro-batch: B × the longest packed row (text + regions)
     batch_units: int = batch_units_field(alias="batch_input_units")
+    # null = the family's paper's selection (data_config.FAMILY_REGIONS: UNITER
+    # conf > 0.2 with 10-100, VL-BERT conf > 0.5 with 10-100, ImageBERT the top 100)
+    regions: RegionConfig | None = None
 
     @property
     def batch_input_units(self) -> int:
@@ -116,6 +124,11 @@ class DataSection(PipelineOptions):
             if not s.path:
                 yield f"sources.{name}.path", "expected a path, got ''"
         yield from super().validate()   # again with the model's input in pretrain_data
+
+    def max_example_units(self) -> int:
+        if self.regions is None:     # every family's default takes at most 100 regions
+            return self.max_text_len + 2 + RegionConfig().max_per_image()
+        return super().max_example_units()
 
     def pipeline_options(self) -> dict:
         """This section as ``DataConfig`` keyword arguments (without sources)."""
@@ -154,9 +167,9 @@ class OptimizerSection(ConfigModel):
 class TrainSection(ConfigModel):
     steps: int = Field(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
     grad_accum: int = Field(1, gt=0)    # micro-batches per optimizer step
-    # how a micro-batch trains the mix: "sampled" = one task drawn by mix ratio (UNITER,
-    # VL-BERT); "summed" = every task's loss on the same examples, one backward (ImageBERT,
-    # SOHO Eq. 9), the ratios as loss weights scaled to a mean of 1 (equal ratios: weight 1
+    # how a micro-batch trains the mix: "sampled" = one task drawn by mix ratio (UNITER);
+    # "summed" = every task's loss on the same examples, one backward (VL-BERT's reference
+    # code, ImageBERT, SOHO Eq. 9), the ratios as loss weights scaled to a mean of 1 (equal ratios: weight 1
     # each, the papers'; 2:2:1:1 → 4/3, 4/3, 2/3, 2/3); "" = the model family's paper's
     objective: Literal["", "sampled", "summed"] = ""
     # under summed: tasks that share one masked batch and one forward (each modality masked
@@ -232,6 +245,16 @@ class ExperimentConfig(ConfigModel):
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     mlflow: MlflowSection = Field(default_factory=MlflowSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, raw: Any) -> Any:
+        """The optimizer keys a config leaves out are its family's paper's, not UNITER's
+        (``family_defaults.py``); the data section's regions likewise (``regions: null``,
+        resolved with the model in ``pretrain/data.py``)."""
+        from vlp.platform.pretrain.family_defaults import with_family_defaults
+
+        return with_family_defaults(raw)
 
     def validate(self):
         """Cross-section rules (task names are checked in ``check_task_names``)."""

@@ -36,6 +36,8 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
                                  "transformer.fused_qkv": model.fused_qkv}
     if model.dictionary_init:
         overrides["visual.dictionary_init"] = model.dictionary_init
+    if model.mrfr_reduction:
+        overrides["mrfr_reduction"] = model.mrfr_reduction
     return dict(family=setup.family, tasks=list(setup.tasks), init=init,
                 region_feat_dim=setup.feature_dim or 2048,
                 num_classes=setup.num_classes or 1601, vocab_size=vocab, overrides=overrides)

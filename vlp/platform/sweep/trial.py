@@ -26,6 +26,7 @@ per replicate, ``seed<k>.<part>`` (what the leaderboard's intervals come from).
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import tempfile
@@ -45,6 +46,10 @@ REPLICATES_FILE = "replicates.json"  # per-replicate progress, written after eac
 ATTEMPTS_FILE = "attempts.jsonl"     # one line per start of the trial function (resume audit)
 TRIAL_TAG = "vlp.sweep.trial"
 JOB_TAG_VALUE = "sweep-trial"
+
+
+class NonFiniteScore(ValueError):
+    """A benchmark's score came back NaN or ±inf: the trial is failed, never ranked."""
 
 
 @dataclass
@@ -224,8 +229,12 @@ def _finetune(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, r
     report = finetune_and_evaluate(**finetune_kwargs(
         ctx.cfg, point, state.checkpoint, bench, trial=name, trial_dir=trial_dir,
         parent_run_id=run_id, seed=state.seed))
-    state.scores.update({k: float(v) for k, v in report.scores.items()})
     state.steps += sum(b.steps for b in report.benchmarks.values())
+    bad = {k: v for k, v in report.scores.items() if not math.isfinite(v)}
+    if bad:    # never averaged into the search's objective: the trial fails, sorted last
+        raise NonFiniteScore(f"{bench} scored {', '.join(f'{k}={v}' for k, v in bad.items())}"
+                             f" for {name}: a non-finite Meta-Sum part fails the trial")
+    state.scores.update({k: float(v) for k, v in report.scores.items()})
 
 
 # ---- a search proposing a point it already ran -------------------------------------------------

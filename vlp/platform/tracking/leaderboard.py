@@ -15,12 +15,17 @@ Noise (``leaderboard_stats``): a line with several seeds gets mean ± the 95% t-
 the mean; a line with one seed gets the pooled spread of the replicated lines when there are
 any, and no interval otherwise. The rule for "not distinguishable from the best line" is
 Welch's two-sided t-test at 5% on Meta-Sum.
+
+A trial whose Meta-Sum (or any seed's) is NaN or ±inf is a failed line: no Meta-Sum, never
+best, no interval, and last in the table (a model that diverged must not top the board; NaN
+compares false with everything, so it used to sort first and win ``max``).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +67,7 @@ class Row:
     p_vs_best: float | None = None
     family: str = ""           # the model family (trial tag; "" in runs logged before it)
     protocol: str = ""         # its finetunes' downstream protocol (leaderboard_protocols.py)
+    nonfinite: bool = False    # its Meta-Sum (or a seed's) was NaN/±inf: failed, sorted last
 
     @property
     def seeds(self) -> int:
@@ -97,7 +103,7 @@ class Leaderboard:
     pooled_df: float = 0.0
 
     def best(self) -> Row | None:
-        done = [r for r in self.rows if r.meta_sum is not None]
+        done = [r for r in self.rows if _finite(r.meta_sum)]
         return max(done, key=lambda r: r.meta_sum) if done else None
 
     def has_intervals(self) -> bool:
@@ -140,7 +146,7 @@ class Leaderboard:
 
     def estimate_noise(self) -> None:
         """Each line's estimates and its verdict against the best line (see the module)."""
-        done = [r for r in self.rows if r.meta_sum is not None]
+        done = [r for r in self.rows if _finite(r.meta_sum)]
         replicated = [r for r in done if len(r.seed_values.get("meta_sum", [])) >= 2]
         self.pooled_from = [f"{r.trial} {r.tasks} ({r.seeds} seeds)" for r in replicated]
         for key in KEYS:
@@ -167,6 +173,21 @@ _NUMERIC = {"#", "Seeds", "Meta-Sum", "Steps"} | {label for _, label in PARTS}
 
 def _md_row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def _finite(v: float | None) -> bool:
+    """Not None, NaN or ±inf; MLflow's SQL stores keep ±inf as ±the largest float, so that
+    counts as infinite too."""
+    return v is not None and math.isfinite(v) and abs(v) < sys.float_info.max
+
+
+def sort_key(r: Row) -> tuple:
+    """A search's order: by mean Meta-Sum, then the score so far (trials stopped early or
+    running), and a line that failed on a non-finite score last."""
+    bad = r.nonfinite or (r.meta_sum is not None and not _finite(r.meta_sum))
+    meta = r.meta_sum if _finite(r.meta_sum) else None
+    return (bad, meta is None, -(meta or 0.0), -(r.score if _finite(r.score) else 0.0),
+            r.trial)
 
 
 def _num(v: float | None) -> str:
@@ -223,8 +244,7 @@ def load_leaderboard(tracking_uri: str, parent_run_id: str) -> Leaderboard:
     if mode.startswith("replay"):
         rows.sort(key=lambda r: r.trial)
     else:
-        rows.sort(key=lambda r: (r.meta_sum is None, -(r.meta_sum or 0.0), -(r.score or 0.0),
-                                 r.trial))
+        rows.sort(key=sort_key)
     return board
 
 
@@ -236,14 +256,27 @@ def _row(run: Any) -> Row:
     if state == "running" and status in ("FAILED", "KILLED"):   # closed by the driver
         state = "failed" if status == "FAILED" else "stopped"
     as_int = lambda k: int(m[k]) if k in m else None   # noqa: E731
+    seeds = _seed_values(m)
+    meta = m.get("meta_sum")
+    error = t.get("vlp.error", "")
+    bad = [v for v in ([meta] if meta is not None else []) + seeds.get("meta_sum", [])
+           if not _finite(v)]
+    if bad:        # a diverged model: a failed line, whatever its parts say
+        state, meta = "failed", None
+        shown = bad[0] if math.isnan(bad[0]) else math.copysign(math.inf, bad[0])
+        error = f"Meta-Sum is {shown} (not finite)" + (f"; {error}" if error else "")
+        seeds = {k: v for k, v in seeds.items() if all(map(_finite, v))}
+        seeds.pop("meta_sum", None)
+    score = m.get("score")
     return Row(trial=t.get("vlp.sweep.trial", run.info.run_name),
                data=t.get("pretraining_data", ""),
                tasks=t.get("mix", ""), ratios=t.get("mix_ratios", ""), init=t.get("init", ""),
-               meta_sum=m.get("meta_sum"), scores={k: m.get(k) for k, _ in PARTS},
-               score=m.get("score"), stage=as_int("stage"), stages=as_int("stages"),
+               meta_sum=meta, scores={k: m.get(k) for k, _ in PARTS},
+               score=score if _finite(score) else None,
+               stage=as_int("stage"), stages=as_int("stages"),
                state=state, steps=as_int("trial_steps"), seconds=m.get("trial_seconds"),
-               run_id=run.info.run_id, error=t.get("vlp.error", ""),
-               point_key=t.get("vlp.point_key", ""), seed_values=_seed_values(m),
+               run_id=run.info.run_id, error=error,
+               point_key=t.get("vlp.point_key", ""), seed_values=seeds, nonfinite=bool(bad),
                family=t.get("family", ""), protocol=t.get("downstream_protocol", ""))
 
 
