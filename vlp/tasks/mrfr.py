@@ -16,7 +16,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import region_targets, zero_loss
+from vlp.tasks.losses import region_targets, target_valid, weighted_mean, zero_loss
 from vlp.tasks.masking_visual import choose_regions, zero_regions
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -66,4 +66,5 @@ class MaskedRegionFeatureRegression(Task):
             return {"mrfr_loss": zero_loss(enc)}
         target = require(batch, bs.REGION_FEAT_TARGETS, "mrfr")[targets[0], targets[1]]
         prediction = head(enc.regions_at(targets))
-        return {"mrfr_loss": F.mse_loss(prediction.float(), target.float())}
+        error = F.mse_loss(prediction.float(), target.float(), reduction="none").mean(-1)
+        return {"mrfr_loss": weighted_mean(error, target_valid(batch, bs.REGION_TARGETS))}

@@ -51,6 +51,7 @@ from vlp.contract import batch_spec as K
 from vlp.datasets.batching.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
 from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.batching.example_window import ExampleWindow
+from vlp.datasets.batching.fixed_shapes import ShapeSet
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.summed_batch import summed_batch
 from vlp.datasets.batching.task_batch import mask_context, task_batch
@@ -112,7 +113,8 @@ class PretrainBatches:
             return self._text_batch(task)
         refs, blocks, rng, collated = self._take_synced()
         batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, rng,
-                           self.stats, with_ids=self._with_ids, collated=collated)
+                           self.stats, with_ids=self._with_ids, collated=collated,
+                           shapes=self.window.shapes)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
@@ -128,7 +130,7 @@ class PretrainBatches:
         batch = summed_batch(self.plan, self.tok, self.ctx, blocks, refs, tasks,
                              lambda i: np.random.default_rng([*key, 1 + i]), self.stats,
                              with_ids=self._with_ids, collated=collated,
-                             text_only=self._text_batch)
+                             text_only=self._text_batch, shapes=self.window.shapes)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
@@ -159,6 +161,8 @@ class PretrainBatches:
                  "stats": dict(self.stats)}
         if self.text is not None:
             state["text"] = self.text.state_dict()
+        if self.window.shapes is not None:
+            state["shapes"] = self.window.shapes.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -170,6 +174,8 @@ class PretrainBatches:
         self._skip = int(state.get("served_in_epoch", 0))
         self.stats = Counter(state.get("stats", {}))
         self.window.rng = self._window_rng(self.epoch)
+        if state.get("shapes") is not None:   # the shapes fitted before, not refitted
+            self.window.shapes = ShapeSet.from_state(state["shapes"])
         if self.text is not None and "text" in state:
             self.text.load_state_dict(state["text"])
 
