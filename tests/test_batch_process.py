@@ -118,6 +118,33 @@ def test_the_stream_and_the_epoch_sync_stay_in_the_training_process(plan, one_ra
     assert counted[id(process_sync)][:2] == counted[id(thread_sync)][:2] == [0, 1]
 
 
+def test_three_builder_processes_build_the_batches_of_one_in_order(plan, one_rank):
+    """``train.batch_builders: 3``: each process builds every third batch and passes over the
+    others; the stream is read here once and sent to all three, the epoch sync runs once per
+    batch (whichever member asks first), and the batches are the synchronous ones, in order."""
+    reads = []
+    blocks = local_blocks(plan)
+
+    def read(epoch):   # a stream that stays here (as a Ray Data shard does)
+        reads.append(epoch)
+        yield from blocks(epoch)
+
+    want = take(Prefetcher(InOrderSampler(TASKS), local_batches(plan), depth=0, device=CPU), 24)
+    sync = CountingSync()
+    built = Prefetcher(InOrderSampler(TASKS), PretrainBatches(plan, read, epoch_sync=sync),
+                       depth=2, device=CPU, builder="process", builders=3)
+    try:
+        got = take(built, 24)
+        state = built.state_dict()
+    finally:
+        built.close()
+    same(got, want)
+    assert all(not m._proc.is_alive() for m in built._process.members)
+    assert sync.calls == built._produced >= 24        # once per batch, not once per member
+    assert reads[:3] == [0, 1, 2] and len(set(reads)) == len(reads)   # each epoch read once
+    assert state["sampler"] == {"i": 24}
+
+
 def _failed_read(plan):
     def broken(epoch):
         raise ValueError("shard s3://bucket/part-7.parquet: column 'features' missing")

@@ -136,6 +136,24 @@ class PretrainBatches:
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
         return batch
 
+    def pass_over(self, task: str | tuple[str, ...]) -> None:
+        """Advance past the next batch without building it: what ``next(task)`` would do to
+        the stream (the window, the epoch sync, the text corpus), none of the masking and
+        gathering. Several builder processes (``training.batch_process.BuilderPool``) each
+        build every n-th batch and pass over the others: their batches are the batches of
+        one. ``stats`` count the batches built here."""
+        if not isinstance(task, tuple):
+            if get_task(task).text_only:
+                self._text_batch(task)   # its own stream: built, and dropped
+            else:
+                self._take_synced()
+            return
+        self._take_synced()
+        forwards = task.forwards() if hasattr(task, "forwards") else [(t,) for t in task]
+        for group in forwards:   # as summed_batch draws them
+            if get_task(group[0]).text_only:
+                self._text_batch(group[0])
+
     def _text_batch(self, task: str) -> dict[str, torch.Tensor]:
         if self.text is None:
             raise ValueError(f"task {task!r} reads the text corpus; this loader was "

@@ -177,6 +177,9 @@ class TrainSection(ConfigModel):
     # where: a thread of the worker, or a process of their own (no GIL shared with the step's
     # dispatching; opt-in until the GPU check has timed it: docs/gpu-check.md)
     batch_builder: Literal["thread", "process"] = "thread"
+    # how many (batch_builder: process): each builds every n-th batch, the batches the same;
+    # each takes a core (docs/pretraining.md says how many a step needs)
+    batch_builders: int = Field(1, ge=1)
     peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
     log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank

@@ -15,7 +15,8 @@ every rank, on a process group of its own (see ``pretrain_components.AnyRank``).
 With ``builder="process"`` the batches are drawn and built in a process of their own
 (``batch_process``: no GIL shared with the step's dispatching) and the thread here only
 receives them and copies them to the device; each comes with the sampler and source state
-after its draw, so the resume point is the same.
+after its draw, so the resume point is the same. ``builders`` > 1 builds them in that many
+processes, each every n-th batch (``batch_process.BuilderPool``): the same batches.
 
 On CUDA, host tensors are pinned on the thread and copied on a side stream; the consumer's
 stream waits for that copy with an event, not with a host sync. Bookkeeping scalars
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from vlp.platform.training.batch_process import BuilderProcess
+from vlp.platform.training.batch_process import BuilderPool, BuilderProcess, builder
 from vlp.platform.training.packed_batch import unpack
 
 BUILDERS = ("thread", "process")
@@ -67,15 +68,19 @@ class Prefetcher:
     builds ahead on a thread or in a process (same batches)."""
 
     def __init__(self, sampler: Any, source: Any, *, depth: int, device: torch.device,
-                 dtype: torch.dtype = torch.float32, builder: str = "thread"):
+                 dtype: torch.dtype = torch.float32, builder: str = "thread",
+                 builders: int = 1):
         if builder not in BUILDERS:
             raise ValueError(f"builder {builder!r}: expected one of {BUILDERS}")
         self.sampler, self.source = sampler, source
         self.depth, self.device, self.dtype = depth, device, dtype
+        if builder == "process" and depth > 0:   # each of the processes builds one ahead
+            self.depth = max(depth, builders)
         self.builder = builder if depth > 0 else "thread"
         if self.builder == "process":
             BuilderProcess.check_sendable(sampler, source)
-        self._process: BuilderProcess | None = None
+        self.builders = builders   # processes (builder="process"): a BuilderPool if > 1
+        self._process: BuilderProcess | BuilderPool | None = None
         self._next_before: dict[str, Any] | None = None   # process: states before the next
         self.cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self.cuda and depth > 0 else None
@@ -153,7 +158,7 @@ class Prefetcher:
         target = self._run
         if self.builder == "process":
             self._next_before = self._snapshot()
-            self._process = BuilderProcess(self.sampler, self.source)
+            self._process = builder(self.sampler, self.source, self.builders)
             self._process.start()
             target = self._relay
         self._thread = threading.Thread(target=target, name="vlp-prefetch", daemon=True)
