@@ -177,9 +177,10 @@ class TrainSection(ConfigModel):
     # where: a thread of the worker, or a process of their own (no GIL shared with the step's
     # dispatching; opt-in until the GPU check has timed it: docs/gpu-check.md)
     batch_builder: Literal["thread", "process"] = "thread"
-    # how many (batch_builder: process): each builds every n-th batch, the batches the same;
-    # each takes a core (docs/pretraining.md says how many a step needs)
-    batch_builders: int = Field(1, ge=1)
+    # how many (batch_builder: process): each builds its share of the batches, the batches
+    # the same; each takes a core. auto: one per spare core, one building at first and one
+    # more whenever the loop waits on data (docs/pretraining.md)
+    batch_builders: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
     log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank

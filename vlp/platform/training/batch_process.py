@@ -25,6 +25,7 @@ The process is started with ``spawn`` (the training process has CUDA and threads
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import multiprocessing as mp
@@ -45,7 +46,7 @@ from vlp.platform.training.packed_batch import Packing
 log = logging.getLogger(__name__)
 
 ITEM, ERROR = "item", "error"
-TARGET, STOP, FREE = "target", "stop", "free"
+TARGET, STOP, FREE, OWN = "target", "stop", "free", "own"
 TABLE, END = "table", "end"
 
 
@@ -225,9 +226,11 @@ class BuilderPool:
     epoch sync runs once per batch, for whichever member asks first, and its answer goes to
     every member (they ask the same questions in the same order)."""
 
-    def __init__(self, sampler: Any, source: Any, count: int):
-        if count < 1:
-            raise ValueError(f"builder processes: expected at least 1, got {count}")
+    def __init__(self, sampler: Any, source: Any, count: int, *, active: int | None = None):
+        """``active``: the members that build at first (the others pass over every batch
+        until ``grow``); all of them by default."""
+        if count < 2:
+            raise ValueError(f"a pool of builder processes: expected at least 2, got {count}")
         split = getattr(source, "split_io", None)
         blocks, sync = None, None
         if callable(split):
@@ -237,7 +240,11 @@ class BuilderPool:
         self.members = [BuilderProcess(sampler, source, part=(k, count),
                                        pooled=(blocks is not None, sync is not None))
                         for k in range(count)]
-        self._turn = 0
+        self.active = count if active is None else max(1, min(active, count))
+        self._owners: collections.deque[int] = collections.deque()   # of batches not received
+        self._due = threading.Condition()   # guards _owners (given here, taken by receive)
+        self._assigned = 0        # batches given an owner
+        self._rotation = 0
         self._stopping = threading.Event()
         self._answers: dict[int, list] = {}   # epoch-sync question → [answer, members told]
         self._answers_lock = threading.Lock()
@@ -256,15 +263,45 @@ class BuilderPool:
                 _daemon(self._serve_sync, m.sync_conn, "vlp-builders-sync")
 
     def set_target(self, produced_in_all: int) -> None:
+        """Give the new batches owners (in turn among the active members), then the target:
+        a member knows its batches below a target before it sees the target."""
+        if produced_in_all <= self._assigned:
+            return
+        given: dict[int, list[int]] = collections.defaultdict(list)
+        with self._due:
+            for i in range(self._assigned, produced_in_all):
+                k = self._rotation % self.active
+                self._rotation += 1
+                given[k].append(i)
+                self._owners.append(k)
+            self._assigned = produced_in_all
+            self._due.notify_all()
+        for k, batches in given.items():
+            self.members[k]._send((OWN, batches))
         for m in self.members:
             m.set_target(produced_in_all)
 
+    def grow(self) -> bool:
+        """One more member builds from the next batches given owners on; False at the
+        count."""
+        if self.active >= self.count:
+            return False
+        self.active += 1
+        self._rotation = 0
+        return True
+
     def receive(self) -> tuple[Any, torch.Tensor, tuple[int, int], dict, dict] | None:
-        k = self._turn
+        with self._due:   # the next batch's owner: given by set_target
+            while not self._owners and not self._stopping.is_set():
+                self._due.wait(0.5)
+            if not self._owners:
+                return None
+            k = self._owners[0]
         got = self.members[k].receive()
         if got is None:
             return None
-        self._turn = (k + 1) % self.count
+        with self._due:
+            self._owners.popleft()
         task, buffer, slot, layout, after = got
         return task, buffer, (k, slot), layout, after
 
@@ -327,9 +364,56 @@ class BuilderPool:
                 return
 
 
-def builder(sampler: Any, source: Any, count: int) -> BuilderProcess | BuilderPool:
-    """One builder process, or a pool of ``count``."""
+def builder(sampler: Any, source: Any, count: int | str) -> BuilderProcess | BuilderPool:
+    """One builder process, a pool of ``count``, or for ``"auto"`` a pool of one per spare
+    core of which one builds at first (``AutoGrow`` adds the others)."""
+    if count == "auto":
+        spare = auto_builders()
+        if spare == 1:
+            return BuilderProcess(sampler, source)
+        return BuilderPool(sampler, source, spare, active=1)
     return BuilderProcess(sampler, source) if count == 1 else BuilderPool(sampler, source, count)
+
+
+def auto_builders() -> int:
+    """The most builder processes ``batch_builders: auto`` may use: the cores this process
+    may run on, less one for the training process's own dispatching, at most 16."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        cores = os.cpu_count() or 2
+    return max(1, min(16, cores - 1))
+
+
+class AutoGrow:
+    """``batch_builders: auto``'s rule: after every ``window`` batches received, if the
+    consumer waited for more than ``wait_share`` of that time, one more builder builds (up to
+    the pool's count). Waiting means the device, through the loop, consumes faster than the
+    active builders build; each added builder adds about one builder's rate."""
+
+    def __init__(self, pool: Any, window: int = 16, wait_share: float = 0.05):
+        self.pool, self.window, self.wait_share = pool, window, wait_share
+        self.waited = self.elapsed = 0.0
+        self.count = 0
+        self.grown = 0
+
+    def record(self, waited_s: float, elapsed_s: float) -> None:
+        """A batch received after ``waited_s`` blocked in ``receive``, ``elapsed_s`` since
+        the previous one."""
+        if not isinstance(self.pool, BuilderPool):
+            return
+        self.waited += waited_s
+        self.elapsed += elapsed_s
+        self.count += 1
+        if self.count >= self.window:
+            if self.elapsed > 0 and self.waited / self.elapsed > self.wait_share:
+                if self.pool.grow():
+                    self.grown += 1
+                    log.info("batch builders: %d active (the loop waited %.0f%% of the last "
+                             "%d batches)", self.pool.active,
+                             100 * self.waited / self.elapsed, self.count)
+            self.waited = self.elapsed = 0.0
+            self.count = 0
 
 
 # ---- the builder's side -----------------------------------------------------------------------
@@ -390,12 +474,14 @@ def _builder_main(payload: tuple, items: Connection, control: Connection,
 
 def _build_until_stopped(sampler: Any, source: Any, items: Connection,
                          control: Connection, part: tuple[int, int] = (0, 1)) -> None:
-    """Draw up to the target; build this member's batches (``part`` = (k, n): every n-th
-    from the k-th), pass over the others (``source.pass_over``: the stream moves on as if it
-    had built them, so every member's batches are the batches of one builder)."""
+    """Draw up to the target; a pool's member (``part`` = (k, n), n > 1) builds the batches
+    the pool gave it (OWN, sent before the target that covers them) and passes over the
+    others (``source.pass_over``: the stream moves on as if it had built them, so every
+    member's batches are the batches of one builder)."""
     mine, members = part
     produced, target = 0, 0
     slots = _Slots()
+    owned: set[int] = set()   # a pool's member: the batches it was given (OWN, before TARGET)
 
     def handle(msg: tuple) -> bool:
         nonlocal target
@@ -403,6 +489,8 @@ def _build_until_stopped(sampler: Any, source: Any, items: Connection,
             return False
         if msg[0] == FREE:
             slots.free.append(msg[1])
+        elif msg[0] == OWN:
+            owned.update(msg[1])
         else:
             target = max(target, msg[1])
         return True
@@ -412,10 +500,11 @@ def _build_until_stopped(sampler: Any, source: Any, items: Connection,
             if not handle(control.recv()):
                 return
         task = sampler.next()
-        if produced % members != mine:
+        if members > 1 and produced not in owned:
             source.pass_over(task)
             produced += 1
             continue
+        owned.discard(produced)
         host = source.next(task)
         after = copy.deepcopy({"sampler": sampler.state_dict(),
                                "source": source.state_dict()})
@@ -486,4 +575,4 @@ def _daemon(target: Callable[[Connection], None], conn: Connection, name: str) -
     threading.Thread(target=target, args=(conn,), name=name, daemon=True).start()
 
 
-__all__ = ["BuilderPool", "BuilderProcess", "builder", "RemoteBlocks", "RemoteSync", "from_ipc", "to_ipc"]
+__all__ = ["AutoGrow", "BuilderPool", "BuilderProcess", "auto_builders", "builder", "RemoteBlocks", "RemoteSync", "from_ipc", "to_ipc"]
