@@ -60,7 +60,8 @@ def classification_terms(task: str, head: nn.Module, enc: EncoderOutput,
     target = labels[targets[0], targets[1]]
     valid = target_valid(batch, bs.REGION_TARGETS)
     ce = F.cross_entropy(logits.float(), target, reduction="none")
-    return {f"{task}_loss": weighted_mean(ce, valid), f"{task}_acc": accuracy(logits, target, valid)}
+    return {f"{task}_loss": weighted_mean(ce, valid),
+            f"{task}_acc": accuracy(logits, target, valid)}
 
 
 @register
