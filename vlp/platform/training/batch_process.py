@@ -315,7 +315,15 @@ class BuilderPool:
 
     def _tee_blocks(self, conns: list[Connection]) -> None:
         """Each epoch's blocks, read once, to every member (each asks for every epoch, in
-        order; one that is ahead waits for the others' requests: they need the same blocks)."""
+        order; one that is ahead waits for the others' requests: they need the same blocks).
+        On leaving, the members' ends close: one still waiting for blocks stops waiting."""
+        try:
+            self._tee_epochs(conns)
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def _tee_epochs(self, conns: list[Connection]) -> None:
         while not self._stopping.is_set():
             try:
                 epochs = {conn.recv()[1] for conn in conns}
