@@ -118,6 +118,59 @@ def test_the_stream_and_the_epoch_sync_stay_in_the_training_process(plan, one_ra
     assert counted[id(process_sync)][:2] == counted[id(thread_sync)][:2] == [0, 1]
 
 
+def test_three_builder_processes_build_the_batches_of_one_in_order(plan, one_rank,
+                                                                   monkeypatch):
+    """``train.batch_builders: auto`` with three spare cores: one process builds at first,
+    one more whenever the loop waited on data over the last batches; each builds the batches
+    the pool gives it and passes over the others. The stream is read here once and sent to
+    all three, the epoch sync runs once per batch (whichever member asks first), and the
+    batches are the synchronous ones, in order."""
+    from vlp.platform.training import batch_process, prefetch
+
+    monkeypatch.setattr(batch_process, "auto_builders", lambda: 3)
+    monkeypatch.setattr(prefetch, "AutoGrow", lambda pool: batch_process.AutoGrow(pool, 4))
+    reads = []
+    blocks = local_blocks(plan)
+
+    def read(epoch):   # a stream that stays here (as a Ray Data shard does)
+        reads.append(epoch)
+        yield from blocks(epoch)
+
+    want = take(Prefetcher(InOrderSampler(TASKS), local_batches(plan), depth=0, device=CPU), 24)
+    sync = CountingSync()
+    built = Prefetcher(InOrderSampler(TASKS), PretrainBatches(plan, read, epoch_sync=sync),
+                       depth=2, device=CPU, builder="process", builders="auto")
+    try:
+        got = take(built, 24)
+        state = built.state_dict()
+    finally:
+        built.close()
+    same(got, want)
+    assert built._process.count == 3 and built._process.active > 1   # the loop waited
+    assert all(not m._proc.is_alive() for m in built._process.members)
+    # once per batch drawn (a member passing over the others' may be ahead of the loop), not
+    # once per member
+    assert 24 <= sync.calls <= built._target
+    assert reads[:3] == [0, 1, 2] and len(set(reads)) == len(reads)   # each epoch read once
+    assert state["sampler"] == {"i": 24}
+
+
+def test_builders_are_added_while_the_loop_waits_on_data(plan):
+    from vlp.platform.training.batch_process import AutoGrow, BuilderPool
+
+    pool = BuilderPool(InOrderSampler(TASKS), local_batches(plan), 3, active=1)   # not started
+    grow = AutoGrow(pool, window=4, wait_share=0.05)
+    for _ in range(4):
+        grow.record(waited_s=0.001, elapsed_s=0.1)   # 1% waited: enough builders
+    assert pool.active == 1
+    for _ in range(8):
+        grow.record(waited_s=0.02, elapsed_s=0.1)    # 20% waited: one more, twice
+    assert pool.active == 3 and grow.grown == 2
+    for _ in range(4):
+        grow.record(waited_s=0.05, elapsed_s=0.1)
+    assert pool.active == 3                          # no more than the pool's count
+
+
 def _failed_read(plan):
     def broken(epoch):
         raise ValueError("shard s3://bucket/part-7.parquet: column 'features' missing")

@@ -71,7 +71,7 @@ def test_the_error_is_one_line_per_problem_and_names_the_file(tmp_path):
     assert str(e.value) == (f"invalid config ({path}): train.precison: unknown key (known: "
                             "steps, grad_accum, objective, forward_groups, precision, zero_stage, "
                             "activation_checkpointing, compile, prefetch_batches, "
-                            "batch_builder, peak_tflops, log_every, on_nonfinite, "
+                            "batch_builder, batch_builders, peak_tflops, log_every, on_nonfinite, "
                             "max_nonfinite_skips, stop_after, extensions_dir) "
                             "(did you mean 'precision'?)")
     assert e.value.source == str(path)

@@ -14,6 +14,11 @@ top entries (cumulative and own time). ``--digest`` prints a SHA-256 over every 
 (keys, dtypes, shapes, bytes, in order; hashing excluded from the timings): equal digests
 across commits mean the batches did not change. ``--world`` reuses shards written before (they are
 written to a temporary folder otherwise, ~1 GB).
+
+``--processes 1 2 4`` measures builder processes instead (``train.batch_builders``: a
+``BuilderPool`` of N, each building every N-th batch): input units/s received per count, over
+``--batches`` batches after ``4 × N`` warm-up ones (the processes' start and first windows),
+and the ratio to N × the first count's rate (1.0: linear).
 """
 
 from __future__ import annotations
@@ -93,6 +98,35 @@ def measure(sampler, source, n: int, digest=None) -> dict[str, float]:
     return out
 
 
+def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int) -> float:
+    """Input units/s a pool of ``count`` builder processes delivers."""
+    from vlp.platform.training.batch_process import builder
+    from vlp.platform.training.packed_batch import unpack
+
+    sampler, source = build(world, tmp, tokenizer)
+    pool = builder(sampler, source, count)   # one process, or a pool
+    pool.start()
+    warm = 4 * count
+
+    def take(n: int) -> int:
+        units = 0
+        for _ in range(n):
+            task, buffer, slot, layout, _ = pool.receive()
+            units += int(unpack(buffer.clone(), layout)["input_units"])
+            pool.release(slot)
+        return units
+
+    try:
+        pool.set_target(warm)
+        take(warm)
+        pool.set_target(warm + batches)   # every member may run ahead: only the rate counts
+        t0 = time.perf_counter()
+        units = take(batches)
+        return units / (time.perf_counter() - t0)
+    finally:
+        pool.close()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", help="a folder with images/coco and images/vg shards "
@@ -101,11 +135,25 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--digest", action="store_true")
+    p.add_argument("--processes", type=int, nargs="+",
+                   help="measure builder processes, at these counts")
+    p.add_argument("--images", type=int, default=None, help="images of the written world")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="vlp-batcher-rate-"))
     world = Path(args.world) if args.world else tmp / "world"
     if not (world / "images" / "coco").is_dir():
-        write_bench_sources(world, **sizes(quick=False, gpu=True)["world"])
+        shape = dict(sizes(quick=False, gpu=True)["world"])
+        if args.images:
+            shape["images"] = args.images
+        write_bench_sources(world, **shape)
+    if args.processes:
+        first = None
+        for n in args.processes:
+            rate = pool_rate(world, tmp, default_tokenizer(), n, args.batches)
+            first = first or (rate, n)
+            print(f"builders{n}_input_units_per_s {rate:.4g}")
+            print(f"builders{n}_ratio_to_linear {rate / (first[0] * n / first[1]):.3f}")
+        return 0
     sampler, source = build(world, tmp, default_tokenizer())
     prof = cProfile.Profile() if args.profile else None
     digest = hashlib.sha256() if args.digest else None

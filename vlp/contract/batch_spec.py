@@ -82,6 +82,14 @@ REAL_UNITS = "real_units"          # long [] the input units that are not paddin
                                    #   real tokens divides by these
 HOST_INTS = (ROW_LENGTH, REAL_UNITS)          # host integers, never copied to the device
 
+# ---- fixed shapes (``data.fixed_shapes``: vlp.datasets.batching.fixed_shapes) ------------
+# A batch padded to one of a few shapes has padding rows and padding targets; the losses are
+# means over the valid ones. Absent: every row and target is valid.
+ROW_VALID = "row_valid"            # bool [B] False = a padding row (no loss, no label counts)
+MLM_TARGET_VALID = "mlm_target_valid"        # bool [M] False = a padding entry of MLM_TARGETS
+REGION_TARGET_VALID = "region_target_valid"  # bool [M] False = a padding entry of
+                                             #   REGION_TARGETS
+
 # ---- the summed objective (ImageBERT, SOHO) -------------------------------------------
 TASK_BATCHES = "task_batches"      # {task: batch}: one example set, a batch per task (its own
                                    #   masking and ITM negatives); beside it the set's

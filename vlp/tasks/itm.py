@@ -10,7 +10,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy
+from vlp.tasks.losses import accuracy, row_valid, weighted_mean
 from vlp.tasks.registry import register
 from vlp.tasks.spec import Batch, HeadContext, Task
 
@@ -23,8 +23,10 @@ def itm_logits(head: nn.Module, enc: EncoderOutput) -> torch.Tensor:
 def itm_terms(head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
     labels = require(batch, bs.ITM_LABELS, "itm").long()
     logits = itm_logits(head, enc)
-    return {"itm_loss": F.cross_entropy(logits.float(), labels),
-            "itm_acc": accuracy(logits, labels)}
+    valid = row_valid(batch)
+    return {"itm_loss": weighted_mean(F.cross_entropy(logits.float(), labels, reduction="none"),
+                                      valid),
+            "itm_acc": accuracy(logits, labels, valid)}
 
 
 @register

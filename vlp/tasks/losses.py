@@ -16,10 +16,31 @@ def zero_loss(enc: EncoderOutput) -> torch.Tensor:
     return enc.sequence_output.sum() * 0.0
 
 
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def accuracy(logits: torch.Tensor, labels: torch.Tensor,
+             valid: torch.Tensor | None = None) -> torch.Tensor:
     if labels.numel() == 0:
         return logits.new_zeros(())
-    return (logits.detach().argmax(-1) == labels).float().mean()
+    return weighted_mean((logits.detach().argmax(-1) == labels).float(), valid)
+
+
+def weighted_mean(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``values`` (one per row or target) over the ``valid`` ones: a batch padded
+    to a fixed shape (``batch_spec.ROW_VALID`` and the targets' flags) gives the loss of its
+    real entries, and 0 (with zero gradients) where it has none. No ``valid``: the mean."""
+    if valid is None:
+        return values.mean()
+    keep = valid.to(device=values.device, dtype=torch.bool)
+    return torch.where(keep, values, 0.0).sum() / keep.sum().clamp(min=1)
+
+
+def row_valid(batch: Batch) -> torch.Tensor | None:
+    """bool [B]: the real rows of a padded batch (None: every row is real)."""
+    return batch.get(bs.ROW_VALID)
+
+
+def target_valid(batch: Batch, key: str) -> torch.Tensor | None:
+    """bool [M]: the real entries of MLM_TARGETS / REGION_TARGETS (None: all of them)."""
+    return batch.get(bs.MLM_TARGET_VALID if key == bs.MLM_TARGETS else bs.REGION_TARGET_VALID)
 
 
 def masked_regions(enc: EncoderOutput, batch: Batch, who: str) -> torch.Tensor:

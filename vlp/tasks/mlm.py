@@ -16,7 +16,8 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy, text_targets, zero_loss
+from vlp.tasks.losses import (accuracy, target_valid, text_targets, weighted_mean,
+                              zero_loss)
 from vlp.tasks.masking_text import mask_text
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -68,4 +69,6 @@ class MaskedLanguageModeling(Task):
             return {loss: zero_loss(enc), acc: zero_loss(enc).detach()}
         logits = head(enc.text_at(targets))
         target = labels[targets[0], targets[1]]
-        return {loss: F.cross_entropy(logits.float(), target), acc: accuracy(logits, target)}
+        valid = target_valid(batch, bs.MLM_TARGETS)
+        ce = F.cross_entropy(logits.float(), target, reduction="none")
+        return {loss: weighted_mean(ce, valid), acc: accuracy(logits, target, valid)}

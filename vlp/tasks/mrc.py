@@ -20,7 +20,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import BatchError
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy, region_targets, zero_loss
+from vlp.tasks.losses import accuracy, region_targets, target_valid, weighted_mean, zero_loss
 from vlp.tasks.masking_visual import choose_regions, mask_with_hard_labels
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -58,8 +58,10 @@ def classification_terms(task: str, head: nn.Module, enc: EncoderOutput,
         return {f"{task}_loss": zero_loss(enc), f"{task}_acc": zero_loss(enc).detach()}
     logits = head(enc.regions_at(targets))
     target = labels[targets[0], targets[1]]
-    return {f"{task}_loss": F.cross_entropy(logits.float(), target),
-            f"{task}_acc": accuracy(logits, target)}
+    valid = target_valid(batch, bs.REGION_TARGETS)
+    ce = F.cross_entropy(logits.float(), target, reduction="none")
+    return {f"{task}_loss": weighted_mean(ce, valid),
+            f"{task}_acc": accuracy(logits, target, valid)}
 
 
 @register

@@ -20,7 +20,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import region_targets, zero_loss
+from vlp.tasks.losses import region_targets, target_valid, weighted_mean, zero_loss
 from vlp.tasks.masking_visual import SOFT_LABELS, choose_regions, zero_regions
 from vlp.tasks.mrc import RegionClassifier
 from vlp.tasks.registry import register
@@ -53,5 +53,5 @@ class MaskedRegionClassificationKL(Task):
         target = soft[targets[0], targets[1]].float()
         log_prediction = F.log_softmax(head(enc.regions_at(targets)).float(), dim=-1)
         # kl_div(log q, p) = p (log p − log q), 0 where p = 0; sum over classes, mean over regions
-        kl = F.kl_div(log_prediction, target, reduction="sum") / targets.shape[1]
-        return {"mrc-kl_loss": kl}
+        kl = F.kl_div(log_prediction, target, reduction="none").sum(-1)   # per region
+        return {"mrc-kl_loss": weighted_mean(kl, target_valid(batch, bs.REGION_TARGETS))}

@@ -20,7 +20,7 @@ from torch import nn
 
 from vlp.contract import batch_spec as bs
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import accuracy, region_targets, zero_loss
+from vlp.tasks.losses import accuracy, region_targets, target_valid, weighted_mean, zero_loss
 from vlp.tasks.masking_visual import SOFT_LABELS, choose_regions, mask_with_hard_labels
 from vlp.tasks.mrc import classification_terms
 from vlp.tasks.registry import register
@@ -65,5 +65,7 @@ class MaskedRoIClassification(Task):
             return {"mrc-vlbert_loss": zero_loss(enc), "mrc-vlbert_acc": zero_loss(enc).detach()}
         logits = head(enc.regions_at(targets)).float()
         target = soft[targets[0], targets[1]].float()
-        loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-        return {"mrc-vlbert_loss": loss, "mrc-vlbert_acc": accuracy(logits, target.argmax(-1))}
+        valid = target_valid(batch, bs.REGION_TARGETS)
+        loss = weighted_mean(-(target * F.log_softmax(logits, dim=-1)).sum(-1), valid)
+        return {"mrc-vlbert_loss": loss,
+                "mrc-vlbert_acc": accuracy(logits, target.argmax(-1), valid)}

@@ -25,7 +25,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.tasks.losses import region_targets, zero_loss
+from vlp.tasks.losses import region_targets, target_valid, weighted_mean, zero_loss
 from vlp.tasks.masking_visual import choose_regions, zero_regions
 from vlp.tasks.registry import register
 from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
@@ -34,15 +34,20 @@ from vlp.tasks.spec import ArrayBatch, Batch, HeadContext, MaskContext, Task
 REDUCTIONS = ("sum-features", "mean-elements")
 
 
-def mrfr_loss(prediction: torch.Tensor, target: torch.Tensor, reduction: str) -> torch.Tensor:
+def mrfr_loss(prediction: torch.Tensor, target: torch.Tensor, reduction: str,
+              valid: torch.Tensor | None = None) -> torch.Tensor:
     """[M, D] predictions and raw targets of M masked regions → the scalar loss (module
-    docstring), in fp32."""
+    docstring), in fp32; ``valid`` (bool [M]) keeps a fixed-shape batch's padding targets out
+    of the mean over regions."""
     squared = (prediction.float() - target.float()).square()
     if reduction == "sum-features":
-        return squared.sum(-1).mean()
-    if reduction == "mean-elements":
-        return squared.mean()
-    raise ValueError(f"mrfr_reduction={reduction!r}: expected one of {', '.join(REDUCTIONS)}")
+        per_region = squared.sum(-1)
+    elif reduction == "mean-elements":
+        per_region = squared.mean(-1)     # every region has D elements: the mean of means
+    else:
+        raise ValueError(f"mrfr_reduction={reduction!r}: expected one of "
+                         f"{', '.join(REDUCTIONS)}")
+    return weighted_mean(per_region, valid)
 
 
 class RegionFeatureRegression(nn.Module):
@@ -90,4 +95,5 @@ class MaskedRegionFeatureRegression(Task):
             return {"mrfr_loss": zero_loss(enc)}
         target = require(batch, bs.REGION_FEAT_TARGETS, "mrfr")[targets[0], targets[1]]
         prediction = head(enc.regions_at(targets))
-        return {"mrfr_loss": mrfr_loss(prediction, target, head.reduction)}
+        return {"mrfr_loss": mrfr_loss(prediction, target, head.reduction,
+                                       target_valid(batch, bs.REGION_TARGETS))}

@@ -14,6 +14,7 @@ from torch import nn
 from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
+from vlp.tasks.losses import row_valid, weighted_mean
 from vlp.tasks.registry import register
 from vlp.tasks.spec import Batch, HeadContext, Task
 
@@ -36,5 +37,8 @@ class SentenceImageRelationship(Task):
     def compute(self, head: nn.Module, enc: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         related = require(batch, bs.ITM_LABELS, self.name).float()     # 1 = [Related]
         logit = head(enc.pooled_output).squeeze(-1).float()
-        return {"sirp_loss": F.binary_cross_entropy_with_logits(logit, related),
-                "sirp_acc": ((logit.detach() > 0).float() == related).float().mean()}
+        valid = row_valid(batch)
+        bce = F.binary_cross_entropy_with_logits(logit, related, reduction="none")
+        return {"sirp_loss": weighted_mean(bce, valid),
+                "sirp_acc": weighted_mean(((logit.detach() > 0).float() == related).float(),
+                                          valid)}

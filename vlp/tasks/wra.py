@@ -24,6 +24,7 @@ from vlp.contract import batch_spec as bs
 from vlp.contract.batch_access import require
 from vlp.contract.encoder_output import EncoderOutput
 from vlp.tasks.itm import itm_terms
+from vlp.tasks.losses import row_valid, weighted_mean
 from vlp.tasks.registry import register
 from vlp.tasks.spec import Batch, HeadContext, Task
 
@@ -81,7 +82,8 @@ class WordRegionAlignment(Task):
         distance = (cost * plan).sum((1, 2))                      # [B]
         # matched pairs pulled together, mismatched pushed apart (a where, not a boolean
         # index: no device read)
-        ot = torch.where(labels, distance, -distance).sum() / distance.shape[0]
+        valid = row_valid(batch)   # padding rows of a fixed shape count for nothing
+        ot = weighted_mean(torch.where(labels, distance, -distance), valid)
         out["wra_loss"] = WRA_WEIGHT * ot
-        out["wra_ot_distance"] = distance.detach().mean()
+        out["wra_ot_distance"] = weighted_mean(distance.detach(), valid)
         return out

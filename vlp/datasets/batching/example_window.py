@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vlp.datasets.batching.fixed_shapes import ShapeSet, fit_shapes
 from vlp.datasets.batching.length_buckets import bucket_batches
 from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.stream.data_plan import DataPlan
@@ -58,6 +59,8 @@ class ExampleWindow:
         self._pending: list[Items] = []
         self._carry = Items.empty()
         self.pending_examples = 0
+        # data.fixed_shapes: the batch shapes, fitted to the first window cut (region input)
+        self.shapes: ShapeSet | None = None
         pix = self.cfg.pixels
         self._texts_per_image = pix.pos_texts_per_image + pix.neg_texts_per_image
 
@@ -138,10 +141,19 @@ class ExampleWindow:
         if not len(items):
             return []
         refs, T, V, E, _ = self._pair_examples(blocks, items)   # one example per item
+        widths = None
+        if self.cfg.fixed_shapes:
+            if self.shapes is None:
+                cfg = self.cfg
+                self.shapes = fit_shapes(T, V, budget=cfg.batch_units, count=cfg.shape_buckets,
+                                         text_cap=cfg.max_text_len + 2,
+                                         region_cap=cfg.regions.max_per_image(),
+                                         mask_prob=cfg.mask_prob)
+            widths = np.asarray(self.shapes.widths)
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
                                         packed=True, sort=self.cfg.bucketing,
                                         keep_tails=final,
-                                        max_examples=self.cfg.batch_examples)
+                                        max_examples=self.cfg.batch_examples, widths=widths)
         self._carry_tails(items, tails, E, batches)
         return [refs.take(b) for b in batches if len(b)]
 

@@ -22,7 +22,8 @@ import numpy as np
 def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
                    rng: np.random.Generator, *, examples: np.ndarray | None = None,
                    packed: bool = True, sort: bool = True, keep_tails: bool = True,
-                   max_examples: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                   max_examples: int = 0, widths: np.ndarray | None = None
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split item indices into batches; returns (batches in shuffled order, tails).
 
     A batch holds at most ``budget`` input units (examples × its longest row) and, when
@@ -32,7 +33,11 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
     ``examples[i]`` is how many examples item i contributes (1 by default). With
     ``keep_tails=False`` the last, partly filled batch of each band is returned in ``tails``
     instead, for the caller to carry into the next window. ``sort=False`` cuts in random
-    order: the no-bucketing baseline."""
+    order: the no-bucketing baseline. ``widths`` (packed only; ascending, the last holding any
+    item): a batch costs its examples × its longest row rounded up to one of these
+    (``fixed_shapes``), so it never has more rows than its shape."""
+    if widths is not None and not packed:
+        raise ValueError("fixed widths apply to packed (region) batches only")
     n = len(text_len)
     T = np.asarray(text_len, np.int64)
     V = np.asarray(visual_len, np.int64)
@@ -42,16 +47,28 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
     order = rng.permutation(n)   # random tie-break: equal lengths are not grouped by source
     if not sort:
         chunks = [order]
+    elif packed and widths is not None:   # a band per width: no batch straddles two
+        order = order[np.argsort((T + V)[order], kind="stable")]
+        band = np.searchsorted(widths, (T + V)[order])
+        chunks = [c for c in np.split(order, np.flatnonzero(np.diff(band)) + 1) if len(c)]
     elif packed:
         chunks = [order[np.argsort((T + V)[order], kind="stable")]]
     else:
         bands = _band_count(T, V, E, budget)
         order = order[np.lexsort((T[order], V[order]))]
         chunks = [c[np.lexsort((V[c], T[c]))] for c in np.array_split(order, bands)]
-    batches, tails = [], []
+    batches, tails, partial = [], [], []
     for chunk in chunks:
-        cut = _greedy_cut(chunk, T, V, E, budget, packed, max_examples)
-        if not keep_tails and cut:
+        cut = _greedy_cut(chunk, T, V, E, budget, packed, max_examples, widths)
+        if len(chunks) > 1 and widths is not None and cut:
+            partial.append(cut.pop())
+        elif not keep_tails and cut:
+            tails.append(cut.pop())
+        batches += cut
+    if partial:   # the width bands' last, partly filled batches: cut again across the bands
+        cut = _greedy_cut(np.concatenate(partial), T, V, E, budget, packed, max_examples,
+                          widths)
+        if not keep_tails:
             tails.append(cut.pop())
         batches += cut
     perm = rng.permutation(len(batches))
@@ -77,19 +94,26 @@ def _band_count(T: np.ndarray, V: np.ndarray, E: np.ndarray, budget: int) -> int
 
 
 def _greedy_cut(idx: np.ndarray, T, V, E, budget: int, packed: bool,
-                max_examples: int = 0) -> list[np.ndarray]:
+                max_examples: int = 0, widths: np.ndarray | None = None) -> list[np.ndarray]:
     cap = max_examples or np.iinfo(np.int64).max
     batches, start, count, mt, mv = [], 0, 0, 0, 0
     t, v, e = T[idx].tolist(), V[idx].tolist(), E[idx].tolist()
+    if widths is not None:   # each item's width rounded up the ladder: the running maximum
+        rounded = np.asarray(widths)[np.searchsorted(widths, T[idx] + V[idx])].tolist()
     for j in range(len(idx)):
-        if packed:   # one running maximum of the total length (mv stays 0)
+        if widths is not None:
+            nt, nv = max(mt, rounded[j]), 0
+        elif packed:   # one running maximum of the total length (mv stays 0)
             nt, nv = max(mt, t[j] + v[j]), 0
         else:
             nt, nv = max(mt, t[j]), max(mv, v[j])
         if count and ((count + e[j]) * (nt + nv) > budget or count + e[j] > cap):
             batches.append(idx[start:j])
             start, count = j, 0
-            nt, nv = (t[j] + v[j], 0) if packed else (t[j], v[j])
+            if widths is not None:
+                nt, nv = rounded[j], 0
+            else:
+                nt, nv = (t[j] + v[j], 0) if packed else (t[j], v[j])
         count += e[j]
         mt, mv = nt, nv
     batches.append(idx[start:])

@@ -51,6 +51,7 @@ from vlp.contract import batch_spec as K
 from vlp.datasets.batching.block_reader import BLOCK, EPOCH_END, ERROR, BlockReader
 from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.batching.example_window import ExampleWindow
+from vlp.datasets.batching.fixed_shapes import ShapeSet
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.summed_batch import summed_batch
 from vlp.datasets.batching.task_batch import mask_context, task_batch
@@ -113,7 +114,8 @@ class PretrainBatches:
             return self._text_batch(task)
         refs, blocks, rng, collated = self._take_synced()
         batch = task_batch(self.plan, self.tok, self.ctx, blocks, refs, task, rng,
-                           self.stats, with_ids=self._with_ids, collated=collated)
+                           self.stats, with_ids=self._with_ids, collated=collated,
+                           shapes=self.window.shapes)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
@@ -129,11 +131,29 @@ class PretrainBatches:
         batch = summed_batch(self.plan, self.tok, self.ctx, blocks, refs, tasks,
                              lambda i: np.random.default_rng([*key, 1 + i]), self.stats,
                              with_ids=self._with_ids, collated=collated,
-                             text_only=self._text_batch)
+                             text_only=self._text_batch, shapes=self.window.shapes)
         self.stats["batches"] += 1
         self.stats["examples"] += int(batch[K.NUM_EXAMPLES])
         self.stats["input_units"] += int(batch[K.INPUT_UNITS])
         return batch
+
+    def pass_over(self, task: str | tuple[str, ...]) -> None:
+        """Advance past the next batch without building it: what ``next(task)`` would do to
+        the stream (the window, the epoch sync, the text corpus), none of the masking and
+        gathering. Several builder processes (``training.batch_process.BuilderPool``) each
+        build every n-th batch and pass over the others: their batches are the batches of
+        one. ``stats`` count the batches built here."""
+        if not isinstance(task, tuple):
+            if get_task(task).text_only:
+                self._text_batch(task)   # its own stream: built, and dropped
+            else:
+                self._take_synced()
+            return
+        self._take_synced()
+        forwards = task.forwards() if hasattr(task, "forwards") else [(t,) for t in task]
+        for group in forwards:   # as summed_batch draws them
+            if get_task(group[0]).text_only:
+                self._text_batch(group[0])
 
     def _text_batch(self, task: str) -> dict[str, torch.Tensor]:
         if self.text is None:
@@ -160,6 +180,8 @@ class PretrainBatches:
                  "stats": dict(self.stats)}
         if self.text is not None:
             state["text"] = self.text.state_dict()
+        if self.window.shapes is not None:
+            state["shapes"] = self.window.shapes.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -171,6 +193,8 @@ class PretrainBatches:
         self._skip = int(state.get("served_in_epoch", 0))
         self.stats = Counter(state.get("stats", {}))
         self.window.rng = self._window_rng(self.epoch)
+        if state.get("shapes") is not None:   # the shapes fitted before, not refitted
+            self.window.shapes = ShapeSet.from_state(state["shapes"])
         if self.text is not None and "text" in state:
             self.text.load_state_dict(state["text"])
 

@@ -55,14 +55,14 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                  blocks: Mapping[int, ImageBlock], refs: ExampleRefs, tasks: tuple[str, ...],
                  rng_of: Callable[[int], np.random.Generator], stats: Counter | None = None,
                  *, with_ids: bool = False, collated: dict | None = None,
-                 text_only: Callable[[str], dict[str, torch.Tensor]] | None = None
-                 ) -> dict:
+                 text_only: Callable[[str], dict[str, torch.Tensor]] | None = None,
+                 shapes=None) -> dict:
     """``{TASK_BATCHES: {task: batch}, NUM_EXAMPLES, INPUT_UNITS}`` for the example set
     ``refs`` (a forward group's batch under its first task); ``rng_of(i)``: the generator
     of the i-th task of ``tasks`` (a group: its first task's); ``collated``: the set's
     unmasked arrays (region input), copied per batch since masking writes in place;
     ``text_only(task)``: the batch of a text-only task (VL-BERT's corpus MLM: not the set's
-    examples, so not counted)."""
+    examples, so not counted); ``shapes``: ``task_batch``'s."""
     per_task: dict[str, dict[str, torch.Tensor]] = {}
     examples = units = 0
     images = None   # the set's images, as the first pixel task's batch holds them
@@ -81,7 +81,7 @@ def summed_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
         copy = None if collated is None else {
             k: v.copy() if isinstance(v, np.ndarray) else v for k, v in collated.items()}
         batch = task_batch(plan, tok, ctx, blocks, mine, group if len(group) > 1 else task,
-                           rng_of(i), stats, with_ids=with_ids, collated=copy)
+                           rng_of(i), stats, with_ids=with_ids, collated=copy, shapes=shapes)
         if K.PIXELS in batch:   # the model encodes them once for every task (running_stats)
             mine_images = np.unique(image_idents(mine))
             if images is None:

@@ -14,6 +14,7 @@ from vlp.contract import batch_spec as K
 from vlp.contract.batch_indices import add_model_indices
 from vlp.datasets.batching.collate import (HAS_WHOLE, IMAGE_KEYS, TEXT_KEYS, WHOLE_FEAT,
                                            ExampleRefs, collate_examples, example_lengths)
+from vlp.datasets.batching.fixed_shapes import ShapeSet, pad_to_shape
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.datasets.batching.itm_negatives import apply_donors, choose_donors
 from vlp.datasets.batching.segment_types import segment_type_ids
@@ -45,11 +46,13 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
                blocks: Mapping[int, ImageBlock], refs: ExampleRefs,
                task: str | tuple[str, ...], rng: np.random.Generator,
                stats: Counter | None = None, *, with_ids: bool = False,
-               collated: dict | None = None) -> dict[str, torch.Tensor]:
+               collated: dict | None = None, shapes: ShapeSet | None = None
+               ) -> dict[str, torch.Tensor]:
     """The batch of ``refs`` for ``task`` — or for a forward group of tasks (one batch, each
     modality masked once: ``apply_group_masking``): ITM negatives, masking, tensors.
     ``collated``: the refs' unmasked arrays from ``collate_window`` (region input; written
-    to), else the refs are collated here. Both give the same batch for the same generator."""
+    to), else the refs are collated here. Both give the same batch for the same generator.
+    ``shapes``: pad the batch to its fixed shape (``fixed_shapes``; region input)."""
     cfg = plan.config
     tasks = (task,) if isinstance(task, str) else tuple(task)
     policies = [get_task(t) for t in tasks]
@@ -92,6 +95,8 @@ def task_batch(plan: DataPlan, tok: TextTokenizer, ctx: MaskContext,
         batch[EXAMPLE_IMAGE_KEY] = batch[IMAGE_KEYS]
         batch[EXAMPLE_TEXT_KEY] = batch[TEXT_KEYS]
     add_model_indices(batch)   # lengths and loss positions as host data: no device reads
+    if shapes is not None and cfg.visual == "regions":
+        pad_to_shape(batch, shapes, stats)
     return to_torch(batch)
 
 

@@ -139,6 +139,10 @@ class PipelineOptions(ConfigModel):
     bucket_window: int = Field(4096, ge=1)   # examples sorted by length together (UNITER:
                                       # 8192); the window holds their images, so memory ∝ this
     bucketing: bool = True            # False: cut the window in random order (a baseline)
+    fixed_shapes: bool = False        # region batches in a few fixed shapes (CUDA graphs):
+                                      # rows × a width from a ladder fitted to the first
+                                      # window, padded (batching/fixed_shapes.py)
+    shape_buckets: int = Field(12, ge=1, le=64)   # widths fitted (+1 for the longest rows)
     cache: Literal["auto", "always", "never"] = "auto"   # keep the transformed rows in Ray's
                                       # object store after one pass: no per-epoch Ray Data
                                       # restart (seconds); auto = when the shards take under a
@@ -219,6 +223,9 @@ class DataConfig(PipelineOptions, frozen=True):
         # sections handed in built (not loaded) have had their own rules checked here only
         for name in ("regions", "pixels"):
             yield from ((f"{name}.{k}", m) for k, m in getattr(self, name).validate())
+        if self.fixed_shapes and self.visual == "pixels":
+            yield "fixed_shapes", ("applies to region input only (pixel batches, SOHO, are "
+                                   "not cut into fixed shapes yet): expected false")
         yield from super().validate()
 
     def max_example_units(self) -> int:

@@ -190,12 +190,23 @@ class TrainSection(ConfigModel):
     # where: a thread of the worker, or a process of their own (no GIL shared with the step's
     # dispatching; opt-in until the GPU check has timed it: docs/gpu-check.md)
     batch_builder: Literal["thread", "process"] = "thread"
+    # how many (batch_builder: process): each builds its share of the batches, the batches
+    # the same; each takes a core. auto: one per spare core, one building at first and one
+    # more whenever the loop waits on data (docs/pretraining.md)
+    batch_builders: int | Literal["auto"] = 1
     peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
     log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
     max_nonfinite_skips: int = Field(10, gt=0)       # dropped batches per step, then raise
     stop_after: int = Field(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
     extensions_dir: str = ""              # TORCH_EXTENSIONS_DIR for DeepSpeed's JIT ops
+
+    def validate(self):
+        if self.batch_builders != "auto" and self.batch_builders < 1:
+            yield "batch_builders", f"expected a count ≥ 1 or auto, got {self.batch_builders}"
+        elif self.batch_builders != 1 and self.batch_builder != "process":
+            yield "batch_builders", (f"is {self.batch_builders!r}, but batches are built on a "
+                                     f"thread: set batch_builder: process (or leave 1)")
 
 
 class ScalingSection(ConfigModel):

@@ -112,7 +112,8 @@ class _Worker:
         # started at its first next(), after a resume has loaded the sampler and the source
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
                                    device=self.info.device, dtype=self.dtype,
-                                   builder=self.cfg.train.batch_builder)
+                                   builder=self.cfg.train.batch_builder,
+                                   builders=self.cfg.train.batch_builders)
 
     def _next_stage(self, state: TrainerState) -> None:
         """Initialise stage k+1 from stage k's weights: fresh optimizer and schedule."""

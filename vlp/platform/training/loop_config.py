@@ -41,6 +41,7 @@ class LoopTrain:
     prefetch_batches: int = 2             # micro-batches built ahead; 0 = off
     # where they are built: a thread of the worker, or a process of their own (batch_process)
     batch_builder: Literal["thread", "process"] = "thread"
+    batch_builders: int | Literal["auto"] = 1   # processes (batch_builder: process)
     peak_tflops: float = 0.0              # device peak for MFU; 0 = from the device name
     log_every: int = 10                   # steps between reports / MLflow flushes
     on_nonfinite: Literal["raise", "skip"] = "raise"

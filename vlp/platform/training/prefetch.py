@@ -15,7 +15,8 @@ every rank, on a process group of its own (see ``pretrain_components.AnyRank``).
 With ``builder="process"`` the batches are drawn and built in a process of their own
 (``batch_process``: no GIL shared with the step's dispatching) and the thread here only
 receives them and copies them to the device; each comes with the sampler and source state
-after its draw, so the resume point is the same.
+after its draw, so the resume point is the same. ``builders`` > 1 builds them in that many
+processes, each every n-th batch (``batch_process.BuilderPool``): the same batches.
 
 On CUDA, host tensors are pinned on the thread and copied on a side stream; the consumer's
 stream waits for that copy with an event, not with a host sync. Bookkeeping scalars
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from vlp.platform.training.batch_process import BuilderProcess
+from vlp.platform.training.batch_process import AutoGrow, BuilderPool, BuilderProcess, builder
 from vlp.platform.training.packed_batch import unpack
 
 BUILDERS = ("thread", "process")
@@ -67,7 +68,8 @@ class Prefetcher:
     builds ahead on a thread or in a process (same batches)."""
 
     def __init__(self, sampler: Any, source: Any, *, depth: int, device: torch.device,
-                 dtype: torch.dtype = torch.float32, builder: str = "thread"):
+                 dtype: torch.dtype = torch.float32, builder: str = "thread",
+                 builders: int | str = 1):
         if builder not in BUILDERS:
             raise ValueError(f"builder {builder!r}: expected one of {BUILDERS}")
         self.sampler, self.source = sampler, source
@@ -75,7 +77,12 @@ class Prefetcher:
         self.builder = builder if depth > 0 else "thread"
         if self.builder == "process":
             BuilderProcess.check_sendable(sampler, source)
-        self._process: BuilderProcess | None = None
+        # processes (builder="process"): a BuilderPool if > 1; "auto": grown while the loop
+        # waits (batch_process.AutoGrow)
+        self.builders = builders
+        self._grow: AutoGrow | None = None
+        self._last_next: float | None = None
+        self._process: BuilderProcess | BuilderPool | None = None
         self._next_before: dict[str, Any] | None = None   # process: states before the next
         self.cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self.cuda and depth > 0 else None
@@ -106,7 +113,11 @@ class Prefetcher:
                 if v.is_cuda:
                     v.record_stream(stream)   # the copy stream's memory now serves this one
         self._consumed += 1
-        self.wait_s += time.perf_counter() - t0
+        now = time.perf_counter()
+        self.wait_s += now - t0
+        if self._grow is not None and self._last_next is not None:
+            self._grow.record(now - t0, now - self._last_next)
+        self._last_next = now
         return item
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,7 +146,9 @@ class Prefetcher:
 
     def _take(self, still_needed: int) -> Prefetched:
         with self._cond:
-            self._target = max(self._target, self._consumed + 1 + min(self.depth, still_needed))
+            # a pool's active builders each build one ahead
+            ahead = max(self.depth, getattr(self._process, "active", 1))
+            self._target = max(self._target, self._consumed + 1 + min(ahead, still_needed))
             if self._thread is None:
                 self._start()
             if self._process is not None:
@@ -153,7 +166,9 @@ class Prefetcher:
         target = self._run
         if self.builder == "process":
             self._next_before = self._snapshot()
-            self._process = BuilderProcess(self.sampler, self.source)
+            self._process = builder(self.sampler, self.source, self.builders)
+            if self.builders == "auto":
+                self._grow = AutoGrow(self._process)
             self._process.start()
             target = self._relay
         self._thread = threading.Thread(target=target, name="vlp-prefetch", daemon=True)

@@ -51,7 +51,7 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
 
     name = device_name(device) or device.type
     ahead = (f"prefetch {c.train.prefetch_batches} micro-batch(es) ahead, built "
-             + ("in a process of their own" if c.train.batch_builder == "process"
+             + (_processes(c.train.batch_builders) if c.train.batch_builder == "process"
                 else "on a thread")
              if c.train.prefetch_batches else "no prefetch")
     lines.append(f"{precision_line(c, precision, device)}; {ahead}; MFU " + (
@@ -64,3 +64,9 @@ def run_banner(c: LoopConfig, *, world: int, n_params: int, n_trainable: int, to
     if budget:
         figures["global_batch_input_units_budget"] = budget
     return lines, figures
+
+
+def _processes(count) -> str:
+    if count == "auto":
+        return "in processes of their own (auto: one, and more while the loop waits on data)"
+    return "in a process of their own" if count == 1 else f"in {count} processes of their own"
