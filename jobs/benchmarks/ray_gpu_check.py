@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "jobs" / "configs" / "uniter-base-indomain.yaml"
 BENCH = ROOT / "jobs" / "benchmarks"
+# the `ray` command, also where Ray was unpacked without one (the trimmed Ray on PYTHONPATH)
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
 # BUTD's settings (Anderson et al.): shorter side 600, longer side at most 1000
 EXTRACT = ["--model", "butd-r101-c4", "--short-side", "600", "--long-side", "1000",
            "--gpus", "1", "--batch-size", "8"]
@@ -158,7 +160,7 @@ def start_cluster(work: Path) -> tuple[str, dict]:
 
     port = free_local_port()
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    subprocess.run(["ray", "start", "--head", "--node-ip-address", "127.0.0.1",
+    subprocess.run([*RAY_CLI, "start", "--head", "--node-ip-address", "127.0.0.1",
                     "--port", str(port), "--num-gpus", "1", "--disable-usage-stats",
                     "--temp-dir", str(work / "ray")],
                    check=True, env=env, stdout=subprocess.DEVNULL)
@@ -235,7 +237,7 @@ def run_on_gpu(plan: Plan) -> dict:
         import ray
 
         ray.shutdown()
-        subprocess.run(["ray", "stop"], env=env, stdout=subprocess.DEVNULL)
+        subprocess.run([*RAY_CLI, "stop"], env=env, stdout=subprocess.DEVNULL)
     return figures
 
 
