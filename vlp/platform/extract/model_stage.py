@@ -37,8 +37,10 @@ class RunExtractor:
     def __init__(self, model: str, weights: str | None, settings: ExtractSettings,
                  use_gpu: bool):
         from vlp.models.vision.extractors.registry import build_extractor
+        from vlp.platform.training.gpu_placement import set_allocator
         from vlp.platform.training.pretrained_weights import local_weights
 
+        set_allocator()         # before this actor's first CUDA allocation
         self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
         local = local_weights(weights) if weights else None   # a URI: this node's copy
         self.extractor = build_extractor(model, local, settings).to(self.device).eval()

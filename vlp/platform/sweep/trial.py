@@ -129,6 +129,10 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     """The Tune trainable (wrapped with ``tune.with_parameters(run_trial, ctx=...)``)."""
     import ray.tune
 
+    from vlp.platform.training.gpu_placement import set_allocator
+
+    set_allocator()             # before this trial's first CUDA allocation
+
     name, point = trial_identity(config, ctx)
     cfg = ctx.cfg
     # a path or a URI in the sweep's storage: trials run on any node of the cluster

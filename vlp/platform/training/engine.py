@@ -18,6 +18,7 @@ import torch
 
 from vlp.platform.training.bf16_bookkeeping import use_flat_bookkeeping
 from vlp.platform.training.cpu_precision import check_cpu_precision
+from vlp.platform.training.gpu_placement import deepspeed_args
 from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
 from vlp.platform.training.lr_schedule import WarmupLinearDecay, schedule_for  # noqa: F401
@@ -293,6 +294,7 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
     if recipe is not None:
         del ds_config["optimizer"]
     engine, _, _, _ = deepspeed.initialize(
+        args=deepspeed_args(device),     # vlp's device, not LOCAL_RANK's (gpu_placement)
         model=model,
         model_parameters=None if recipe else param_groups(model, cfg.optimizer.weight_decay),
         optimizer=recipe.optimizer if recipe else None,

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from vlp.platform.training.checkpointing import META_FILE
+from vlp.platform.training.gpu_placement import set_allocator
 from vlp.platform.training.loop import _Worker
 from vlp.platform.training.loop_config import LoopConfig
 
@@ -123,7 +124,7 @@ def run_local(loop: LoopConfig, components: Any, tracking: dict[str, Any],
         raise ValueError(f"the local runner is one process: scaling.num_workers is "
                          f"{loop.scaling.num_workers} (set scaling.num_workers=1)")
     run_dir = Path(run_dir)
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    set_allocator()
     with one_process_group(loop.scaling.use_gpu):
         worker = _Worker(loop, {"config": loop, "components": components, "tracking": tracking,
                                 "run_dir": str(run_dir),

@@ -22,7 +22,6 @@ seen, sampler, batch source, RNG), so a resumed run continues exactly.
 from __future__ import annotations
 
 import collections
-import os
 import posixpath
 import tempfile
 import time
@@ -39,6 +38,7 @@ from vlp.platform.training.comm_op_build import build_comm_op_once
 from vlp.platform.training.engine import build_engine, compute_dtype, resolve_precision
 from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.failures import SetupError, setup_phase
+from vlp.platform.training.gpu_placement import set_allocator
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
 from vlp.platform.training.reporter import Reporter
@@ -63,7 +63,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(f"train_loop_config['config'] is a {type(cfg).__name__}, expected "
                             f"a LoopConfig (launch.run_loop builds it)")
         # before CUDA's allocator starts (ray_session.worker_env sets it for Ray's workers too)
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        set_allocator()
         worker = _Worker(cfg, loop_config)
     return worker.run()
 

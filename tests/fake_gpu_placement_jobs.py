@@ -1,0 +1,91 @@
+"""Run by tests/test_fake_gpu_placement.py in a process of its own: a Ray with 2 fake GPUs and
+an A10G accelerator_type resource on a CPU machine; a 2-worker Ray Train job (use_gpu, gloo)
+whose workers take their device the way vlp's loop does, and a Ray Data actor pool of vlp's
+extraction actors with one GPU each. Each process writes what it saw to a JSON file in
+argv[1]. No allocator variable is set here: what the processes see comes from vlp."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import ray
+import ray.data
+import ray.train
+import ray.train.torch
+
+OUT = sys.argv[1]
+ALLOC = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def seen_env() -> dict:
+    return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "alloc": {k: os.environ[k] for k in ALLOC if k in os.environ}}
+
+
+def train_loop(config: dict) -> None:
+    import torch.distributed as dist
+
+    from vlp.platform.training.gpu_placement import deepspeed_args, ray_worker_placement
+    from vlp.platform.training.worker_context import RayTrainContext
+
+    ctx = RayTrainContext()                    # what loop._Worker builds
+    device = ctx.device(use_gpu=True)          # checked placement, or one line raised
+    placement = ray_worker_placement(device)
+    seen = {**seen_env(), "rank": ctx.rank, "local_rank": ctx.local_rank,
+            "env_local_rank": os.environ.get("LOCAL_RANK"), "device": str(device),
+            "visible_entry": placement.visible_entry(),
+            "deepspeed_device_rank": deepspeed_args(device).device_rank,
+            "backend": dist.get_backend()}
+    with open(os.path.join(OUT, f"train-{ctx.rank}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+def extractor_class():
+    from vlp.platform.extract.model_stage import RunExtractor
+
+    class Recording(RunExtractor):
+        """vlp's extraction actor; records its GPU and environment once it is built."""
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            with open(os.path.join(OUT, f"extract-{os.getpid()}.json"), "w") as f:
+                json.dump(seen_env(), f)
+
+        def __call__(self, batch):
+            time.sleep(0.2)        # both actors of the pool get blocks
+            return {"id": batch["id"], "pid": [os.getpid()] * len(batch["id"])}
+
+    return Recording
+
+
+def main() -> None:
+    from vlp.models.vision.extractors.base import ExtractSettings
+
+    for k in ALLOC:
+        os.environ.pop(k, None)
+    ray.init(address="local", num_cpus=4, num_gpus=2, resources={"accelerator_type:A10G": 1},
+             include_dashboard=False, log_to_driver=False)
+    settings = ExtractSettings(short_side=32, long_side=48)
+    rows = (ray.data.range(64, override_num_blocks=16)
+            .map_batches(extractor_class(), fn_constructor_args=("pixels", None, settings, True),
+                         compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1, batch_size=4)
+            .take_all())
+    assert len(rows) == 64
+    print(f"extract: {len({r['pid'] for r in rows})} actors")
+    ray.train.torch.TorchTrainer(
+        train_loop,
+        scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=True,
+                                               accelerator_type="A10G"),
+        torch_config=ray.train.torch.TorchConfig(backend="gloo"),
+        run_config=ray.train.RunConfig(name="placement", storage_path=os.path.join(OUT, "st")),
+    ).fit()
+    ray.shutdown()
+    print("placement: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""vlp/platform/training/gpu_placement.py: the one device a GPU worker and DeepSpeed use, and
+the allocator setting; then on a Ray with fake GPUs (num_gpus and an accelerator_type resource
+on this CPU machine, gloo): Ray Train workers' LOCAL_RANK, device index and
+CUDA_VISIBLE_DEVICES entry agree, DeepSpeed is handed that device, extraction actors hold
+distinct GPUs, and every one of those processes got the allocator setting from vlp."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp.platform.training.gpu_placement import (ALLOC_SETTING, ALLOC_VAR, Placement,
+                                                 allocator_env, deepspeed_args, set_allocator)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def placed(**kw) -> Placement:
+    base = dict(rank=1, local_rank=1, env_local_rank="1", device_index=1, visible=("0", "1"),
+                gpu_ids=("1",))
+    return Placement(**{**base, **kw})
+
+
+def test_a_worker_whose_rank_device_and_gpu_agree_has_no_problem():
+    assert placed().problem() is None
+    assert placed(visible=("4", "6"), gpu_ids=("6",)).problem() is None
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(gpu_ids=()), "no GPU"),
+    (dict(gpu_ids=("0", "1")), "GPUs 0, 1"),
+    (dict(device_index=0), "CUDA_VISIBLE_DEVICES entry '0'"),
+    (dict(visible=()), "(unset)"),
+    (dict(env_local_rank="0"), "LOCAL_RANK is '0'"),
+    (dict(local_rank=0, env_local_rank="0"), "did not order"),
+])
+def test_each_disagreement_is_one_line_naming_it(change, words):
+    problem = placed(**change).problem()
+    assert problem and words in problem and "\n" not in problem
+    assert problem.startswith("rank 1")
+
+
+def test_deepspeed_is_handed_vlps_device_on_a_gpu_and_nothing_elsewhere():
+    assert deepspeed_args(torch.device("cuda:3")).device_rank == 3
+    assert deepspeed_args(torch.device("cpu")) is None and deepspeed_args(None) is None
+
+
+def test_the_allocator_setting_is_ours_unless_the_user_set_one_under_either_name():
+    env: dict = {}
+    set_allocator(env)
+    assert env == {ALLOC_VAR: ALLOC_SETTING} and allocator_env(env) == env
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env = {name: "max_split_size_mb:64"}
+        set_allocator(env)
+        assert env == {name: "max_split_size_mb:64"} and allocator_env(env) == env
+    assert allocator_env({}) == {ALLOC_VAR: ALLOC_SETTING}
+
+
+def test_a_tune_trial_sets_the_allocator_before_anything_else(monkeypatch):
+    from vlp.platform.sweep.trial import run_trial
+
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(KeyError):          # an empty config: fails once the setting is made
+        run_trial({}, None)
+    assert os.environ[ALLOC_VAR] == ALLOC_SETTING
+
+
+def test_on_fake_gpus_train_workers_and_extraction_actors_are_placed_and_set(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fake_gpu_placement_jobs.py"),
+                           str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    alloc = {ALLOC_VAR: ALLOC_SETTING}
+    train = [json.loads((tmp_path / f"train-{r}.json").read_text()) for r in (0, 1)]
+    for seen in train:
+        assert seen["visible"] == "0,1" and seen["backend"] == "gloo"
+        index = int(seen["device"].split(":")[1])
+        assert seen["local_rank"] == int(seen["env_local_rank"]) == index
+        assert seen["visible_entry"] == seen["gpu_ids"][0] == seen["visible"].split(",")[index]
+        assert seen["deepspeed_device_rank"] == index
+        assert seen["alloc"] == alloc
+    assert {s["gpu_ids"][0] for s in train} == {"0", "1"}
+    actors = [json.loads(p.read_text()) for p in tmp_path.glob("extract-*.json")]
+    assert len(actors) == 2, actors
+    for seen in actors:
+        assert len(seen["gpu_ids"]) == 1 and seen["visible"] == seen["gpu_ids"][0]
+        assert seen["alloc"] == alloc
+    assert {s["gpu_ids"][0] for s in actors} == {"0", "1"}

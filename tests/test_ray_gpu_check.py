@@ -1,0 +1,61 @@
+"""The GPU check's Ray part (jobs/benchmarks/ray_gpu_check.py) on a CPU: its refusal in one
+line, its plan, and every command it would run passing that command's own --check."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "jobs" / "benchmarks"))
+import ray_gpu_check  # noqa: E402
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "benchmarks" / "ray_gpu_check.py")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ray-gpu-check: no CUDA device"), lines
+
+
+def test_the_plan_stops_and_resumes_one_run_and_times_the_local_runner_on_the_same_config(tmp_path):
+    plan = ray_gpu_check.Plan(tmp_path, steps=40, images=10, extract_images=8)
+    runs = dict(plan.runs())
+    assert list(runs) == ["ray_full", "ray_stopped", "ray_resumed", "local"]
+    sets = {name: [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+            for name, argv in runs.items()}
+    assert "train.stop_after=20" in sets["ray_stopped"]
+    assert "run.name=ray-resume" in sets["ray_stopped"] and "run.name=ray-resume" in sets[
+        "ray_resumed"]
+    assert "--local" in runs["local"] and "--local" not in runs["ray_full"]
+    for name in runs:        # the same config but for the run's name and the stop
+        assert "scaling.use_gpu=true" in sets[name]
+        same = [s for s in sets[name] if not s.startswith(("run.name", "train.stop_after"))]
+        assert same == [s for s in sets["ray_full"] if not s.startswith("run.name")]
+    extract = plan.extract_argv(tmp_path / "jpegs")
+    assert extract[:2] == ["data", "extract"]
+    for flag, value in (("--model", "butd-r101-c4"), ("--gpus", "1"), ("--short-side", "600"),
+                        ("--long-side", "1000")):
+        assert extract[extract.index(flag) + 1] == value
+
+
+def test_tracking_is_off_in_one_line_where_mlflow_is_not_installed(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real(name, *a))
+    sets, line = ray_gpu_check.tracking(tmp_path)
+    assert sets == ["mlflow.enabled=false"] and line.startswith("tracking: off")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    sets, line = ray_gpu_check.tracking(tmp_path)
+    assert sets == [f"mlflow.tracking_uri={(tmp_path / 'mlruns').as_uri()}"]
+
+
+def test_every_command_of_the_plan_passes_its_own_check(capsys):
+    assert ray_gpu_check.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ray_full", "ray_stopped", "ray_resumed", "local", "extract"):
+        assert f"check {name}: vlp " in out and out.count(f"check {name}:") == 1
+    assert out.count("--check: ok") == 5

@@ -1,0 +1,111 @@
+"""Which GPU a Ray Train worker computes on, from one source, and the CUDA allocator setting
+of every GPU process vlp starts.
+
+The device: vlp takes it from ``ray.train.torch.get_device()`` (the worker's GPU, as an index
+into the ``CUDA_VISIBLE_DEVICES`` that Ray Train shares between the workers of a node);
+DeepSpeed, left alone, takes ``LOCAL_RANK``. They agree only because Ray Train orders a node's
+workers by GPU id. So vlp hands DeepSpeed its own device (``deepspeed_args``: DeepSpeed's
+``device_rank``), and before any engine is built each GPU worker checks that its local rank,
+its ``LOCAL_RANK``, its device index and the ``CUDA_VISIBLE_DEVICES`` entry of the GPU Ray gave
+it agree (``Placement.problem``): a worker that would compute on another worker's GPU stops
+with one line saying which.
+
+The allocator: expandable segments, so that the varying batch shapes of budget batching (and
+the varying image sizes of extraction) do not fragment CUDA's caching allocator. Set before
+the process's first CUDA allocation by each entry: training workers, the local runner,
+extraction actors, Tune trials; and in the runtime environment of a local Ray. A setting the
+user exported, under either of torch's names, wins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+# torch ≥ 2.9 reads PYTORCH_ALLOC_CONF and still the older PYTORCH_CUDA_ALLOC_CONF (the
+# GPU machine's torch 2.11 both); the older name is the one every torch vlp meets reads
+ALLOC_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_VARS = ("PYTORCH_ALLOC_CONF", ALLOC_VAR)
+ALLOC_SETTING = "expandable_segments:True"
+
+
+def allocator_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """The allocator variable for a Ray runtime environment: the user's, else ours."""
+    env = os.environ if environ is None else environ
+    for name in ALLOC_VARS:
+        if env.get(name):
+            return {name: env[name]}
+    return {ALLOC_VAR: ALLOC_SETTING}
+
+
+def set_allocator(environ: MutableMapping[str, str] | None = None) -> None:
+    """Before this process's first CUDA allocation (CUDA reads it once)."""
+    env = os.environ if environ is None else environ
+    if not any(env.get(name) for name in ALLOC_VARS):
+        env[ALLOC_VAR] = ALLOC_SETTING
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    local_rank: int                 # Ray Train's
+    env_local_rank: str | None      # LOCAL_RANK, what DeepSpeed reads by default
+    device_index: int | None        # vlp's device (ray.train.torch.get_device())
+    visible: tuple[str, ...]        # CUDA_VISIBLE_DEVICES
+    gpu_ids: tuple[str, ...]        # the GPUs Ray gave this worker
+
+    def visible_entry(self) -> str | None:
+        if self.device_index is None or self.device_index >= len(self.visible):
+            return None
+        return self.visible[self.device_index]
+
+    def problem(self) -> str | None:
+        """Why this worker would compute on a GPU that is not its own (one line), or None."""
+        who = f"rank {self.rank} (local rank {self.local_rank})"
+        if not self.gpu_ids:
+            return f"{who}: Ray gave this worker no GPU although the job asks for one"
+        if len(self.gpu_ids) != 1:
+            return (f"{who}: Ray gave this worker GPUs {', '.join(self.gpu_ids)}; vlp runs one "
+                    f"GPU per worker")
+        if self.visible_entry() != self.gpu_ids[0]:
+            return (f"{who}: device cuda:{self.device_index} is CUDA_VISIBLE_DEVICES entry "
+                    f"{self.visible_entry()!r} of {','.join(self.visible) or '(unset)'}, not "
+                    f"GPU {self.gpu_ids[0]} that Ray gave this worker")
+        if self.env_local_rank != str(self.local_rank):
+            return (f"{who}: LOCAL_RANK is {self.env_local_rank!r}, expected "
+                    f"{self.local_rank} (DeepSpeed reads it)")
+        if self.device_index != self.local_rank:
+            return (f"{who}: computes on cuda:{self.device_index}, but its local rank is "
+                    f"{self.local_rank}: Ray Train did not order this node's workers by GPU id")
+        return None
+
+
+def ray_worker_placement(device: torch.device) -> Placement:
+    """This Ray Train worker's placement (inside a worker only)."""
+    import ray
+    import ray.train
+
+    ctx = ray.train.get_context()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return Placement(rank=ctx.get_world_rank(), local_rank=ctx.get_local_rank(),
+                     env_local_rank=os.environ.get("LOCAL_RANK"),
+                     device_index=device.index if device.type == "cuda" else None,
+                     visible=tuple(v for v in visible.split(",") if v),
+                     gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()))
+
+
+def deepspeed_args(device: torch.device | None) -> SimpleNamespace | None:
+    """``deepspeed.initialize``'s ``args``: on a GPU, vlp's device as DeepSpeed's
+    ``device_rank`` (DeepSpeed then takes it instead of ``LOCAL_RANK``); elsewhere None."""
+    if device is None or device.type != "cuda":
+        return None
+    return SimpleNamespace(device_rank=device.index if device.index is not None
+                           else torch.cuda.current_device())
+
+
+__all__ = ["ALLOC_SETTING", "ALLOC_VAR", "ALLOC_VARS", "Placement", "allocator_env",
+           "deepspeed_args", "ray_worker_placement", "set_allocator"]
