@@ -43,17 +43,47 @@ def test_grid_cells_tile_the_image_and_match_the_contract():
 
 
 def test_grid_batched_features_equal_one_at_a_time():
-    """Two images of one shape (one forward) and one of another: every image's features are
-    those it gets alone."""
+    """Mixed sizes and aspects (landscape, portrait, square, odd sides) in one padded canvas:
+    every image's cells and whole-image feature are those it gets alone (the mask keeps the
+    padding out of the convolutions' borders and out of the cell averages)."""
     torch.manual_seed(0)
     ext = build_extractor("grid-tiny", None, SMALL)
-    images = [_rgb(60, 80, 1), _rgb(60, 80, 2), _rgb(100, 50, 3)]
+    images = [_rgb(60, 80, 1), _rgb(60, 80, 2), _rgb(100, 50, 3), _rgb(77, 77, 4),
+              _rgb(41, 130, 5)]
+    assert len({ext.prepare(im)[0].shape for im in images}) == 4
     batched = _run(ext, images)
     for im, b in zip(images, batched):
         (alone,) = _run(ext, [im])
         np.testing.assert_allclose(b["features"].astype(np.float32),
                                    alone["features"].astype(np.float32), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(b["image_feature"].astype(np.float32),
+                                   alone["image_feature"].astype(np.float32),
+                                   rtol=1e-3, atol=1e-3)
         np.testing.assert_array_equal(b["boxes"], alone["boxes"])
+
+
+def test_padding_without_the_mask_would_change_grid_features():
+    """Why the mask: the same padded canvas with the hooks off gives other features for the
+    smaller image (the padded area leaks in through the border convolutions and the cells)."""
+    from vlp.models.vision.extractors import padded_batch
+
+    torch.manual_seed(0)
+    ext = build_extractor("grid-tiny", None, SMALL)
+    images = [_rgb(64, 128, 1), _rgb(128, 64, 2)]
+    masked = _run(ext, images)
+
+    class NoMask(padded_batch.Extents):
+        def masked(self, x):
+            return x
+    real = padded_batch.Extents
+    padded_batch.Extents = NoMask
+    try:
+        unmasked = _run(ext, images)
+    finally:
+        padded_batch.Extents = real
+    diff = [np.abs(a["features"].astype(np.float32) - b["features"].astype(np.float32)).max()
+            for a, b in zip(masked, unmasked)]
+    assert max(diff) > 1e-2
 
 
 def test_grid_weights_from_a_torchvision_state_dict(tmp_path):
