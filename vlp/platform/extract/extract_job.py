@@ -152,6 +152,37 @@ def build_dataset(p: ExtractPlan):
                           batch_format="numpy", **resources)
 
 
+class JobFailed(RuntimeError):
+    """The job stopped for a reason that is one line (not a per-image failure)."""
+
+
+def _autoscales() -> bool:
+    """Whether this cluster's autoscaler may add nodes: ``ray up`` leaves its bootstrap
+    config in the head's home folder, where a submitted job's driver runs."""
+    return (Path.home() / "ray_bootstrap_config.yaml").is_file()
+
+
+def check_cluster(o: ExtractOptions, gpus_now: float | None = None,
+                  autoscales: bool | None = None) -> None:
+    """Once Ray is attached, before any actor starts: ``--gpus N`` above the cluster's GPUs
+    is refused (Ray would wait forever for the actors), unless an autoscaler may add GPU
+    nodes. ``ValueError`` with one line."""
+    if not o.gpus:
+        return
+    if gpus_now is None:
+        import ray
+        gpus_now = float(ray.cluster_resources().get("GPU", 0.0))
+    if o.gpus <= gpus_now:
+        return
+    if autoscales if autoscales is not None else _autoscales():
+        print(f"extract: --gpus {o.gpus}, the cluster has {gpus_now:g} GPU(s) now: the "
+              f"autoscaler must add the rest before the actors start", file=sys.stderr)
+        return
+    raise ValueError(f"--gpus {o.gpus}: the Ray cluster has {gpus_now:g} GPU(s) (and no "
+                     f"autoscaler to add more): the actors would wait forever; ask for at most "
+                     f"{gpus_now:g}")
+
+
 @dataclass
 class ExtractReport:
     written: int = 0
@@ -199,7 +230,7 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
     progress = _Progress(len(p.todo), progress_every_s)
     if p.todo:
         done, first_at, first_done = 0, None, 0
-        for batch in build_dataset(p).iter_batches(batch_size=None, batch_format="pyarrow"):
+        for batch in _batches(build_dataset(p)):
             if first_at is None:
                 first_at, first_done = time.perf_counter(), batch.num_rows
             for row in batch.to_pylist():
@@ -222,6 +253,26 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
          **p.metadata}, [f"images/{o.source}"]))
     report.shards = sink.shards_written
     return report
+
+
+def _batches(ds):
+    """The dataset's result batches; a deterministic actor failure (no CUDA) ends the job
+    with its own line, not Ray's trace."""
+    from vlp.platform.extract.model_stage import NO_CUDA
+
+    it = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            text = str(e)
+            if NO_CUDA in text:
+                start = text.index(NO_CUDA)
+                raise JobFailed(text[start:].splitlines()[0]) from None
+            raise
+        yield batch
 
 
 def summary(p: ExtractPlan, r: ExtractReport) -> str:
