@@ -71,7 +71,10 @@ def decode_rgb(blob: bytes) -> np.ndarray:
         raise BadImage(f"not an image ({len(blob)} bytes; no image format starts with "
                        f"{blob[:12]!r})") from None
     except (OSError, SyntaxError, ValueError) as e:
-        raise BadImage(f"corrupt header ({' '.join(str(e).split())[:150]})") from None
+        message = " ".join(str(e).split())
+        if "truncat" in message.lower():
+            raise BadImage(f"truncated at byte {len(blob)} (the header ends early)") from None
+        raise BadImage(f"corrupt header ({message[:150]})") from None
     with im:
         w, h = im.size
         what = f"{im.format or 'image'} {w}×{h}"
