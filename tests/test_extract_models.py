@@ -62,6 +62,12 @@ def test_grid_batched_features_equal_one_at_a_time():
         np.testing.assert_array_equal(b["boxes"], alone["boxes"])
 
 
+def test_landscape_and_portrait_images_get_a_canvas_each():
+    from vlp.models.vision.extractors.padded_batch import orientation_groups
+    shapes = [(600, 800), (1000, 600), (600, 600), (600, 1000), (900, 600)]
+    assert orientation_groups([torch.zeros(h, w, 3) for h, w in shapes]) == [[0, 2, 3], [1, 4]]
+
+
 def test_padding_without_the_mask_would_change_grid_features():
     """Why the mask: the same padded canvas with the hooks off gives other features for the
     smaller image (the padded area leaks in through the border convolutions and the cells)."""
@@ -69,7 +75,7 @@ def test_padding_without_the_mask_would_change_grid_features():
 
     torch.manual_seed(0)
     ext = build_extractor("grid-tiny", None, SMALL)
-    images = [_rgb(64, 128, 1), _rgb(128, 64, 2)]
+    images = [_rgb(64, 128, 1), _rgb(64, 80, 2)]      # one canvas, the second padded
     masked = _run(ext, images)
 
     class NoMask(padded_batch.Extents):

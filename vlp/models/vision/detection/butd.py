@@ -6,7 +6,8 @@ MRC / MRC-kl targets), and one whole-image RoI through the same head (VL-BERT's 
 feature for text tokens). Boxes are the RoIs as proposed, not regressed, mapped back to the
 original image's pixels.
 
-A batch of any sizes is one zero-padded canvas (padded_batch.py): the padding comes after
+A batch of any sizes is one zero-padded canvas per orientation (padded_batch.py: landscape
+and portrait images in one canvas would pad it square): the padding comes after
 normalisation, every conv and pool of the trunk and the RPN reads zeros outside each image's
 extent, anchors exist only over each image's own part of the C4 map, proposals are clipped to
 its own size and its RoIs pool from its own part: a batch's features equal those of its
@@ -24,7 +25,7 @@ from vlp.models.vision.detection.butd_model import ButdDetector
 from vlp.models.vision.detection.region_select import select_regions
 from vlp.models.vision.extractors.base import Extractor, ExtractSettings
 from vlp.models.vision.extractors.image_prep import resize_rgb
-from vlp.models.vision.extractors.padded_batch import canvas
+from vlp.models.vision.extractors.padded_batch import canvas, orientation_groups
 
 NAMES = {"base": "butd-r101-c4", "tiny": "butd-tiny"}
 
@@ -58,8 +59,13 @@ class ButdExtractor(Extractor):
     @torch.no_grad()
     def extract(self, inputs: list[torch.Tensor], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
-        images, resized = canvas(inputs, self._normalise)
-        return self._detect(images, resized, scales, sizes)
+        out: list[dict | None] = [None] * len(inputs)
+        for idx in orientation_groups(inputs):
+            images, resized = canvas([inputs[i] for i in idx], self._normalise)
+            for i, result in zip(idx, self._detect(images, resized, [scales[i] for i in idx],
+                                                   [sizes[i] for i in idx])):
+                out[i] = result
+        return out    # type: ignore[return-value]
 
     def _detect(self, batch: torch.Tensor, resized: list[tuple[int, int]], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray]]:

@@ -3,7 +3,7 @@ map average-pooled to a G×G grid, each cell a region whose box is the cell's sh
 image. No detector: G² regions of confidence 1, and the whole map's mean as the whole-image
 feature.
 
-A batch of any sizes is one zero-padded canvas (padded_batch.py). Padding alone would change
+A batch of any sizes is one zero-padded canvas per orientation (padded_batch.py). Padding alone would change
 features: the convolutions would read the padded area at each image's bottom and right
 border, and the G×G pooling would average padded cells in. So every conv and pool masks its
 input to each image's extent, and each image's cells are pooled from its own part of the C5
@@ -20,7 +20,8 @@ from vlp.models.family_config import RESNET101, RESNET_TINY, ResNetConfig
 from vlp.models.vision.cnn_weights import cnn_weights_problem, load_cnn_weights
 from vlp.models.vision.extractors.base import Extractor, ExtractSettings, file_sha256
 from vlp.models.vision.extractors.image_prep import normalised_chw, resize_rgb
-from vlp.models.vision.extractors.padded_batch import canvas, masked_extents
+from vlp.models.vision.extractors.padded_batch import (canvas, masked_extents,
+                                                         orientation_groups)
 from vlp.models.vision.resnet import ResNet
 
 RESNET50 = ResNetConfig("bottleneck", (3, 4, 6, 3))
@@ -50,6 +51,15 @@ class GridExtractor(Extractor):
     @torch.no_grad()
     def extract(self, inputs: list[torch.Tensor], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
+        out: list[dict | None] = [None] * len(inputs)
+        for idx in orientation_groups(inputs):
+            for i, result in zip(idx, self._grid([inputs[i] for i in idx],
+                                                 [sizes[i] for i in idx])):
+                out[i] = result
+        return out    # type: ignore[return-value]
+
+    def _grid(self, inputs: list[torch.Tensor], sizes: list[tuple[int, int]]
+              ) -> list[dict[str, np.ndarray | None]]:
         images, resized = canvas(inputs, normalised_chw)
         with masked_extents([self.trunk], resized, tuple(images.shape[-2:])) as extents:
             c5 = self.trunk(images)                                      # [B, C, h5, w5]
@@ -58,7 +68,7 @@ class GridExtractor(Extractor):
         own = [c5[i:i + 1, :, :h, :w] for i, (h, w) in enumerate(c5_hw)]
         cells = torch.cat([F.adaptive_avg_pool2d(x, g) for x in own]).flatten(2).transpose(1, 2)
         whole = torch.cat([x.mean((2, 3)) for x in own])                 # [B, C]
-        cells = cells.to(torch.float16).cpu().numpy()   # one copy per batch
+        cells = cells.to(torch.float16).cpu().numpy()   # one copy per canvas
         whole = whole.to(torch.float16).cpu().numpy()
         return [{"boxes": self.cell_boxes(h, w), "confidences": np.ones(g * g, np.float32),
                  "features": cells[i], "soft_labels": None, "image_feature": whole[i]}

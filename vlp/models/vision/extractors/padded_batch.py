@@ -27,6 +27,16 @@ SIZE_DIVISOR = 32     # canvas sides: a multiple of the trunks' total stride
 Extent = tuple[int, int]
 
 
+def orientation_groups(images: list[torch.Tensor]) -> list[list[int]]:
+    """Indices of a batch's landscape (and square) images, then its portrait ones: each group
+    is one canvas. BUTD's resize puts a landscape image at 600 × up to 1000 and a portrait
+    one at up to 1000 × 600, so one canvas for both would be 1000 × 1000, half of it
+    padding; two canvases of one orientation each pad only the long sides' differences."""
+    wide = [i for i, x in enumerate(images) if x.shape[1] >= x.shape[0]]
+    tall = [i for i, x in enumerate(images) if x.shape[1] < x.shape[0]]
+    return [g for g in (wide, tall) if g]
+
+
 def canvas(images: list[torch.Tensor], normalise: Callable[[torch.Tensor], torch.Tensor],
            divisor: int = SIZE_DIVISOR) -> tuple[torch.Tensor, list[Extent]]:
     """uint8 HWC images (on the model's device) → ((B, 3, H, W) float32 canvas, their (h, w)).
