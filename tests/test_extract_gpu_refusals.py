@@ -34,7 +34,7 @@ def test_gpu_refusals_with_a_fake_gpu(tmp_path):
     for i in range(2):
         Image.fromarray(np.full((40, 60, 3), 60 * i, np.uint8)).save(imgs / f"{i}.jpg")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(imgs), str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=600)
     codes = [ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("EXIT ")]
     assert codes == ["2", "1"], proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("vlp data extract: error")]
