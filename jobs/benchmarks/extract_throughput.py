@@ -16,7 +16,8 @@ the same decoded images, in one run.
 
 ``--mixed-sizes`` times the model alone (the bare loop) on a folder of photos of mixed sizes
 (each a different size between 360 and 800 px a side, a third of them portrait) against the
-same photos resized to one size (480×640, the old benchmark's), batched alike, in one run:
+same photos resized to one size (480×640, the old benchmark's), batched alike, in one run,
+the passes alternated ``--rounds`` times (a shared machine's load drifts):
 ``ratio_mixed_over_uniform`` is what one padded canvas per batch costs against batches of
 one shape (padding, masks, per-image RPN and pooling). Random-init weights: the time does
 not depend on the weights' values.
@@ -97,6 +98,42 @@ def bare_loop(model: str, settings, files: list[Path], batch: int, threads: int,
     return len(inputs) / (time.perf_counter() - start)
 
 
+def interleaved(model: str, settings, folders: list[list[Path]], batch: int, threads: int,
+                gpu: bool, rounds: int) -> list[float]:
+    """Images/s of the model alone on each list of files, the passes alternated ``rounds``
+    times (one model, each list decoded and warmed up first), so a machine whose load drifts
+    slows every list alike."""
+    import torch
+
+    from vlp.models.vision.extractors.registry import build_extractor
+    from vlp.platform.extract.decode_stage import decode_rgb
+
+    torch.set_num_threads(threads)
+    device = torch.device("cuda" if gpu else "cpu")
+    ext = build_extractor(model, None, settings).to(device).eval()
+    sets = []
+    for files in folders:
+        decoded = [decode_rgb(f.read_bytes()) for f in files]
+        prepared = [ext.prepare(im) for im in decoded]
+        inputs = [torch.from_numpy(np.array(x)).to(device) for x, _ in prepared]
+        scales = [s for _, s in prepared]
+        sizes = [im.shape[:2] for im in decoded]
+        ext.extract(inputs[:batch], scales[:batch], sizes[:batch])           # warm-up
+        sets.append((inputs, scales, sizes))
+    seconds = [0.0] * len(sets)
+    for _ in range(rounds):
+        for k, (inputs, scales, sizes) in enumerate(sets):
+            if gpu:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for i in range(0, len(inputs), batch):
+                ext.extract(inputs[i:i + batch], scales[i:i + batch], sizes[i:i + batch])
+            if gpu:
+                torch.cuda.synchronize()
+            seconds[k] += time.perf_counter() - start
+    return [rounds * len(s[0]) / t for s, t in zip(sets, seconds)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,6 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--bare-only", action="store_true",
                    help="time the bare loop alone (no Ray imported)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="--mixed-sizes: alternated timed passes over each folder")
     p.add_argument("--mixed-sizes", action="store_true",
                    help="time the model alone on mixed sizes against one size (no Ray)")
     args = p.parse_args(argv)
@@ -125,6 +164,7 @@ def main(argv=None) -> int:
         files = sorted(folder.glob("*.jpg"))
         print(f"settings: model {args.model}, {args.images} images 480x640 → "
               f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
+              f"{args.rounds} alternated rounds, "
               f"{f'{args.gpus} GPU' if args.gpus else f'{args.workers} CPU'} actor(s)")
         bare = bare_loop(args.model, settings, files, args.batch_size,
                          threads=max(1, args.workers), gpu=bool(args.gpus))
@@ -178,13 +218,12 @@ def mixed_sizes(args) -> int:
         print(f"settings: model {args.model} (random-init weights), {args.images} images, "
               f"mixed sizes 360-800 px (a third portrait) vs all 480x640, resized to "
               f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
+              f"{args.rounds} alternated rounds, "
               f"{'1 GPU' if gpu else f'{args.workers} CPU thread(s)'}")
         print(f"device {device}")
-        threads = max(1, args.workers)
-        rate_uniform = bare_loop(args.model, settings, sorted(uniform.glob("*.jpg")),
-                                 args.batch_size, threads, gpu)
-        rate_mixed = bare_loop(args.model, settings, sorted(mixed.glob("*.jpg")),
-                               args.batch_size, threads, gpu)
+        rate_uniform, rate_mixed = interleaved(
+            args.model, settings, [sorted(uniform.glob("*.jpg")), sorted(mixed.glob("*.jpg"))],
+            args.batch_size, max(1, args.workers), gpu, args.rounds)
         # BUTD's resize keeps the aspect: mixed aspects give other pixel counts than 4:3, so
         # the rate per resized pixel is printed too (the canvas' padding is the difference)
         area = {name: np.mean([np.prod(resized_hw(*Image.open(f).size[::-1], settings)[:2])
