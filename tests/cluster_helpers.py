@@ -181,7 +181,8 @@ class Cluster:
         try:
             self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
                          "--dashboard-port", str(dash), "--ray-client-server-port",
-                         str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", str(head_cpus),
+                         str(free_local_port()), "--temp-dir", str(temp),
+                         "--num-cpus", str(head_cpus),
                          "--resources", json.dumps({"head_node": 1}),
                          "--system-config", json.dumps(HEALTH_CHECK)])
             wait_http(f"{self.address}/api/version", 300,

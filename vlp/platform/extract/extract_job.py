@@ -1,7 +1,7 @@
 """`vlp data extract` as a Ray Data batch-inference job, laid out as Ray's guide lays one out:
 
-    ids + paths ─► read, decode, orient, resize (CPU tasks) ─► extractor (actor pool, one per
-    GPU, or N CPU actors) ─► validated shard writer (CPU tasks, writing to the output URI)
+    ids + paths ─► read, decode, orient, resize (CPU tasks) ─► extractor (actor pool, one
+    per GPU, or N CPU actors) ─► validated shard writer (CPU tasks, writing to the output URI)
     ─► driver: the manifest, shard by shard (it sees names and counts, never features)
 
 Everything that can be checked is checked before Ray starts (inputs, names, settings, the

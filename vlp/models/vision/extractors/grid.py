@@ -3,11 +3,12 @@ map average-pooled to a G×G grid, each cell a region whose box is the cell's sh
 image. No detector: G² regions of confidence 1, and the whole map's mean as the whole-image
 feature.
 
-A batch of any sizes is one zero-padded canvas per orientation (padded_batch.py). Padding alone would change
-features: the convolutions would read the padded area at each image's bottom and right
-border, and the G×G pooling would average padded cells in. So every conv and pool masks its
-input to each image's extent, and each image's cells are pooled from its own part of the C5
-map: batched features equal one-at-a-time features (a test checks it on mixed sizes).
+A batch of any sizes is one zero-padded canvas per orientation (padded_batch.py). Padding
+alone would change features: the convolutions would read the padded area at each image's
+bottom and right border, and the G×G pooling would average padded cells in. So every conv
+and pool masks its input to each image's extent, and each image's cells are pooled from its
+own part of the C5 map: batched features equal one-at-a-time features (a test checks it on
+mixed sizes).
 """
 
 from __future__ import annotations
