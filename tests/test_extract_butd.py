@@ -75,11 +75,18 @@ def test_butd_tiny_regions_meet_the_contract(tiny):
 
 
 def test_batched_features_equal_one_at_a_time(tiny):
-    images = [_image(120, 180, s) for s in (3, 4, 5)] + [_image(90, 140, 6)]
+    """A batch of mixed sizes and aspects (landscape, portrait, square, one resized to a side
+    that is no multiple of the strides) is one padded canvas: every image's regions and
+    features are those it gets alone."""
+    images = [_image(120, 180, 3), _image(180, 100, 4), _image(97, 97, 5),
+              _image(90, 140, 6), _image(210, 130, 7)]
     together = _run(tiny, images)
+    assert len({tiny.prepare(im)[0].shape for im in images}) == len(images)
     for im, batched in zip(images, together):
         alone = _run(tiny, [im])[0]
+        np.testing.assert_array_equal(batched["boxes"].shape, alone["boxes"].shape)
         np.testing.assert_allclose(batched["boxes"], alone["boxes"], atol=1e-3)
+        np.testing.assert_allclose(batched["confidences"], alone["confidences"], atol=1e-4)
         np.testing.assert_allclose(batched["features"].astype(np.float32),
                                    alone["features"].astype(np.float32), rtol=2e-3, atol=1e-3)
         np.testing.assert_allclose(batched["image_feature"].astype(np.float32),
@@ -210,10 +217,13 @@ def test_converter_loads_pkl_and_pth_alike(tmp_path):
     for k, v in state.items():
         if not k.startswith("pixel_"):
             np.testing.assert_array_equal(own[k].numpy(), v)
-    # prepare: RGB → BGR less Caffe's means, shorter side to short_side
+    # prepare: shorter side to short_side, still uint8 RGB; on the device: BGR less Caffe's
+    # means
     x, scale = a.prepare(np.tile(np.asarray([123, 116, 103], np.uint8), (120, 180, 1)))
-    assert x.shape == (3, 96, 144) and x.dtype == np.float32 and scale == pytest.approx(0.8)
-    np.testing.assert_allclose(x[:, 5, 7], [103 - 102.9801, 116 - 115.9465, 123 - 122.7717],
+    assert x.shape == (96, 144, 3) and x.dtype == np.uint8 and scale == pytest.approx(0.8)
+    y = a._normalise(torch.from_numpy(x)).numpy()
+    assert y.shape == (3, 96, 144) and y.dtype == np.float32
+    np.testing.assert_allclose(y[:, 5, 7], [103 - 102.9801, 116 - 115.9465, 123 - 122.7717],
                                atol=1e-4)
     assert a.detector.has_attributes
     images = [_image(100, 150, 8)]

@@ -43,17 +43,53 @@ def test_grid_cells_tile_the_image_and_match_the_contract():
 
 
 def test_grid_batched_features_equal_one_at_a_time():
-    """Two images of one shape (one forward) and one of another: every image's features are
-    those it gets alone."""
+    """Mixed sizes and aspects (landscape, portrait, square, odd sides) in one padded canvas:
+    every image's cells and whole-image feature are those it gets alone (the mask keeps the
+    padding out of the convolutions' borders and out of the cell averages)."""
     torch.manual_seed(0)
     ext = build_extractor("grid-tiny", None, SMALL)
-    images = [_rgb(60, 80, 1), _rgb(60, 80, 2), _rgb(100, 50, 3)]
+    images = [_rgb(60, 80, 1), _rgb(60, 80, 2), _rgb(100, 50, 3), _rgb(77, 77, 4),
+              _rgb(41, 130, 5)]
+    assert len({ext.prepare(im)[0].shape for im in images}) == 4
     batched = _run(ext, images)
     for im, b in zip(images, batched):
         (alone,) = _run(ext, [im])
         np.testing.assert_allclose(b["features"].astype(np.float32),
                                    alone["features"].astype(np.float32), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(b["image_feature"].astype(np.float32),
+                                   alone["image_feature"].astype(np.float32),
+                                   rtol=1e-3, atol=1e-3)
         np.testing.assert_array_equal(b["boxes"], alone["boxes"])
+
+
+def test_landscape_and_portrait_images_get_a_canvas_each():
+    from vlp.models.vision.extractors.padded_batch import orientation_groups
+    shapes = [(600, 800), (1000, 600), (600, 600), (600, 1000), (900, 600)]
+    assert orientation_groups([torch.zeros(h, w, 3) for h, w in shapes]) == [[0, 2, 3], [1, 4]]
+
+
+def test_padding_without_the_mask_would_change_grid_features():
+    """Why the mask: the same padded canvas with the hooks off gives other features for the
+    smaller image (the padded area leaks in through the border convolutions and the cells)."""
+    from vlp.models.vision.extractors import padded_batch
+
+    torch.manual_seed(0)
+    ext = build_extractor("grid-tiny", None, SMALL)
+    images = [_rgb(64, 128, 1), _rgb(64, 80, 2)]      # one canvas, the second padded
+    masked = _run(ext, images)
+
+    class NoMask(padded_batch.Extents):
+        def masked(self, x):
+            return x
+    real = padded_batch.Extents
+    padded_batch.Extents = NoMask
+    try:
+        unmasked = _run(ext, images)
+    finally:
+        padded_batch.Extents = real
+    diff = [np.abs(a["features"].astype(np.float32) - b["features"].astype(np.float32)).max()
+            for a, b in zip(masked, unmasked)]
+    assert max(diff) > 1e-2
 
 
 def test_grid_weights_from_a_torchvision_state_dict(tmp_path):
@@ -155,6 +191,7 @@ def test_images_by_uri_are_listed_and_decoded_from_object_storage(s3_env, tmp_pa
     assert refs[0].location == f"{uri}/COCO_val2014_000000000001.jpg"
     out = PrepareImages("grid-tiny", SMALL)({"image_id": np.array([r.image_id for r in refs]),
                                              "location": np.array([r.location for r in refs])})
-    assert out["input"][0].shape == (3, 64, 96) and out["height"].tolist()[:2] == [40, 40]
-    assert out["error"][:2].tolist() == ["", ""] and "truncated" not in out["error"][2]
-    assert out["error"][2].startswith("OSError")
+    # resized, still uint8 HWC (normalised on the model's device)
+    assert out["input"][0].shape == (64, 96, 3) and out["input"][0].dtype == np.uint8
+    assert out["height"].tolist()[:2] == [40, 40]
+    assert out["error"].tolist() == ["", "", "truncated at byte 99 (the header ends early)"]

@@ -41,10 +41,10 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
-from cluster_helpers import BIN, bashrc_env, shipped_gpu_configs, stop_tree, wait_http
+from cluster_helpers import (BIN, Cluster, bashrc_env, shipped_gpu_configs, stop_tree,
+                             wait_http)
 
 from vlp.platform.cluster.ray_session import free_local_port
 
@@ -117,95 +117,6 @@ def mlflow_server(mlflow_process):
     proc, port = mlflow_process
     wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)   # minutes when loaded
     return f"http://127.0.0.1:{port}"
-
-
-# The GCS marks a node dead after this many failed health checks in a row (Ray's default: 5,
-# one every 3 s: 15 s of a test's waiting after the raylet kill). A killed raylet refuses the
-# connection at once; a live raylet on a loaded machine still has each check's full timeout
-# (10 s, unchanged) to answer, so 3 checks 1 s apart find the dead node in ~3 s without
-# marking a slow one dead.
-HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
-
-
-class Cluster:
-    def __init__(self, env: dict, temp: Path):
-        self.env, self.temp = env, temp
-        self.port, dash = free_local_port(), free_local_port()
-        self.address = f"http://127.0.0.1:{dash}"
-        self.groups: list[int] = []
-        try:
-            self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
-                         "--dashboard-port", str(dash), "--ray-client-server-port",
-                         str(free_local_port()), "--temp-dir", str(temp), "--num-cpus", "1",
-                         "--resources", json.dumps({"head_node": 1}),
-                         "--system-config", json.dumps(HEALTH_CHECK)])
-            wait_http(f"{self.address}/api/version", 300,
-                      {"Authorization": f"Bearer {env['RAY_AUTH_TOKEN']}"})
-            # the two worker nodes join at the same time; each has a temp dir of its own:
-            # the default /tmp/ray is shared with every other Ray on the machine (unpacked
-            # job packages included)
-            self._start(*[["--address", f"127.0.0.1:{self.port}", "--num-cpus", "2",
-                           "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})]
-                          for name in ("node_b", "node_c")])
-        except BaseException:       # interrupted or failed while starting: stop what runs
-            self.stop()
-            raise
-
-    def _start(self, *nodes: list[str]) -> None:
-        """`ray start` with each of ``nodes``' arguments, all at once; returns when all
-        have."""
-        starts = []
-        for args in nodes:
-            cmd = [str(BIN / "ray"), "start", "--node-ip-address", "127.0.0.1",
-                   "--dashboard-agent-listen-port", str(free_local_port()),
-                   "--metrics-export-port", str(free_local_port()),
-                   "--object-store-memory", str(512 << 20), "--disable-usage-stats", *args]
-            start = subprocess.Popen(cmd, env=self.env, cwd=ROOT, start_new_session=True,
-                                     text=True, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
-            self.groups.append(start.pid)
-            starts.append((start, args))
-        for start, args in starts:
-            out, _ = start.communicate(timeout=600)
-            assert start.returncode == 0, f"ray start {' '.join(args[:2])} failed:\n{out}"
-
-    def raylets(self) -> dict[str, psutil.Process]:
-        """Custom resource name → raylet process, for this cluster's nodes."""
-        out = {}
-        for p in psutil.process_iter(["name", "cmdline"]):
-            try:
-                cmd = " ".join(p.info["cmdline"] or [])
-                if p.info["name"] == "raylet" and str(self.temp) in cmd:
-                    for name in ("head_node", "node_b", "node_c"):
-                        if name in cmd:
-                            out[name] = p
-            except psutil.Error:
-                pass
-        return out
-
-    def train_worker_nodes(self) -> list[str]:
-        """Nodes whose raylet runs a Ray Train worker process."""
-        found = []
-        for name, raylet in self.raylets().items():
-            for child in raylet.children(recursive=True):
-                try:
-                    if "RayTrainWorker" in child.name() + " ".join(child.cmdline()):
-                        found.append(name)
-                        break
-                except psutil.Error:
-                    pass
-        return found
-
-    def submit(self, workdir: Path, job_id: str, entry: list[str], env_vars: dict,
-               log: Path, program: str = "python") -> subprocess.Popen:
-        cmd = [str(BIN / "ray"), "job", "submit", "--address", self.address, "--working-dir",
-               str(workdir), "--submission-id", job_id, "--runtime-env-json",
-               json.dumps({"env_vars": env_vars}), "--", program, *entry]
-        return subprocess.Popen(cmd, env=self.env, cwd=workdir, stdout=open(log, "w"),
-                                stderr=subprocess.STDOUT, text=True)
-
-    def stop(self) -> None:
-        stop_tree(*self.groups)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,14 @@ the same decoded images, in one run.
 - ``job_steady``: the same job from its first result to its last (actors up): the rate a
   long extraction runs at, where start-up is amortised.
 
+``--mixed-sizes`` times the model alone (the bare loop) on a folder of photos of mixed sizes
+(each a different size between 360 and 800 px a side, a third of them portrait) against the
+same photos resized to one size (480×640, the old benchmark's), batched alike, in one run,
+the passes alternated ``--rounds`` times (a shared machine's load drifts):
+``ratio_mixed_over_uniform`` is what one padded canvas per batch costs against batches of
+one shape (padding, masks, per-image RPN and pooling). Random-init weights: the time does
+not depend on the weights' values.
+
 ``--bare-only`` times the bare loop alone and imports no Ray: the per-GPU model rate on a GPU
 machine that has torch but no Ray (BUTD's settings: ``--model butd-r101-c4 --short-side 600
 --long-side 1000 --gpus 1 --bare-only``).
@@ -43,6 +51,27 @@ def _write_images(folder: Path, n: int) -> None:
             folder / f"img{i:05d}.jpg", quality=90)
 
 
+def _write_mixed(folder: Path, uniform: Path, n: int) -> None:
+    """``n`` photos of ``n`` different sizes (a third portrait) in ``folder``; the same photos
+    resized to 480×640 in ``uniform``."""
+    from PIL import Image
+    rng = np.random.default_rng(1)
+    folder.mkdir(parents=True)
+    uniform.mkdir(parents=True)
+    seen = set()
+    for i in range(n):
+        while True:
+            long, short = int(rng.integers(480, 801)), int(rng.integers(360, 600))
+            h, w = (long, short) if i % 3 == 2 else (short, long)
+            if (h, w) not in seen:
+                seen.add((h, w))
+                break
+        small = (rng.random((6, 8, 3)) * 255).astype(np.uint8)
+        photo = Image.fromarray(small).resize((w, h), Image.BICUBIC)
+        photo.save(folder / f"img{i:05d}.jpg", quality=90)
+        photo.resize((640, 480), Image.BICUBIC).save(uniform / f"img{i:05d}.jpg", quality=90)
+
+
 def bare_loop(model: str, settings, files: list[Path], batch: int, threads: int,
               gpu: bool) -> float:
     import torch
@@ -69,6 +98,42 @@ def bare_loop(model: str, settings, files: list[Path], batch: int, threads: int,
     return len(inputs) / (time.perf_counter() - start)
 
 
+def interleaved(model: str, settings, folders: list[list[Path]], batch: int, threads: int,
+                gpu: bool, rounds: int) -> list[float]:
+    """Images/s of the model alone on each list of files, the passes alternated ``rounds``
+    times (one model, each list decoded and warmed up first), so a machine whose load drifts
+    slows every list alike."""
+    import torch
+
+    from vlp.models.vision.extractors.registry import build_extractor
+    from vlp.platform.extract.decode_stage import decode_rgb
+
+    torch.set_num_threads(threads)
+    device = torch.device("cuda" if gpu else "cpu")
+    ext = build_extractor(model, None, settings).to(device).eval()
+    sets = []
+    for files in folders:
+        decoded = [decode_rgb(f.read_bytes()) for f in files]
+        prepared = [ext.prepare(im) for im in decoded]
+        inputs = [torch.from_numpy(np.array(x)).to(device) for x, _ in prepared]
+        scales = [s for _, s in prepared]
+        sizes = [im.shape[:2] for im in decoded]
+        ext.extract(inputs[:batch], scales[:batch], sizes[:batch])           # warm-up
+        sets.append((inputs, scales, sizes))
+    seconds = [0.0] * len(sets)
+    for _ in range(rounds):
+        for k, (inputs, scales, sizes) in enumerate(sets):
+            if gpu:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for i in range(0, len(inputs), batch):
+                ext.extract(inputs[i:i + batch], scales[i:i + batch], sizes[i:i + batch])
+            if gpu:
+                torch.cuda.synchronize()
+            seconds[k] += time.perf_counter() - start
+    return [rounds * len(s[0]) / t for s, t in zip(sets, seconds)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,7 +146,13 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--bare-only", action="store_true",
                    help="time the bare loop alone (no Ray imported)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="--mixed-sizes: alternated timed passes over each folder")
+    p.add_argument("--mixed-sizes", action="store_true",
+                   help="time the model alone on mixed sizes against one size (no Ray)")
     args = p.parse_args(argv)
+    if args.mixed_sizes:
+        return mixed_sizes(args)
 
     from vlp.models.vision.extractors.base import ExtractSettings
 
@@ -93,6 +164,7 @@ def main(argv=None) -> int:
         files = sorted(folder.glob("*.jpg"))
         print(f"settings: model {args.model}, {args.images} images 480x640 → "
               f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
+              f"{args.rounds} alternated rounds, "
               f"{f'{args.gpus} GPU' if args.gpus else f'{args.workers} CPU'} actor(s)")
         bare = bare_loop(args.model, settings, files, args.batch_size,
                          threads=max(1, args.workers), gpu=bool(args.gpus))
@@ -125,6 +197,45 @@ def main(argv=None) -> int:
         print(f"job_seconds {report.seconds:.1f} s")
         print(f"ratio_job_steady_over_bare_loop {report.steady_images_per_s / bare:.3f}")
         print(f"ratio_job_over_bare_loop {report.images_per_s / bare:.3f}")
+    return 0
+
+
+def mixed_sizes(args) -> int:
+    import platform
+
+    import torch
+
+    from PIL import Image
+
+    from vlp.models.vision.extractors.base import ExtractSettings, resized_hw
+
+    settings = ExtractSettings(short_side=args.short_side, long_side=args.long_side)
+    gpu = bool(args.gpus)
+    with tempfile.TemporaryDirectory() as tmp:
+        mixed, uniform = Path(tmp) / "mixed", Path(tmp) / "uniform"
+        _write_mixed(mixed, uniform, args.images)
+        device = torch.cuda.get_device_name(0) if gpu else (platform.processor() or "cpu")
+        print(f"settings: model {args.model} (random-init weights), {args.images} images, "
+              f"mixed sizes 360-800 px (a third portrait) vs all 480x640, resized to "
+              f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
+              f"{args.rounds} alternated rounds, "
+              f"{'1 GPU' if gpu else f'{args.workers} CPU thread(s)'}")
+        print(f"device {device}")
+        rate_uniform, rate_mixed = interleaved(
+            args.model, settings, [sorted(uniform.glob("*.jpg")), sorted(mixed.glob("*.jpg"))],
+            args.batch_size, max(1, args.workers), gpu, args.rounds)
+        # BUTD's resize keeps the aspect: mixed aspects give other pixel counts than 4:3, so
+        # the rate per resized pixel is printed too (the canvas' padding is the difference)
+        area = {name: np.mean([np.prod(resized_hw(*Image.open(f).size[::-1], settings)[:2])
+                               for f in folder.glob("*.jpg")]) / 1e6
+                for name, folder in (("uniform", uniform), ("mixed", mixed))}
+    print(f"uniform {rate_uniform:.3f} images/s")
+    print(f"mixed {rate_mixed:.3f} images/s")
+    print(f"uniform_resized {area['uniform']:.3f} Mpixel/image")
+    print(f"mixed_resized {area['mixed']:.3f} Mpixel/image")
+    print(f"ratio_mixed_over_uniform {rate_mixed / rate_uniform:.3f}")
+    print(f"ratio_mixed_over_uniform_per_pixel "
+          f"{rate_mixed * area['mixed'] / (rate_uniform * area['uniform']):.3f}")
     return 0
 
 

@@ -18,7 +18,8 @@ one to OUT/images/SOURCE/SPLIT-NNNNN.parquet (atomic, validated, content-hashed)
 OUT/manifest.json as they finish; every shard's metadata records the extractor, its settings
 and the weights' sha256. Rerun after an interruption: images already in OUT/images/SOURCE are
 skipped. An image that cannot be read or decoded is one line of the report at the end; the
-others go on. See docs/extract.md.
+others go on. Exit status: 0 every image written, 3 finished with failed images (listed),
+2 refused before start (one line), 1 the job failed. See docs/extract.md.
 """
 
 
@@ -99,7 +100,8 @@ def options_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlp.platform.extract.extract_job import plan, run as run_job, summary
+    from vlp.platform.extract.extract_job import (JobFailed, check_cluster, plan,
+                                                  run as run_job, summary)
 
     try:
         p = plan(options_from(args))
@@ -113,8 +115,18 @@ def run(args: argparse.Namespace) -> int:
     # the job's cluster (`ray job submit`, `ray start`) or a local instance with a CPU per
     # actor and one for the decode tasks
     ensure_ray(cpus_wanted=(0 if args.gpus else args.workers) + 1)
-    report = run_job(p)
+    try:
+        check_cluster(p.options)
+    except ValueError as e:
+        print(f"vlp data extract: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        report = run_job(p)
+    except JobFailed as e:
+        print(f"vlp data extract: error: {e}", file=sys.stderr)
+        return 1
     for line in report.failed:
         print(f"extract: failed: {line}", file=sys.stderr)
     print(summary(p, report), flush=True)
-    return 0
+    # 3: the job finished but some images are not in the shards (each is a line above)
+    return 3 if report.failed else 0

@@ -191,7 +191,9 @@ def alive_nodes() -> int:
 
 
 def check_shared(storage: RunStorage, nodes: int | None = None,
-                 workdir: str | Path | None = None, why: str = "") -> None:
+                 workdir: str | Path | None = None, why: str = "", what: str = "run storage",
+                 fix: str = "set VLP_STORAGE=s3://<bucket>/runs (cluster.yaml exports it on "
+                             "every node) or run.storage") -> None:
     """On a job spanning more than one node (``nodes``; ``job_nodes.job_span`` counts them
     after Ray is attached, ``why`` says why), refuse a local root that cannot be shared: a
     relative path, or one inside the job's working folder (``ray job submit`` unpacks it on
@@ -208,9 +210,8 @@ def check_shared(storage: RunStorage, nodes: int | None = None,
         where = "a relative path" if relative else f"inside the job's working folder {work}"
         span = why or f"a {nodes}-node cluster"
         raise StorageError(
-            f"run storage {storage.given!r} is {where}, which other nodes cannot read, and "
-            f"this job spans nodes ({span}): set VLP_STORAGE=s3://<bucket>/runs (cluster.yaml "
-            f"exports it on every node) or run.storage, or an absolute path on a mount every "
+            f"{what} {storage.given!r} is {where}, which other nodes cannot read, and "
+            f"this job spans nodes ({span}): {fix}, or an absolute path on a mount every "
             f"node shares")
 
 

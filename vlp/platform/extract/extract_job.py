@@ -1,7 +1,8 @@
 """`vlp data extract` as a Ray Data batch-inference job, laid out as Ray's guide lays one out:
 
-    ids + paths ─► read, decode, orient, prepare (CPU tasks) ─► extractor (actor pool, one per
-    GPU, or N CPU actors) ─► driver: validated shard writer + manifest, shard by shard
+    ids + paths ─► read, decode, orient, resize (CPU tasks) ─► extractor (actor pool, one
+    per GPU, or N CPU actors) ─► validated shard writer (CPU tasks, writing to the output URI)
+    ─► driver: the manifest, shard by shard (it sees names and counts, never features)
 
 Everything that can be checked is checked before Ray starts (inputs, names, settings, the
 weights against the model, the output folder's existing features): ``plan`` does it and
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlp.contract.uri_files import is_uri
-from vlp.datasets.importers.data_folder import check_compatible, images_dir, read_world, safe_name
+from vlp.datasets.importers.data_folder import check_compatible, safe_name
 from vlp.datasets.storage.shard_format import SPLITS
 from vlp.models.vision.extractors.base import ExtractSettings
 from vlp.models.vision.extractors.registry import build_extractor, extractor_entry
 from vlp.platform.extract.image_sources import ImageRef, image_refs, images_in, images_listed
-from vlp.platform.extract.shard_sink import ExistingShards, ShardSink, extract_record
+from vlp.platform.extract.shard_sink import (ExistingShards, ManifestCommit, extract_record,
+                                             load_world)
+from vlp.platform.extract.shard_stage import images_location
 
 
 MAX_BLOCKS = 2000
@@ -35,7 +38,7 @@ class ExtractOptions:
     weights: str            # a path, a URI, or "random"
     source: str
     split: str
-    out: str
+    out: str                # a local or mounted folder, or a URI (s3://bucket/world)
     settings: ExtractSettings = field(default_factory=ExtractSettings)
     batch_size: int = 4
     gpus: int = 0
@@ -62,12 +65,12 @@ class ExtractPlan:
         pool = (f"{o.gpus} GPU actor(s), 1 GPU each" if o.gpus
                 else f"{o.workers} CPU actor(s)")
         return (f"extract: {len(self.todo)} images to extract ({self.skipped} already in "
-                f"{images_dir(Path(o.out), o.source)}) with {o.model} "
+                f"{images_location(o.out, o.source)}) with {o.model} "
                 f"[{self.metadata['extract_settings']}; weights "
                 f"{self.metadata['weights_sha256']}] → {self.feature_dim}-d features"
                 f"{f', {self.num_classes} classes' if self.num_classes else ''}; "
                 f"batch {o.batch_size} on {pool}; shards "
-                f"{images_dir(Path(o.out), o.source)}/{o.split}-NNNNN.parquet "
+                f"{images_location(o.out, o.source)}/{o.split}-<token>-00000.parquet "
                 f"(≤ {o.images_per_shard} images each)")
 
 
@@ -78,9 +81,6 @@ def _check_options(o: ExtractOptions) -> None:
     safe_name("--source", o.source)
     if o.split not in SPLITS:
         raise ValueError(f"--split {o.split!r}: expected one of {', '.join(SPLITS)}")
-    if is_uri(o.out):
-        raise ValueError(f"--out {o.out}: extraction writes to a local or mounted folder "
-                         f"(shards are committed one by one and the manifest locked)")
     problems = o.settings.problems()
     if problems:
         raise ValueError("; ".join(problems))
@@ -118,18 +118,24 @@ def plan(o: ExtractOptions) -> ExtractPlan:
     where = o.images or o.image_list
     refs = image_refs(images_in(o.images) if o.images else images_listed(o.image_list), where)
     meta, dim, classes = _probe(o)
-    existing = ExistingShards(images_dir(Path(o.out), o.source))
+    try:
+        existing = ExistingShards(images_location(o.out, o.source))
+        world = load_world(o.out)
+    except OSError as e:
+        raise ValueError(f"--out {o.out}: cannot read it ({str(e).splitlines()[0]})") from None
     problem = existing.problem(o.model, meta)
     if problem:
         raise ValueError(problem)
-    check_compatible(read_world(Path(o.out)), o.source, feature_dim=dim,
+    check_compatible(world, o.source, feature_dim=dim,
                      num_classes=classes, feature_extractor=o.model)
     todo = [r for r in refs if r.image_id not in existing.ids]
     return ExtractPlan(o, todo, len(refs) - len(todo), meta, dim, classes, existing)
 
 
-def build_dataset(p: ExtractPlan):
-    """The lazy Ray Dataset: rows of ``RESULT_SCHEMA`` (one per image, failures included)."""
+def build_dataset(p: ExtractPlan, writer_meta: dict[str, str] | None = None):
+    """The lazy Ray Dataset: rows of ``RESULT_SCHEMA`` (one per image, failures included),
+    or, with ``writer_meta``, the shards written from the workers: rows of
+    ``COMMIT_SCHEMA`` (one per shard and one per failed image)."""
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -146,10 +152,59 @@ def build_dataset(p: ExtractPlan):
                         batch_format="numpy", num_cpus=1)
     actors = o.gpus or o.workers
     resources = {"num_gpus": 1} if o.gpus else {"num_cpus": 1}
-    return ds.map_batches(RunExtractor, fn_constructor_args=(o.model, o.weights_file,
-                                                              o.settings, bool(o.gpus)),
-                          compute=ActorPoolStrategy(size=actors), batch_size=o.batch_size,
-                          batch_format="numpy", **resources)
+    ds = ds.map_batches(RunExtractor, fn_constructor_args=(o.model, o.weights_file,
+                                                            o.settings, bool(o.gpus)),
+                        compute=ActorPoolStrategy(size=actors), batch_size=o.batch_size,
+                        batch_format="numpy", **resources)
+    if writer_meta is None:
+        return ds
+    from vlp.platform.extract.shard_stage import WriteShards
+    return ds.map_batches(WriteShards(o.out, o.source, o.split, o.model, writer_meta),
+                          batch_size=o.images_per_shard, batch_format="pyarrow", num_cpus=1)
+
+
+class JobFailed(RuntimeError):
+    """The job stopped for a reason that is one line (not a per-image failure)."""
+
+
+def _autoscales() -> bool:
+    """Whether this cluster's autoscaler may add nodes: ``ray up`` leaves its bootstrap
+    config in the head's home folder, where a submitted job's driver runs."""
+    return (Path.home() / "ray_bootstrap_config.yaml").is_file()
+
+
+def check_cluster(o: ExtractOptions, gpus_now: float | None = None,
+                  autoscales: bool | None = None) -> None:
+    """Once Ray is attached, before any actor starts: on a job whose workers span nodes, an
+    ``--out`` only this node can reach is refused (pretraining's storage rule,
+    ``run_storage.check_shared``); ``--gpus N`` above the cluster's GPUs is refused (Ray
+    would wait forever for the actors), unless an autoscaler may add GPU nodes.
+    ``ValueError`` with one line."""
+    from vlp.platform.cluster import run_storage
+    from vlp.platform.cluster.job_nodes import job_span
+
+    span = job_span(o.gpus or o.workers, {"GPU": 1.0} if o.gpus else {"CPU": 1.0})
+    try:
+        run_storage.check_shared(run_storage.open_location(o.out), nodes=span.nodes,
+                                 why=span.why, what="--out",
+                                 fix="the workers write the shards there: give --out "
+                                     "s3://<bucket>/<world>")
+    except run_storage.StorageError as e:
+        raise ValueError(str(e)) from None
+    if not o.gpus:
+        return
+    if gpus_now is None:
+        import ray
+        gpus_now = float(ray.cluster_resources().get("GPU", 0.0))
+    if o.gpus <= gpus_now:
+        return
+    if autoscales if autoscales is not None else _autoscales():
+        print(f"extract: --gpus {o.gpus}, the cluster has {gpus_now:g} GPU(s) now: the "
+              f"autoscaler must add the rest before the actors start", file=sys.stderr)
+        return
+    raise ValueError(f"--gpus {o.gpus}: the Ray cluster has {gpus_now:g} GPU(s) (and no "
+                     f"autoscaler to add more): the actors would wait forever; ask for at most "
+                     f"{gpus_now:g}")
 
 
 @dataclass
@@ -161,6 +216,7 @@ class ExtractReport:
     seconds: float = 0.0
     steady_images: int = 0        # images after the first result (actors up and warm)
     steady_seconds: float = 0.0   # first result → last result
+    nodes: set[str] = field(default_factory=set)   # Ray nodes whose workers wrote shards
 
     @property
     def images_per_s(self) -> float:
@@ -188,45 +244,63 @@ class _Progress:
 
 
 def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
-    """Run the job (Ray must be initialised); writes shards as results arrive."""
-    from vlp.platform.extract.model_stage import decode_result
-
+    """Run the job (Ray must be initialised): the workers write the shards, this process
+    lists each in the manifest as its row arrives."""
     o = p.options
     report = ExtractReport(skipped=p.skipped)
     start = time.perf_counter()
-    sink = ShardSink(Path(o.out), o.source, o.split, o.model, p.metadata, p.existing,
-                     o.images_per_shard)
+    commit = ManifestCommit(o.out, o.source, o.model, p.existing)
     progress = _Progress(len(p.todo), progress_every_s)
     if p.todo:
         done, first_at, first_done = 0, None, 0
-        for batch in build_dataset(p).iter_batches(batch_size=None, batch_format="pyarrow"):
-            if first_at is None:
-                first_at, first_done = time.perf_counter(), batch.num_rows
+        for batch in _batches(build_dataset(p, commit.writer_meta(p.metadata))):
             for row in batch.to_pylist():
-                done += 1
-                if row["error"]:
-                    report.failed.append(f"{row['location']}: {row['error']}")
-                    continue
-                refused = sink.add(decode_result(row), row["location"])
-                if refused:
-                    report.failed.append(refused)
+                if row["shard"]:
+                    commit.add(row["shard"], row["rows"], row["feature_dim"],
+                               row["num_classes"])
+                    report.written += row["rows"]
+                    done += row["rows"]
+                    report.nodes.add(row["node"])
                 else:
-                    report.written += 1
+                    report.failed.append(f"{row['location']}: {row['error']}")
+                    done += 1
+            if first_at is None:
+                first_at, first_done = time.perf_counter(), done
             progress.update(done)
         report.steady_images = done - first_done
         report.steady_seconds = time.perf_counter() - first_at
     report.seconds = time.perf_counter() - start
-    sink.finish(extract_record([o.images or o.image_list], {
+    commit.finish(extract_record([o.images or o.image_list], {
         "images": report.written, "skipped": report.skipped, "failed": len(report.failed)},
         {"model": o.model, "weights": o.weights, "source": o.source, "split": o.split,
          **p.metadata}, [f"images/{o.source}"]))
-    report.shards = sink.shards_written
+    report.shards = commit.shards_written
     return report
+
+
+def _batches(ds):
+    """The dataset's result batches; a deterministic actor failure (no CUDA) ends the job
+    with its own line, not Ray's trace."""
+    from vlp.platform.extract.model_stage import NO_CUDA
+
+    it = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            text = str(e)
+            if NO_CUDA in text:
+                start = text.index(NO_CUDA)
+                raise JobFailed(text[start:].splitlines()[0]) from None
+            raise
+        yield batch
 
 
 def summary(p: ExtractPlan, r: ExtractReport) -> str:
     o = p.options
     return (f"extract: {r.written} images written in {r.shards} shard(s) to "
-            f"{images_dir(Path(o.out), o.source)} ({r.skipped} skipped as already extracted, "
+            f"{images_location(o.out, o.source)} ({r.skipped} skipped as already extracted, "
             f"{len(r.failed)} failed) in {r.seconds:.1f} s, {r.images_per_s:.2f} images/s, "
             f"{o.model} on {o.gpus or o.workers} {'GPU' if o.gpus else 'CPU'} actor(s)")

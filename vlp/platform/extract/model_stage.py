@@ -31,6 +31,28 @@ def _bytes(a: np.ndarray | None, dtype: str) -> bytes | None:
     return None if a is None else np.ascontiguousarray(a, dtype=dtype).tobytes()
 
 
+NO_CUDA = "extract: a model actor was given a GPU but torch sees no CUDA device"
+
+
+class NoCudaError(RuntimeError):
+    """A GPU actor whose torch cannot use its GPU (one line, ``NO_CUDA`` first)."""
+
+
+def no_cuda_line() -> str:
+    import os
+
+    import ray
+
+    try:
+        ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    except Exception:
+        ids = []
+    return (f"{NO_CUDA} (Ray GPU ids {ids or '?'}, CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}; torch {torch.__version__}, "
+            f"{'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}): "
+            f"install a CUDA build of torch on the GPU nodes, or run with --workers N on CPUs")
+
+
 class RunExtractor:
     """``map_batches`` class: ``(model, weights, settings)`` → an actor holding the model."""
 
@@ -41,7 +63,11 @@ class RunExtractor:
         from vlp.platform.training.pretrained_weights import local_weights
 
         set_allocator()         # before this actor's first CUDA allocation
-        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+        if use_gpu and not torch.cuda.is_available():
+            # no CPU fallback: the actor holds a GPU, and a CPU rate on a GPU cluster would
+            # look like a working job
+            raise NoCudaError(no_cuda_line())
+        self.device = torch.device("cuda" if use_gpu else "cpu")
         local = local_weights(weights) if weights else None   # a URI: this node's copy
         self.extractor = build_extractor(model, local, settings).to(self.device).eval()
 

@@ -6,25 +6,26 @@ MRC / MRC-kl targets), and one whole-image RoI through the same head (VL-BERT's 
 feature for text tokens). Boxes are the RoIs as proposed, not regressed, mapped back to the
 original image's pixels.
 
-Images are batched only with images of the same resized size (BUTD's resize gives every
-image of one aspect ratio the same size, so COCO's two orientations form two buckets):
-nothing is padded, each image's RoIs carry its batch index into RoIAlign, and a batch's
-features equal those of its images run one at a time.
+A batch of any sizes is one zero-padded canvas per orientation (padded_batch.py: landscape
+and portrait images in one canvas would pad it square): the padding comes after
+normalisation, every conv and pool of the trunk and the RPN reads zeros outside each image's
+extent, anchors exist only over each image's own part of the C4 map, proposals are clipped to
+its own size and its RoIs pool from its own part: a batch's features equal those of its
+images run one at a time (a test checks it on mixed sizes and aspects).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 import torch
-from PIL import Image
 
 from vlp.models.vision.detection.butd_config import butd_config
 from vlp.models.vision.detection.butd_convert import load_butd_weights
 from vlp.models.vision.detection.butd_model import ButdDetector
 from vlp.models.vision.detection.region_select import select_regions
-from vlp.models.vision.extractors.base import Extractor, ExtractSettings, resized_hw
+from vlp.models.vision.extractors.base import Extractor, ExtractSettings
+from vlp.models.vision.extractors.image_prep import resize_rgb
+from vlp.models.vision.extractors.padded_batch import canvas, orientation_groups
 
 NAMES = {"base": "butd-r101-c4", "tiny": "butd-tiny"}
 
@@ -37,20 +38,19 @@ class ButdExtractor(Extractor):
         self.settings = settings
         self.name = name
         self.weights_sha256 = weights_sha256
-        # host copies: prepare() runs in CPU workers and must not touch the model's device
-        self._pixel_mean = detector.pixel_mean.detach().cpu().numpy().astype(np.float32)
-        self._pixel_std = detector.pixel_std.detach().cpu().numpy().astype(np.float32)
 
     def prepare(self, rgb: np.ndarray) -> tuple[np.ndarray, float]:
-        """HWC uint8 RGB → CHW float32 BGR less the Caffe means (the weights' input), with
-        the shorter side at ``short_side`` unless the longer would pass ``long_side``."""
-        h, w = rgb.shape[:2]
-        rh, rw, scale = resized_hw(h, w, self.settings)
-        if (rh, rw) != (h, w):
-            rgb = np.asarray(Image.fromarray(rgb).resize((rw, rh), Image.BILINEAR))
-        bgr = rgb[:, :, ::-1].astype(np.float32)
-        chw = ((bgr - self._pixel_mean) / self._pixel_std).transpose(2, 0, 1)
-        return np.ascontiguousarray(chw), scale
+        """HWC uint8 RGB → (HWC uint8 RGB resized: shorter side to ``short_side`` unless the
+        longer would pass ``long_side``, scale). Normalisation runs on the model's device
+        (``_normalise``): a quarter of the bytes of a float image through the object store."""
+        return resize_rgb(rgb, self.settings)
+
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """HWC uint8 RGB on the device → CHW float32 BGR less the Caffe means (the weights'
+        input)."""
+        mean = self.detector.pixel_mean.float()[:, None, None]
+        std = self.detector.pixel_std.float()[:, None, None]
+        return (x.flip(-1).permute(2, 0, 1).float() - mean) / std
 
     def _autocast_dtype(self, device: torch.device) -> torch.dtype | None:
         # fp16 on GPUs (tensor cores; the stored features are fp16 anyway); fp32 on CPU
@@ -59,21 +59,19 @@ class ButdExtractor(Extractor):
     @torch.no_grad()
     def extract(self, inputs: list[torch.Tensor], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
-        buckets: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for i, x in enumerate(inputs):
-            buckets[tuple(x.shape)].append(i)
         out: list[dict | None] = [None] * len(inputs)
-        for members in buckets.values():
-            batch = torch.stack([inputs[i] for i in members])
-            for i, result in zip(members, self._detect(batch, [scales[i] for i in members],
-                                                       [sizes[i] for i in members])):
+        for idx in orientation_groups(inputs):
+            images, resized = canvas([inputs[i] for i in idx], self._normalise)
+            for i, result in zip(idx, self._detect(images, resized, [scales[i] for i in idx],
+                                                   [sizes[i] for i in idx])):
                 out[i] = result
         return out    # type: ignore[return-value]
 
-    def _detect(self, batch: torch.Tensor, scales: list[float],
+    def _detect(self, batch: torch.Tensor, resized: list[tuple[int, int]], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray]]:
         s = self.settings
-        proposals, pooled, probs = self.detector(batch, self._autocast_dtype(batch.device))
+        proposals, pooled, probs = self.detector(batch, self._autocast_dtype(batch.device),
+                                                 resized)
         results, row = [], 0
         for boxes, scale, (h, w) in zip(proposals, scales, sizes):
             n = boxes.shape[0]

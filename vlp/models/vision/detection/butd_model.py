@@ -14,6 +14,7 @@ from vlp.models.vision.detection.resnet_c4 import ResNetC4, init_random, res5_he
 from vlp.models.vision.detection.roi_align import roi_align
 from vlp.models.vision.detection.roi_pool import roi_pool
 from vlp.models.vision.detection.rpn import Rpn
+from vlp.models.vision.extractors.padded_batch import masked_extents
 
 
 class BoxPredictor(nn.Module):
@@ -43,14 +44,29 @@ class RoiHeads(nn.Module):
         self.res5 = res5_head(cfg.backbone)
         self.box_predictor = BoxPredictor(cfg.backbone.res5_channels, cfg, attributes)
 
-    def pooled(self, c4: torch.Tensor, rois: torch.Tensor, stride: int) -> torch.Tensor:
-        """(K, 5) RoIs (image index, x1y1x2y2 in input pixels) → (K, D) features."""
-        if self.cfg.pooler == "roi_pool":
-            x = roi_pool(c4, rois, self.cfg.pooler_resolution, 1.0 / stride)
+    def pooled(self, c4: torch.Tensor, rois: list[torch.Tensor], stride: int,
+               feature_hw: list[tuple[int, int]]) -> torch.Tensor:
+        """Per image, (K_i, 4) RoIs (x1y1x2y2 in input pixels) → (ΣK_i, D) features. Each
+        image pools from its own extent of the map (a padded canvas' border cells are not
+        its cells: RoIPool clips bins, RoIAlign weighs samples outside the map 0), then one
+        res5 over every RoI of the batch."""
+        fh, fw = c4.shape[-2:]
+        if all(hw == (fh, fw) for hw in feature_hw):
+            index = torch.cat([torch.full((r.shape[0], 1), float(i), device=c4.device)
+                               for i, r in enumerate(rois)])
+            x = self._pool(c4, torch.cat([index, torch.cat(rois)], dim=1), stride)
         else:
-            x = roi_align(c4, rois, self.cfg.pooler_resolution, 1.0 / stride,
-                          self.cfg.sampling_ratio, self.cfg.aligned)
+            x = torch.cat([self._pool(c4[i:i + 1, :, :h, :w],
+                                      torch.cat([r.new_zeros((r.shape[0], 1)), r], dim=1),
+                                      stride)
+                           for i, (r, (h, w)) in enumerate(zip(rois, feature_hw))])
         return self.res5(x).float().mean(dim=(2, 3))
+
+    def _pool(self, c4: torch.Tensor, rois: torch.Tensor, stride: int) -> torch.Tensor:
+        if self.cfg.pooler == "roi_pool":
+            return roi_pool(c4, rois, self.cfg.pooler_resolution, 1.0 / stride)
+        return roi_align(c4, rois, self.cfg.pooler_resolution, 1.0 / stride,
+                         self.cfg.sampling_ratio, self.cfg.aligned)
 
 
 class ButdDetector(nn.Module):
@@ -74,21 +90,25 @@ class ButdDetector(nn.Module):
             init_random(self.backbone)
             init_random(self.roi_heads.res5)
 
-    def forward(self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None
+    def forward(self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None,
+                sizes: list[tuple[int, int]] | None = None
                 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """images (B, 3, H, W), all of one size, normalised BGR → (proposals per image
+        """images (B, 3, H, W), normalised BGR: a padded canvas (padded_batch.py) whose
+        images have the (h, w) ``sizes`` (default: each fills it) → (proposals per image
         (x1y1x2y2, input pixels), pooled features (B·(P+1), D) — each image's proposals
         then one whole-image RoI — and class probabilities of the same rows)."""
         b, _, h, w = images.shape
-        device = images.device
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                            enabled=autocast_dtype is not None):
+        sizes = list(sizes) if sizes is not None else [(h, w)] * b
+        with torch.autocast(images.device.type, dtype=autocast_dtype or torch.float32,
+                            enabled=autocast_dtype is not None), \
+                masked_extents([self.backbone, self.proposal_generator], sizes,
+                               (h, w)) as extents:
             c4 = self.backbone(images)
-            proposals = self.proposal_generator(c4, [(h, w)] * b)
-            whole = torch.tensor([[0.0, 0.0, float(w), float(h)]], device=device)
-            rois = torch.cat([torch.cat([torch.full((p.shape[0] + 1, 1), float(i), device=device),
-                                         torch.cat([p.float(), whole])], dim=1)
-                              for i, p in enumerate(proposals)])
-            pooled = self.roi_heads.pooled(c4, rois, ResNetC4.stride)
+            c4_hw = extents.at(c4)
+            proposals = self.proposal_generator(c4, sizes, c4_hw)
+            rois = [torch.cat([p.float(), p.new_tensor([[0.0, 0.0, float(iw), float(ih)]])
+                               .float()])
+                    for p, (ih, iw) in zip(proposals, sizes)]
+            pooled = self.roi_heads.pooled(c4, rois, ResNetC4.stride, c4_hw)
         logits = self.roi_heads.box_predictor.cls_score(pooled)
         return proposals, pooled, torch.softmax(logits.float(), dim=1)

@@ -97,11 +97,12 @@ class Stem(nn.Module):
     def __init__(self, cout: int):
         super().__init__()
         self.conv1 = ConvNorm(3, cout, 7, stride=2, padding=3)
+        # Caffe's pooling: no padding, output size rounded up (a module, no parameters: a
+        # padded batch masks its input like a conv's, padded_batch.py)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=0, ceil_mode=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Caffe's pooling: no padding, output size rounded up
-        return F.max_pool2d(F.relu_(self.conv1(x)), kernel_size=3, stride=2, padding=0,
-                            ceil_mode=True)
+        return self.pool(F.relu_(self.conv1(x)))
 
 
 class ResNetC4(nn.Module):

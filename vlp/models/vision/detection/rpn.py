@@ -58,22 +58,32 @@ class Rpn(nn.Module):
                              persistent=False)
         self.coder = BoxCoder((1.0, 1.0, 1.0, 1.0))
 
-    def forward(self, c4: torch.Tensor, image_hw: list[tuple[int, int]]) -> list[torch.Tensor]:
+    def forward(self, c4: torch.Tensor, image_hw: list[tuple[int, int]],
+                feature_hw: list[tuple[int, int]] | None = None) -> list[torch.Tensor]:
+        """``image_hw``: each image's own (h, w) in input pixels; ``feature_hw``: its extent
+        on ``c4`` when the batch is a padded canvas (padded_batch.py): anchors exist only
+        there, as for the image alone (default: the whole map)."""
         b, _, fh, fw = c4.shape
         logits, deltas = self.rpn_head(c4)
         a = self.settings.num_anchors
-        # (B, A, H, W) → (B, H·W·A), location-major like the anchors
-        logits = logits.float().permute(0, 2, 3, 1).reshape(b, -1)
-        deltas = deltas.float().view(b, a, 4, fh, fw).permute(0, 3, 4, 1, 2).reshape(b, -1, 4)
-        anchors = grid_anchors(self.cell_anchors, fh, fw, self.stride)
-        k = min(self.settings.pre_nms_topk, logits.shape[1])
-        top_logits, top_idx = logits.topk(k, dim=1)                           # sorted
+        logits = logits.float()
+        deltas = deltas.float().view(b, a, 4, fh, fw)
+        anchors_by_hw: dict[tuple[int, int], torch.Tensor] = {}
         out = []
         for i, (h, w) in enumerate(image_hw):
-            boxes = self.coder.decode(deltas[i, top_idx[i]], anchors[top_idx[i]])
+            eh, ew = feature_hw[i] if feature_hw is not None else (fh, fw)
+            if (eh, ew) not in anchors_by_hw:
+                anchors_by_hw[(eh, ew)] = grid_anchors(self.cell_anchors, eh, ew, self.stride)
+            anchors = anchors_by_hw[(eh, ew)]
+            # (A, H, W) → (H·W·A,), location-major like the anchors
+            li = logits[i, :, :eh, :ew].permute(1, 2, 0).reshape(-1)
+            di = deltas[i, :, :, :eh, :ew].permute(2, 3, 0, 1).reshape(-1, 4)
+            k = min(self.settings.pre_nms_topk, li.shape[0])
+            top_logits, top_idx = li.topk(k)                                  # sorted
+            boxes = self.coder.decode(di[top_idx], anchors[top_idx])
             boxes = clip_boxes(boxes, h, w)
             ok = nonempty(boxes)
-            boxes, scores = boxes[ok], top_logits[i][ok]
+            boxes, scores = boxes[ok], top_logits[ok]
             keep = nms(boxes, scores, self.settings.nms_threshold,
                        max_keep=self.settings.post_nms_topk)
             out.append(boxes[keep])

@@ -72,11 +72,14 @@ def file_sha256(path: str | Path) -> str:
 class Extractor(torch.nn.Module):
     """What every registered extractor is.
 
-    ``prepare`` is the CPU stage: HWC uint8 RGB (EXIF orientation already applied) → (CHW
-    float32 model input resized per settings, scale = resized / original).
+    ``prepare`` is the CPU stage: HWC uint8 RGB (EXIF orientation already applied) → (HWC
+    uint8 RGB resized per settings, scale = resized / original). It stays uint8: the image
+    crosses Ray's object store once, at a quarter of a float32 copy's bytes, and the
+    extractor normalises it on its own device.
 
-    ``extract`` is the model stage: one dict per image, inputs already on the model's device,
-    ``sizes`` the original (h, w) of each image:
+    ``extract`` is the model stage: one dict per image, inputs (the prepared uint8 images,
+    any mix of sizes) already on the model's device, ``sizes`` the original (h, w) of each
+    image. A batch's results equal those of its images run one at a time:
 
     - ``boxes`` (N, 4) float32 x1, y1, x2, y2 in ORIGINAL image pixels, inside the image;
     - ``confidences`` (N,) float32;

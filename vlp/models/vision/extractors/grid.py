@@ -3,15 +3,15 @@ map average-pooled to a G×G grid, each cell a region whose box is the cell's sh
 image. No detector: G² regions of confidence 1, and the whole map's mean as the whole-image
 feature.
 
-Images of one resized shape are stacked into one forward; images of other shapes run in
-their own forward. Padding images of different shapes into one batch would change the C5
-values near the padded border (the convolutions see the padding), so a batched image would
-get other features than the same image alone; per-shape forwards keep them equal.
+A batch of any sizes is one zero-padded canvas per orientation (padded_batch.py). Padding
+alone would change features: the convolutions would read the padded area at each image's
+bottom and right border, and the G×G pooling would average padded cells in. So every conv
+and pool masks its input to each image's extent, and each image's cells are pooled from its
+own part of the C5 map: batched features equal one-at-a-time features (a test checks it on
+mixed sizes).
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import numpy as np
 import torch
@@ -21,6 +21,8 @@ from vlp.models.family_config import RESNET101, RESNET_TINY, ResNetConfig
 from vlp.models.vision.cnn_weights import cnn_weights_problem, load_cnn_weights
 from vlp.models.vision.extractors.base import Extractor, ExtractSettings, file_sha256
 from vlp.models.vision.extractors.image_prep import normalised_chw, resize_rgb
+from vlp.models.vision.extractors.padded_batch import (canvas, masked_extents,
+                                                         orientation_groups)
 from vlp.models.vision.resnet import ResNet
 
 RESNET50 = ResNetConfig("bottleneck", (3, 4, 6, 3))
@@ -35,8 +37,8 @@ class GridExtractor(Extractor):
         self.trunk = trunk.eval()
 
     def prepare(self, rgb: np.ndarray) -> tuple[np.ndarray, float]:
-        resized, scale = resize_rgb(rgb, self.settings)
-        return normalised_chw(resized), scale
+        """HWC uint8 → (resized HWC uint8, scale); normalised on the model's device."""
+        return resize_rgb(rgb, self.settings)
 
     def cell_boxes(self, h: int, w: int) -> np.ndarray:
         """(G², 4) boxes of the grid cells in an h×w image, row-major like the features."""
@@ -50,24 +52,28 @@ class GridExtractor(Extractor):
     @torch.no_grad()
     def extract(self, inputs: list[torch.Tensor], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
-        by_shape: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for i, x in enumerate(inputs):
-            by_shape[tuple(x.shape)].append(i)
         out: list[dict | None] = [None] * len(inputs)
+        for idx in orientation_groups(inputs):
+            for i, result in zip(idx, self._grid([inputs[i] for i in idx],
+                                                 [sizes[i] for i in idx])):
+                out[i] = result
+        return out    # type: ignore[return-value]
+
+    def _grid(self, inputs: list[torch.Tensor], sizes: list[tuple[int, int]]
+              ) -> list[dict[str, np.ndarray | None]]:
+        images, resized = canvas(inputs, normalised_chw)
+        with masked_extents([self.trunk], resized, tuple(images.shape[-2:])) as extents:
+            c5 = self.trunk(images)                                      # [B, C, h5, w5]
+            c5_hw = extents.at(c5)
         g = self.settings.grid
-        for idx in by_shape.values():
-            c5 = self.trunk(torch.stack([inputs[i] for i in idx]))       # [B, C, h5, w5]
-            cells = F.adaptive_avg_pool2d(c5, g).flatten(2).transpose(1, 2)   # [B, G², C]
-            whole = c5.mean((2, 3))                                      # [B, C]
-            cells = cells.to(torch.float16).cpu().numpy()   # one copy per shape group
-            whole = whole.to(torch.float16).cpu().numpy()
-            for k, i in enumerate(idx):
-                h, w = sizes[i]
-                out[i] = {"boxes": self.cell_boxes(h, w),
-                          "confidences": np.ones(g * g, np.float32),
-                          "features": cells[k], "soft_labels": None,
-                          "image_feature": whole[k]}
-        return out
+        own = [c5[i:i + 1, :, :h, :w] for i, (h, w) in enumerate(c5_hw)]
+        cells = torch.cat([F.adaptive_avg_pool2d(x, g) for x in own]).flatten(2).transpose(1, 2)
+        whole = torch.cat([x.mean((2, 3)) for x in own])                 # [B, C]
+        cells = cells.to(torch.float16).cpu().numpy()   # one copy per canvas
+        whole = whole.to(torch.float16).cpu().numpy()
+        return [{"boxes": self.cell_boxes(h, w), "confidences": np.ones(g * g, np.float32),
+                 "features": cells[i], "soft_labels": None, "image_feature": whole[i]}
+                for i, (h, w) in enumerate(sizes)]
 
 
 def build_grid(weights: str | None, settings: ExtractSettings, size: str = "r50"

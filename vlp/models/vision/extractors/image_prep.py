@@ -1,9 +1,10 @@
 """The CPU-side preparation every CNN extractor shares: resize per the settings, ImageNet
-normalisation, HWC uint8 → CHW float32."""
+normalisation (on the model's device, from the uint8 image the CPU stage shipped)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from PIL import Image
 
 from vlp.models.vision.extractors.base import ExtractSettings, resized_hw
@@ -22,7 +23,9 @@ def resize_rgb(rgb: np.ndarray, settings: ExtractSettings) -> tuple[np.ndarray, 
     return np.asarray(Image.fromarray(rgb).resize((rw, rh), Image.BILINEAR)), scale
 
 
-def normalised_chw(rgb: np.ndarray) -> np.ndarray:
-    """HWC uint8 → CHW float32 with ImageNet's mean and std (torchvision weights expect it)."""
-    x = rgb.astype(np.float32) / 255.0
-    return np.ascontiguousarray(((x - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1))
+def normalised_chw(x: torch.Tensor) -> torch.Tensor:
+    """HWC uint8 RGB (on the model's device) → CHW float32 with ImageNet's mean and std
+    (torchvision weights expect it)."""
+    mean = torch.as_tensor(IMAGENET_MEAN, device=x.device)[:, None, None]
+    std = torch.as_tensor(IMAGENET_STD, device=x.device)[:, None, None]
+    return (x.permute(2, 0, 1).float() / 255.0 - mean) / std

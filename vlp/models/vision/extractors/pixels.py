@@ -26,16 +26,14 @@ class PixelsExtractor(Extractor):
         self.name, self.settings, self.weights_sha256 = "pixels", settings, None
 
     def prepare(self, rgb: np.ndarray) -> tuple[np.ndarray, float]:
-        resized, scale = resize_rgb(rgb, self.settings)
-        # CHW float32 per the contract; values stay 0..255 so encoding is exact
-        return np.ascontiguousarray(resized.transpose(2, 0, 1).astype(np.float32)), scale
+        return resize_rgb(rgb, self.settings)
 
     @torch.no_grad()
     def extract(self, inputs: list[torch.Tensor], scales: list[float],
                 sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
         out = []
         for x, (h, w) in zip(inputs, sizes):
-            rgb = x.permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+            rgb = x.cpu().numpy()
             buf = io.BytesIO()
             Image.fromarray(rgb).save(buf, format="JPEG", quality=JPEG_QUALITY)
             mean = (rgb.reshape(-1, 3).mean(0) / 255.0).astype(np.float16)
