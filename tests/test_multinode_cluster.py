@@ -274,7 +274,7 @@ def pretrain_entry() -> list[str]:
     sizes = size_overrides(raw) + [   # a later override of the same key wins
         f"train.steps={STEPS}", "train.log_every=2", f"checkpoint.interval={INTERVAL}",
         "checkpoint.keep=2", "scaling.num_workers=2", "scaling.placement_strategy=SPREAD",
-        "run.max_failures=2"]
+        "run.max_failures=2", "mlflow.metric_window=1"]    # a row per step, to count
     return ["jobs/pretrain.py", "--config", f"jobs/configs/{PRETRAIN_CONFIG}",
             *[a for s in sizes for a in ("--set", s)]]
 

@@ -52,6 +52,7 @@ SIZED = {
     # a cluster config off the cluster: the config judged valid, its inputs listed (exit 3)
     "vlp pretrain --config jobs/configs/uniter-base-indomain.yaml --check": ([], 3),
     "vlp pretrain --config jobs/configs/pretrain-tiny.yaml --local --steps 4": ([], 0),
+    "vlp steps runs/pretrain-tiny --plot loss.png": ([], 0),
     # one benchmark of four, 4 steps
     "vlp finetune --checkpoint runs/pretrain-tiny --world runs/worlds/tiny":
         (["--benchmarks", "nlvr2", "--set", "settings.nlvr2.steps=4"], 0),
@@ -121,4 +122,5 @@ def test_the_readme_tour_runs_in_order(ray_local, tmp_path, monkeypatch, capsys)
     assert "is valid" in check and "model.init_path" in check and "--set" in check
     # --local kept to a run of its own: the Ray run the finetune reads is untouched
     assert (tmp_path / "runs" / "pretrain-tiny-local").is_dir()
+    assert (tmp_path / "loss.png").stat().st_size > 1000
     assert "Meta-Sum" in said["vlp leaderboard --run-dir runs/demo"]
