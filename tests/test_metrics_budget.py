@@ -99,7 +99,6 @@ def test_vlp_pretrain_local_logs_windows_and_every_step(tiny_world, tmp_path, mo
         args += ["--set", f"data.sources.{src}.path={images / src}"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "optimizer.warmup_steps 4 → 2" in out       # --steps below the warm-up fits it
     run_id = next(line.split()[1] for line in out.splitlines()
                   if line.startswith("mlflow_run_id"))
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
