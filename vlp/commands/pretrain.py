@@ -29,9 +29,11 @@ data.batch_input_units=8192, stages.1.steps=5000, scaling.num_workers=8, train.p
 An unknown key, task or family is an error naming it, before anything starts.
 
 The run writes OUTPUT_DIR/NAME/checkpoint_step<N> (DeepSpeed + trainer state) and one MLflow
-run (params = the flattened config, per-step losses, config YAML, loss curve, checkpoint
-pointer). Running the same NAME again resumes from its last checkpoint, exactly; once it
-has reached its last step, a re-run says so in one line and exits 0 without starting Ray.
+run (params = the flattened config, the losses' means every mlflow.metric_window steps,
+config YAML, loss curve, checkpoint pointer); every step's record goes to
+OUTPUT_DIR/NAME/steps/*.parquet (`vlp steps OUTPUT_DIR/NAME --plot loss.png`). Running the
+same NAME again resumes from its last checkpoint, exactly; once it has reached its last
+step, a re-run says so in one line and exits 0 without starting Ray.
 --local runs one worker, so without --name it writes NAME-local (a run of several workers
 cannot resume on one). --steps N shorter than the config's warm-up shortens the warm-up to
 N // 10 and says so.
