@@ -95,17 +95,20 @@ def test_pretraining_and_sweep_write_to_postgres_and_s3(tracking_stack, tiny_wor
             f"/leaderboard/meta_sum.png") in parent_keys
 
 
+@pytest.mark.timeout(1200)
 def test_a_tracking_server_restart_mid_run_loses_no_window(tracking_stack, tiny_world,
                                                            tmp_path):
     """The server killed once the run has logged, up again RESTART_GAP_S later while the
     training goes on: the writes that failed meanwhile wait in the rank-0 queue and are
     delivered after the restart (no replay command needed); one run, every window there."""
     stack = tracking_stack
-    window, steps = 10, 600
+    # enough steps to outlast the gap and the restart on a fast CPU (uniter-tiny runs tens
+    # of steps a second on one core); minutes on a loaded one
+    window, steps = 20, 2400
     out = tmp_path / "runs"
     args = pretrain_args(tiny_world, "restart", stack.uri, out, "--steps", str(steps),
                          "--set", f"mlflow.metric_window={window}",
-                         "--set", "train.log_every=10", "--set", "checkpoint.interval=600")
+                         "--set", "train.log_every=20", "--set", f"checkpoint.interval={steps}")
     log = open(tmp_path / "pretrain.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "vlp.cli", *args], stdout=log,
                             stderr=subprocess.STDOUT, cwd=tmp_path,
@@ -124,7 +127,7 @@ def test_a_tracking_server_restart_mid_run_loses_no_window(tracking_stack, tiny_
         assert proc.poll() is None, (
             f"the run ended before the server came back: {steps} steps are too few here "
             f"(log: {(tmp_path / 'pretrain.log').read_text()[-2000:]})")
-        assert proc.wait(timeout=600) == 0, (tmp_path / "pretrain.log").read_text()[-3000:]
+        assert proc.wait(timeout=900) == 0, (tmp_path / "pretrain.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -123,7 +123,7 @@ class RankZeroTracker:
     def flush(self, window_metrics: dict[str, Any], step: int,
               checkpoint: str | None = None) -> None:
         if self.steps is not None:
-            self.steps.flush()
+            self.steps.flush(force=checkpoint is not None)
         if not self.enabled:
             return
         extra = {k: float(window_metrics[k]) for k in ("examples_per_s", "input_units_per_s",

@@ -1,11 +1,12 @@
 """Every optimizer step's record, kept in the run's storage as Parquet: the full-resolution
 history that MLflow no longer gets (it receives window means, ``metric_windows``).
 
-    <storage>/<run>/steps/part-<first step>-<last step>.parquet     (one part per flush)
+    <storage>/<run>/steps/part-<first step>-<last step>.parquet
+        (a part at each checkpoint, every PART_ROWS steps between them, and at the end)
 
     log = StepLog(storage, "pretrain-tiny")
     log.resume_at(step)          # drop what a restarted job will train again
-    log.add(record); log.flush() # a part per report: every log_every steps
+    log.add(record); log.flush(force=at_checkpoint)
     read_steps(storage, "pretrain-tiny")     # a pandas DataFrame, one row per step
 
 ``pandas.read_parquet("<run>/steps")`` reads the folder as well (files whose names start with
@@ -20,6 +21,9 @@ import posixpath
 from typing import Any
 
 STEPS_FOLDER = "steps"
+# rows per part between checkpoints: a 500k-step run writes ~500 parts, not one per report
+# (a crash loses nothing by it: the steps after the checkpoint are trained again)
+PART_ROWS = 1000
 
 
 def part_name(first: int, last: int) -> str:
@@ -68,10 +72,11 @@ class StepLog:
     def add(self, record: dict[str, Any]) -> None:
         self.rows.append(dict(record))
 
-    def flush(self) -> None:
-        """The rows since the last flush, as one part. A failed write keeps them for the next
-        flush (the training goes on; the reason is in ``error``)."""
-        if not self.rows:
+    def flush(self, force: bool = True) -> None:
+        """The rows since the last flush, as one part; unless ``force``, only once there are
+        ``PART_ROWS`` of them. A failed write keeps them for the next flush (the training
+        goes on; the reason is in ``error``)."""
+        if not self.rows or (not force and len(self.rows) < PART_ROWS):
             return
         import pyarrow as pa
 
