@@ -111,7 +111,10 @@ class MlflowServer:
     """``mlflow server`` with cluster.yaml's stores: ``backend`` (Postgres) and artifacts
     proxied into ``s3://BUCKET/mlflow``. Same port across restarts, as systemd's unit."""
 
-    def __init__(self, backend: str, s3, bucket: str, folder: Path, workers: int = 2):
+    # one worker (requests still served concurrently, from its thread pool): with several,
+    # uvicorn's supervisor kills a worker that misses its 5 s health check, and on a 2-core
+    # machine at load 55 every worker did while importing MLflow, so the server never came up
+    def __init__(self, backend: str, s3, bucket: str, folder: Path, workers: int = 1):
         self.backend, self.s3, self.bucket, self.folder = backend, s3, bucket, folder
         self.workers = workers
         self.port = free_local_port()
