@@ -145,6 +145,7 @@ class MlflowServer:
         """As a crash or ``systemctl restart`` ends it: the whole process group, at once."""
         if self.proc is not None:
             stop_tree(self.proc.pid, grace_s=2.0)
+            self.proc.wait(timeout=30)       # reaped: no zombie left behind
             self.proc = None
 
     def log_text(self) -> str:
