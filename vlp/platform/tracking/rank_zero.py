@@ -135,8 +135,10 @@ class RankZeroTracker:
         self.pending = []
         tags = {"vlp.checkpoint": checkpoint, "vlp.checkpoint_step": step} if checkpoint else {}
 
+        stamp = _now_ms()       # at queue time: a retried write is the same rows again
+
         def write(run):
-            run.log_metric_rows(rows)
+            run.log_metric_rows(rows, stamp)
             if tags:
                 run.set_tags(tags)
         self._submit(write, {"kind": "metrics", "rows": rows, "tags": tags})
@@ -153,7 +155,9 @@ class RankZeroTracker:
         self._end_window()
         if self.pending:
             rows, self.pending = self.pending, []
-            self._submit(lambda run: run.log_metric_rows(rows), {"kind": "metrics", "rows": rows})
+            stamp = _now_ms()
+            self._submit(lambda run: run.log_metric_rows(rows, stamp),
+                         {"kind": "metrics", "rows": rows})
 
     def close(self, completed: bool, state: TrainerState,
               timeout_s: float | None = None) -> list[dict[str, Any]]:
@@ -231,6 +235,12 @@ class RankZeroTracker:
             where = f"nowhere ({type(e).__name__}: {e})"
         print(f"[vlp pretrain] warning: {n} MLflow write(s) could not be delivered ({why}); "
               f"kept in {where}", flush=True)
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
 
 
 def _step_log(spec: dict[str, Any]) -> StepLog | None:
