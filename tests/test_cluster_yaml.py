@@ -245,7 +245,7 @@ def test_mlflow_runs_on_postgres_with_s3_artifacts_and_restarts(cfg):
     assert "Restart=always" in lines and "WantedBy=multi-user.target" in lines
     assert "After=network-online.target postgresql.service" in lines
     exec_start = next(line for line in lines if line.startswith("ExecStart="))
-    assert "--backend-store-uri postgresql://ubuntu@/mlflow?host=/var/run/postgresql" in exec_start
+    assert "--backend-store-uri postgresql+psycopg2://ubuntu@/mlflow?host=/var/run/postgresql" in exec_start
     assert "--artifacts-destination s3://my-bucket/mlflow" in exec_start
     assert "--host 10.0.1.23 " in exec_start and "0.0.0.0" not in unit
     assert "sqlite" not in unit and "password" not in unit.lower()

@@ -132,10 +132,10 @@ def test_the_mlflow_ui_leaderboard_view(store):
     exp = client.get_experiment_by_name("vlp-sweep")
     view = json.loads(exp.tags[VIEW_TAG])
     assert view["orderByKey"] == "metrics.`Meta-Sum`" and view["orderByAsc"] is False
-    assert view["selectedColumns"][:6] == ["metrics.`Meta-Sum`", "metrics.`vqa`",
-                                           "metrics.`ir`", "metrics.`tr`", "metrics.`nlvr2`",
-                                           "metrics.`refcoco_plus`"]
-    assert "tags.`mix`" in view["selectedColumns"]
+    assert view["selectedColumns"][:7] == ["metrics.`Meta-Sum`", "metrics.`Meta-Sum ci95`",
+                                           "metrics.`VQA`", "metrics.`IR`", "metrics.`TR`",
+                                           "metrics.`NLVR2`", "metrics.`RefCOCO plus`"]
+    assert "tags.`mix`" in view["selectedColumns"] and "tags.`outcome`" in view["selectedColumns"]
     # the view's own filter and sort, run through MLflow's search: the best line first
     runs = client.search_runs([exp.experiment_id], view["searchFilter"],
                               order_by=["metrics.`Meta-Sum` DESC"])
@@ -143,6 +143,11 @@ def test_the_mlflow_ui_leaderboard_view(store):
     assert runs[0].data.metrics["Meta-Sum"] == 275.75
     assert runs[1].data.metrics["Meta-Sum"] == round(sum(PARTS.values()) - 100, 2)
     assert "Meta-Sum" not in runs[2].data.metrics        # t003: stopped before Meta-Sum
+    # the parts as `vlp leaderboard` prints them (two decimals), not the logged 8+ decimals
+    by_trial = {r.data.tags["vlp.sweep.trial"]: r.data.metrics for r in runs}
+    assert by_trial["t002"]["VQA"] == round(PARTS["vqa"], 2)
+    assert by_trial["t002"]["RefCOCO plus"] == round(PARTS["refcoco_plus"], 2)
+    assert by_trial["t003"]["IR"] == 10.0 and "VQA" not in by_trial["t003"]
     assert leaderboard_url("http://127.0.0.1:5000", uri) == (
         f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?"
         f"workflowType=machine_learning&viewStateShareKey=vlp-leaderboard")
@@ -160,3 +165,21 @@ def test_a_partial_sweeps_view_sums_the_parts_it_scores(store):
     assert by_trial == {"t002": round(sum(PARTS.values()), 2), "t001": 1.0, "t003": None,
                         "t004": None}
     assert meaning.startswith("the sum of the parts this sweep scores (VQA + IR + TR")
+
+
+def test_the_view_columns_are_the_printed_values_with_the_interval_apart():
+    from vlp.platform.tracking.leaderboard import Leaderboard, Row
+    from vlp.platform.tracking.leaderboard_stats import Estimate
+    from vlp.platform.tracking.leaderboard_view import printed_columns
+
+    parts = {"vqa": 5.466666666666, "ir": 1 / 3, "tr": 2.0, "nlvr2": 50.004999, "refcoco_plus": 7.0}
+    est = {k: Estimate(3, v, 0.5, 2.0) for k, v in parts.items()}
+    est["meta_sum"] = Estimate(3, sum(parts.values()), 2.0, 2.0)
+    row = Row(trial="t001", data="in", tasks="MLM", ratios="1", init="random",
+              meta_sum=sum(parts.values()), scores=parts, score=None, stage=4, stages=4,
+              state="completed", steps=1, seconds=1.0, run_id="r1", est=est)
+    board = Leaderboard("s", "search", "p", [row])
+    columns = printed_columns(board)["r1"]
+    assert columns["VQA"] == 5.47 and columns["IR"] == 0.33 and columns["NLVR2"] == 50.0
+    assert columns["Meta-Sum ci95"] == round(est["meta_sum"].ci95(), 2)
+    assert f"{columns['Meta-Sum ci95']:.2f}" in row.cell("meta_sum")     # as the CLI prints

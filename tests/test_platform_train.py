@@ -38,6 +38,7 @@ def toy_config(root: Path, name: str, *overrides: str):
         "train": {"grad_accum": 2, "zero_stage": 2, "log_every": 5, "on_nonfinite": "skip"},
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
         "checkpoint": {"interval": 10, "keep": 2},
+        "mlflow": {"metric_window": 1},     # a row per step: the steps' losses compared
     }, overrides=overrides)
 
 

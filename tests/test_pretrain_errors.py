@@ -5,6 +5,7 @@ one line and a non-zero exit status. No Ray, no compute."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import socket
 from pathlib import Path
@@ -92,3 +93,49 @@ def test_job_script_exits_non_zero_with_one_line(base, tmp_path, capsys):
     assert err.startswith("pretrain failed: ConfigError") and "tasks.mrm" in err
     assert job.main(["--config", str(cfg), "--check"]) == 0      # the valid config passes
     assert "global batch" in capsys.readouterr().out
+
+
+def test_check_off_the_cluster_judges_the_config_and_lists_unreachable_inputs(capsys):
+    """A cluster config on a machine without its files: valid config, inputs listed with the
+    keys to point elsewhere, exit 3; a config error still exits 1 before any input is read."""
+    from vlp.cli import main
+
+    shipped = str(Path(__file__).parents[1] / "jobs" / "configs" / "uniter-base-indomain.yaml")
+    assert main(["pretrain", "--config", shipped, "--check"]) == 3
+    out = capsys.readouterr().out.splitlines()
+    assert "is valid" in out[0] and "4 input(s) are not reachable from here" in out[0]
+    listed = [line.split()[2] for line in out[1:5]]
+    assert listed == ["model.init_path", "data.tokenizer_path", "data.sources.coco.path",
+                      "data.sources.vg.path"]
+    assert "--set model.init_path=FILE" in out[-1]
+    assert len(out) <= 24                                   # one screen
+    # what does not need the files is still checked
+    assert main(["pretrain", "--config", shipped, "--check", "--set",
+                 "tasks={mlm: 1, mvm: 1}"]) == 1
+    assert "tasks.mvm" in capsys.readouterr().err
+
+
+def test_steps_below_the_warm_up_fit_it_and_say_so(tmp_path):
+    from vlp.commands.pretrain import fitted_to_steps
+
+    shipped = Path(__file__).parents[1] / "jobs" / "configs" / "pretrain-tiny.yaml"   # warm-up 4
+    args = lambda steps, *sets: argparse.Namespace(config=str(shipped), steps=steps,  # noqa: E731
+                                                   set=list(sets))
+    extra, notes = fitted_to_steps(args(4))
+    assert extra == ["optimizer.warmup_steps=0"] and "warmup_steps 4 → 0" in notes[0]
+    assert fitted_to_steps(args(40)) == ([], [])             # it fits already
+    assert fitted_to_steps(args(4, "optimizer.warmup_steps=3")) == ([], [])   # the user's
+    assert fitted_to_steps(args(None)) == ([], [])
+    cfg = load_pretrain_config(shipped, ["train.steps=4"] + extra)   # the config check passes
+    assert cfg.optimizer.warmup_steps == 0
+
+
+def test_local_runs_keep_to_a_run_of_their_own_unless_named():
+    from vlp.commands.pretrain import local_name
+
+    shipped = Path(__file__).parents[1] / "jobs" / "configs" / "pretrain-tiny.yaml"  # 2 workers
+    cfg = load_pretrain_config(shipped)
+    ns = lambda name=None, *sets: argparse.Namespace(name=name, set=list(sets))  # noqa: E731
+    assert local_name(ns(), cfg).run.name == "pretrain-tiny-local"
+    assert local_name(ns("mine"), cfg).run.name == "pretrain-tiny"    # --name already applied
+    assert local_name(ns(None, "run.name=x"), cfg).run.name == "pretrain-tiny"

@@ -47,6 +47,7 @@ def config(world: str, root: Path, name: str, *overrides: str):
         "train": {"zero_stage": 2, "log_every": 4},
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
         "checkpoint": {"interval": 8, "keep": 2},
+        "mlflow": {"metric_window": 1},     # a row per step: the steps' losses compared
     }, overrides=overrides)
 
 
@@ -248,6 +249,15 @@ def test_stop_resume_and_worker_failure_continue_exactly(straight, tiny_world, r
     assert {m.step for m in history} == set(range(1, STEPS + 1))
     for m in history:
         assert m.value == pytest.approx(want[m.step], rel=1e-6, abs=1e-7), m.step
+    # the step log in the run's storage: each step once (the parts the failed attempt wrote
+    # after its checkpoint cut back when the workers restarted), the straight run's losses
+    from vlp.platform.cluster.run_storage import open_location
+    from vlp.platform.tracking.step_log import read_steps
+
+    steps = read_steps(open_location(str(root)), "resumed")
+    assert list(steps["step"]) == list(range(1, STEPS + 1))
+    for step, loss in zip(steps["step"], steps["loss"]):
+        assert loss == pytest.approx(want[step], rel=1e-6, abs=1e-7), step
 
     # 3) re-run once more: it has ended, so `vlp pretrain` says so instead of starting workers
     assert finished_run(config(tiny_world, root, "resumed")) == (

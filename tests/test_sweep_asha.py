@@ -133,7 +133,9 @@ def test_asha_stops_the_trial_below_the_rung_and_records_it_as_stopped(sweep):
     assert {t: len(rs) for t, rs in runs.items()} == {"t001": 1, "t002": 1}
     assert sorted(r.trial for r in second.leaderboard.rows) == ["t001", "t002"]
     stopped = runs["t002"][0]
-    assert stopped.info.status == "KILLED" and stopped.data.tags["vlp.state"] == "stopped"
+    # FINISHED with its outcome in tags: the MLflow UI draws KILLED as a failure
+    assert stopped.info.status == "FINISHED" and stopped.data.tags["vlp.state"] == "stopped"
+    assert stopped.data.tags["outcome"] == "stopped by ASHA after stage 1/2"
     assert stopped.data.metrics["score"] == 2 * STAGE1["t002"]
     assert "vlp.error" not in stopped.data.tags
     assert runs["t001"][0].info.status == "FINISHED"

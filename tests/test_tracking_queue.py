@@ -59,6 +59,7 @@ def tracker(uri: str, storage) -> RankZeroTracker:
                                        "data": {"sources": {"a": {"path": "a"}}}})
     spec = {"enabled": True, "tracking_uri": uri, "experiment": "e", "run_name": "job",
             "key": "k", "storage": str(storage), "deepspeed_config": {}, "queue_limit": 8,
+            "metric_window": 1,     # a row per step: each step's delivery can be followed
             "params": flatten(cfg), "config_text": to_yaml(cfg), "tags": {"vlp.job": "pretrain"}}
     return RankZeroTracker(spec, loop_config(cfg))
 

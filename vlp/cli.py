@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "evaluate",     # vlp evaluate
     "sweep",        # vlp sweep
     "leaderboard",  # vlp leaderboard
+    "steps",        # vlp steps
     "ui",           # vlp ui
     "demo",         # vlp demo
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+EXIT_INPUTS_UNREACHABLE = 3     # --check: the config is valid, some inputs are elsewhere
+
 EPILOG = """\
 examples:
   vlp data synth --scale tiny --out runs/worlds/tiny          # the data pretrain-tiny reads
@@ -13,6 +15,7 @@ examples:
       --set tasks="{mlm: 1, itm: 1}" --name tiny-mlm-itm
   vlp pretrain --config jobs/configs/imagebert-base-two-stage.yaml --check
   vlp pretrain --config jobs/configs/pretrain-tiny.yaml --local --steps 4   # no Ray
+  vlp pretrain --config jobs/configs/uniter-base-indomain.yaml --check   # off the cluster
   ray dashboard cluster.yaml &      # the dashboard listens on the head's 127.0.0.1 only
   RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
       python jobs/pretrain.py --config jobs/configs/uniter-base-indomain.yaml
@@ -26,9 +29,18 @@ data.batch_input_units=8192, stages.1.steps=5000, scaling.num_workers=8, train.p
 An unknown key, task or family is an error naming it, before anything starts.
 
 The run writes OUTPUT_DIR/NAME/checkpoint_step<N> (DeepSpeed + trainer state) and one MLflow
-run (params = the flattened config, per-step losses, config YAML, loss curve, checkpoint
-pointer). Running the same NAME again resumes from its last checkpoint, exactly; once it
-has reached its last step, a re-run says so in one line and exits 0 without starting Ray.
+run (params = the flattened config, the losses' means every mlflow.metric_window steps,
+config YAML, loss curve, checkpoint pointer); every step's record goes to
+OUTPUT_DIR/NAME/steps/*.parquet (`vlp steps OUTPUT_DIR/NAME --plot loss.png`). Running the
+same NAME again resumes from its last checkpoint, exactly; once it has reached its last
+step, a re-run says so in one line and exits 0 without starting Ray.
+--local runs one worker, so without --name it writes NAME-local (a run of several workers
+cannot resume on one). --steps N shorter than the config's warm-up shortens the warm-up to
+N // 10 and says so.
+
+--check runs every check and prints the summary (exit 0). Where the config's inputs (weights,
+vocabulary, shard folders) are not reachable from this machine, it judges the config without
+them and lists them with the keys to point at copies (exit 3); a bad config exits 1.
 """
 
 
@@ -100,16 +112,14 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from vlp.platform.pretrain.job import load_pretrain_config, pretrain, summary
 
-    cfg = load_pretrain_config(args.config, overrides(args))
+    extra, notes = fitted_to_steps(args)
+    cfg = load_pretrain_config(args.config, overrides(args) + extra)
+    for note in notes:
+        print(f"[vlp pretrain] {note}")
     if args.check:
-        from vlp.platform.pretrain.data import prepare
-        from vlp.platform.pretrain.job import resolved
-
-        cfg = resolved(cfg)
-        for line in summary(cfg, prepare(cfg)):
-            print(f"[vlp pretrain] {line}")
-        return 0
+        return check(args.config, cfg)
     if getattr(args, "local", False):
+        cfg = local_name(args, cfg)
         from vlp.platform.pretrain.local import pretrain_local
 
         result = pretrain_local(cfg)
@@ -126,6 +136,63 @@ def _run(args: argparse.Namespace) -> int:
     result = pretrain(cfg, parent_run_id=args.parent_run_id, start_ray=lambda: start_ray(cfg))
     print("\n".join(result_lines(result)))
     return 0 if result.completed or cfg.train.stop_after else 1
+
+
+def check(config_path: str, cfg) -> int:
+    """``--check``: every check and the summary (0); a valid config whose inputs this machine
+    cannot reach (a cluster config on a laptop) is judged without them, and the inputs are
+    listed with the keys that point them elsewhere (EXIT_INPUTS_UNREACHABLE)."""
+    from vlp.platform.pretrain.data import check_without_inputs, prepare
+    from vlp.platform.pretrain.input_reach import unreachable_inputs, unreachable_report
+    from vlp.platform.pretrain.job import resolved, summary
+
+    cfg = resolved(cfg)
+    missing = unreachable_inputs(cfg)
+    if missing:
+        check_without_inputs(cfg)
+        for line in unreachable_report(config_path, missing):
+            print(f"[vlp pretrain] {line}")
+        return EXIT_INPUTS_UNREACHABLE
+    for line in summary(cfg, prepare(cfg)):
+        print(f"[vlp pretrain] {line}")
+    return 0
+
+
+def fitted_to_steps(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """``--steps N`` below the config's linear warm-up: the warm-up shortened to N // 10 (the
+    UNITER recipe's ratio, 10k of 100k+) so that the short run the option is for runs, with a
+    line saying so; a warm-up given with ``--set`` is left to the config check."""
+    from vlp.contract.config_loader import apply_overrides
+    from vlp.platform.pretrain.experiment_config import OptimizerSection
+
+    if args.steps is None or any(s.startswith("optimizer.warmup_steps=") for s in args.set):
+        return [], []
+    import yaml
+
+    from pathlib import Path
+
+    raw = apply_overrides(yaml.safe_load(Path(args.config).read_text()) or {}, args.set)
+    opt = raw.get("optimizer") or {}
+    defaults = OptimizerSection.model_fields
+    warmup = opt.get("warmup_steps", defaults["warmup_steps"].default)
+    schedule = opt.get("schedule", defaults["schedule"].default)
+    if schedule != "linear" or not isinstance(warmup, int) or warmup < args.steps:
+        return [], []
+    fitted = args.steps // 10
+    return [f"optimizer.warmup_steps={fitted}"], [
+        f"--steps {args.steps}: optimizer.warmup_steps {warmup} → {fitted} to fit the run "
+        f"(--set optimizer.warmup_steps=K chooses another)"]
+
+
+def local_name(args: argparse.Namespace, cfg):
+    """``--local`` runs one worker, so it cannot resume the config's Ray run (written by
+    scaling.num_workers workers): unless the name is given, it keeps to a run of its own,
+    NAME-local, beside it."""
+    named = args.name or any(s.startswith("run.name=") for s in args.set)
+    if named or cfg.scaling.num_workers == 1:
+        return cfg
+    return cfg.model_copy(update=dict(run=cfg.run.model_copy(update=dict(
+        name=f"{cfg.run.name}-local"))))
 
 
 def start_ray(cfg) -> None:

@@ -73,11 +73,7 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
         problems.append(("model.init_path", f"{cfg.model.init_path}: no such file (the "
                                             f"weights of model.init {cfg.model.init!r})"))
     problems += cnn_problems(cfg, family)
-    if cfg.data.max_text_len + 2 > spec.max_text_positions:
-        problems.append(("data.max_text_len", f"is {cfg.data.max_text_len} but "
-                         f"{cfg.model.family} embeds {spec.max_text_positions} text positions "
-                         f"([CLS] and [SEP] included): expected at most "
-                         f"{spec.max_text_positions - 2}"))
+    problems += text_length_problems(cfg, spec)
     stages = []
     for k, stage in enumerate(cfg.stage_plan()):
         mix_key = f"stages.{k}.tasks" if cfg.stages and cfg.stages[k].tasks else "tasks"
@@ -105,6 +101,28 @@ def prepare(cfg: ExperimentConfig) -> PretrainSetup:
                           tuple(stages), cfg.model)
     check_init_weights(cfg, setup)    # a checkpoint that does not fit fails here, not in Ray
     return setup
+
+
+def check_without_inputs(cfg: ExperimentConfig) -> None:
+    """What ``prepare`` checks that reads no input file: the family, the task names and their
+    fit to it, the text length it embeds, the CNN keys only a SOHO family takes. For a config
+    whose inputs are not reachable from here (``input_reach``): raises ``ConfigError``."""
+    check_model_and_tasks(cfg)
+    family = get_family(cfg.model.family)
+    spec = preprocess_spec(family, tuple(cfg.all_tasks()), 0, 0)
+    problems = text_length_problems(cfg, spec)
+    if family.visual.input_kind != "pixels":
+        problems += cnn_problems(cfg, family)       # no file read for a family without a CNN
+    if problems:
+        raise ConfigError(problems)
+
+
+def text_length_problems(cfg: ExperimentConfig, spec: PreprocessSpec) -> list[tuple[str, str]]:
+    if cfg.data.max_text_len + 2 <= spec.max_text_positions:
+        return []
+    return [("data.max_text_len", f"is {cfg.data.max_text_len} but {cfg.model.family} embeds "
+             f"{spec.max_text_positions} text positions ([CLS] and [SEP] included): expected "
+             f"at most {spec.max_text_positions - 2}")]
 
 
 def cnn_problems(cfg: ExperimentConfig, family) -> list[tuple[str, str]]:

@@ -239,6 +239,9 @@ class MlflowSection(ConfigModel):
     tracking_uri: str = ""
     experiment: str = "vlp-pretrain"
     check_timeout_s: float = Field(3.0, gt=0)
+    # steps per MLflow row: each metric's mean over the window (10: a 500k-step run logs 50k
+    # rows per metric); every step's record is in the run's storage (<run>/steps/*.parquet)
+    metric_window: int = Field(10, gt=0)
 
 
 def _uniter_mix() -> dict[str, float]:

@@ -106,7 +106,8 @@ def tracking_spec(cfg: ExperimentConfig, parent_run_id: str | None = None) -> di
     return launch.tracking_spec(
         loop_config(cfg), enabled=cfg.mlflow.enabled, tracking_uri=cfg.mlflow.tracking_uri,
         experiment=cfg.mlflow.experiment, output_dir=cfg.run.output_dir, params=flatten(cfg),
-        config_text=to_yaml(cfg), job="pretrain", parent_run_id=parent_run_id)
+        config_text=to_yaml(cfg), job="pretrain", parent_run_id=parent_run_id,
+        metric_window=cfg.mlflow.metric_window)
 
 
 def preflight(cfg: ExperimentConfig) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import ray.tune
 
 from vlp.platform.sweep.point import TrialPoint
+from vlp.platform.tracking.leaderboard_view import OUTCOME_TAG
 from vlp.benchmarks.meta_sum import metric_key, parts_of
 
 
@@ -72,13 +73,16 @@ class SweepProgress(ray.tune.Callback):
         if stage is not None and stages is not None and stage < stages:
             self.say(f"{name} stopped by ASHA after stage {stage}/{stages} "
                      f"(score {r.get('score', 0):.2f})")
-            self._close(r, "KILLED", {"vlp.state": "stopped"})
+            # FINISHED, not KILLED: the MLflow UI draws KILLED as it draws FAILED (a red ✗);
+            # the stop is the run's tags, shown in the leaderboard view's `outcome` column
+            self._close(r, "FINISHED", {"vlp.state": "stopped", OUTCOME_TAG:
+                                        f"stopped by ASHA after stage {stage}/{stages}"})
         else:
             self.say(f"{name} done: Meta-Sum {_fmt(r.get('meta_sum'))} "
                      f"(score {r.get('score', 0):.2f}; {int(r.get('trial_steps', 0)):,} steps, "
                      f"{r.get('trial_seconds', 0):.0f} s) | {self._tally(trials, trial)}")
             # the trial closes its run itself; this covers a trial killed right after
-            self._close(r, "FINISHED", {"vlp.state": "completed"})
+            self._close(r, "FINISHED", {"vlp.state": "completed", OUTCOME_TAG: "completed"})
         self._refresh()
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
@@ -87,7 +91,8 @@ class SweepProgress(ray.tune.Callback):
         self.say(f"{name} FAILED (recorded; the sweep goes on): {message or 'see its error.txt'}"
                  f" | {self._tally(trials, trial)}")
         self._close(trial.last_result or {}, "FAILED",
-                    {"vlp.state": "failed", **({"vlp.error": message[:500]} if message else {})})
+                    {"vlp.state": "failed", OUTCOME_TAG: "failed",
+                     **({"vlp.error": message[:500]} if message else {})})
         self._refresh()
 
     # ---- helpers --------------------------------------------------------------------------

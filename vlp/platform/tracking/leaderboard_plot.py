@@ -10,6 +10,8 @@ from typing import Any
 from vlp.benchmarks import meta_sum
 from vlp.platform.tracking.leaderboard import Leaderboard
 
+LEGEND_STRIP_IN = 0.3        # inches kept free under the axes for the legend
+
 
 def leaderboard_figure(board: Leaderboard, title: str = "") -> Any:
     """Agg canvas, no pyplot global state (safe in any thread or worker)."""
@@ -17,7 +19,8 @@ def leaderboard_figure(board: Leaderboard, title: str = "") -> Any:
     from matplotlib.figure import Figure
 
     rows = list(reversed(board.rows))          # the first row on top
-    fig = Figure(figsize=(9, 1.2 + 0.42 * max(len(rows), 1)), dpi=100)
+    height = 1.6 + 0.42 * max(len(rows), 1)
+    fig = Figure(figsize=(9, height), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     labels = [f"{r.trial} {r.tasks}" + (f" [{r.data}]" if r.data not in ("", "None") else "")
@@ -50,7 +53,9 @@ def leaderboard_figure(board: Leaderboard, title: str = "") -> Any:
     ax.set_xlim(0, right * 1.25)
     if title:
         ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right", ncol=5)
+    # below the axes, in a strip of its own: inside them it covered the bottom rows' bars
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="lower center", ncol=len(names), frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, LEGEND_STRIP_IN / height, 1, 1))
     return fig

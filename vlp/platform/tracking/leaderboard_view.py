@@ -5,8 +5,12 @@ an experiment tag ``mlflow.sharedViewState.<key>`` holding the page's state as J
 search filter, sort, selected columns), opened by ``?viewStateShareKey=<key>`` in the URL
 (MLflow's own "share view" link). After each sweep the view ``vlp-leaderboard`` of its
 experiment is set to that sweep's trials, sorted by a metric named as the leaderboard
-names it, ``Meta-Sum`` (rounded to two decimals: the value the table prints), with the
-five Meta-Sum parts, the mix and the pre-training data as columns.
+names it, ``Meta-Sum`` (rounded to two decimals: the value the table prints), with its 95%
+interval's half-width (``Meta-Sum ci95``), the five Meta-Sum parts as the table prints them
+(``VQA``, ``IR``, ``TR``, ``NLVR2``, ``RefCOCO plus``: the line's means, two decimals; MLflow
+allows no '+' in a metric name), the mix, the pre-training data and the trial's ``outcome``
+(completed, stopped by ASHA after stage k/n, failed: an ASHA-stopped trial's run is
+FINISHED, since the UI draws KILLED as the red ✗ of a failure).
 
 ``Meta-Sum`` on a trial run is its line's mean Meta-Sum over seeds. A sweep whose
 benchmarks leave Meta-Sum parts out (a quick retrieval-only sweep) has no line with a
@@ -24,6 +28,10 @@ from vlp.platform.tracking.leaderboard import PARTS, TRIAL_JOB, Leaderboard
 VIEW_KEY = "vlp-leaderboard"
 META_SUM_COLUMN = "Meta-Sum"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+CI_COLUMN = f"{META_SUM_COLUMN} ci95"
+OUTCOME_TAG = "outcome"
+# the parts as the leaderboard's columns name them, in names MLflow accepts
+PART_COLUMNS = tuple((key, label.replace("+", " plus")) for key, label in PARTS)
 
 
 def view_state(parent_run_id: str) -> dict[str, Any]:
@@ -33,9 +41,10 @@ def view_state(parent_run_id: str) -> dict[str, Any]:
         "searchFilter": (f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
                          f"tags.`vlp.job` = '{TRIAL_JOB}'"),
         "orderByKey": metric(META_SUM_COLUMN), "orderByAsc": False,
-        "selectedColumns": [metric(META_SUM_COLUMN), *(metric(k) for k, _ in PARTS),
+        "selectedColumns": [metric(META_SUM_COLUMN), metric(CI_COLUMN),
+                            *(metric(c) for _, c in PART_COLUMNS),
                             "tags.`mix`", "tags.`mix_ratios`", "tags.`pretraining_data`",
-                            "tags.`init`", "tags.`vlp.vs_best`"],
+                            "tags.`init`", "tags.`vlp.vs_best`", f"tags.`{OUTCOME_TAG}`"],
         "runsExpanded": {}, "runsPinned": [], "runsHidden": [],
     }
 
@@ -50,6 +59,24 @@ def meta_sum_values(board: Leaderboard) -> tuple[dict[str, float], str]:
     return ({r.run_id: round(r.score, 2) for r in done},
             f"the sum of the parts this sweep scores ({' + '.join(scored) or 'none'}): its "
             f"benchmarks leave the other Meta-Sum parts out")
+
+
+def printed_columns(board: Leaderboard) -> dict[str, dict[str, float]]:
+    """Per trial run: its line's parts and Meta-Sum interval as ``vlp leaderboard`` prints
+    them (means, two decimals; the interval's half-width where the line has one)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in board.rows:
+        columns = {}
+        for key, column in PART_COLUMNS:
+            value = r.est[key].mean if key in r.est else r.scores.get(key)
+            if value is not None:
+                columns[column] = round(value, 2)
+        ci = r.est["meta_sum"].ci95() if "meta_sum" in r.est else None
+        if ci is not None:
+            columns[CI_COLUMN] = round(ci, 2)
+        if columns:
+            out[r.run_id] = columns
+    return out
 
 
 def point_view_at(client: Any, parent_run_id: str) -> None:
@@ -68,6 +95,9 @@ def publish_view(tracking_uri: str, board: Leaderboard) -> None:
     values, meaning = meta_sum_values(board)
     for run_id, value in values.items():
         client.log_metric(run_id, META_SUM_COLUMN, value)
+    for run_id, columns in printed_columns(board).items():
+        for name, value in columns.items():
+            client.log_metric(run_id, name, value)
     client.set_tag(board.parent_run_id, "vlp.meta_sum_column", meaning)
     point_view_at(client, board.parent_run_id)
 

@@ -182,11 +182,15 @@ class MlflowRun:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.log_metric_rows([(step, metrics)])
 
-    def log_metric_rows(self, rows: Iterable[tuple[int, Mapping[str, float]]]) -> None:
-        """Many steps in few calls (one SQLite transaction per 1000 values)."""
+    def log_metric_rows(self, rows: Iterable[tuple[int, Mapping[str, float]]],
+                        timestamp_ms: int | None = None) -> None:
+        """Many steps in few calls (one SQLite transaction per 1000 values). ``timestamp_ms``
+        fixed by the caller makes a retry idempotent: a batch the server stored before its
+        answer was lost (a server killed mid-request) is the same rows again, which MLflow's
+        SQL store merges instead of adding a second row per step."""
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         items = [Metric(k, float(v), now, int(step)) for step, m in rows for k, v in m.items()]
         for i in range(0, len(items), _MAX_BATCH_METRICS):
             self.client.log_batch(self.run_id, metrics=items[i:i + _MAX_BATCH_METRICS])

@@ -180,7 +180,7 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
     if meta["world_size"] != world_size:
         return (f"the checkpoint to resume was written by {meta['world_size']} workers; exact "
                 f"resume needs the same number (scaling.num_workers={meta['world_size']}), "
-                f"got {world_size}")
+                f"got {world_size}; or start a new run beside it with a new run.name (--name)")
     saved = meta.get("zero_stage")
     if saved is not None and zero_stage != "auto" and (zero_stage > 0) != (saved > 0):
         held = "a ZeRO optimizer state" if saved else "an optimizer state without ZeRO"

@@ -38,12 +38,14 @@ class LoopResult:
 
 def tracking_spec(loop: LoopConfig, *, enabled: bool, tracking_uri: str, experiment: str,
                   output_dir: str, params: dict[str, str], config_text: str, job: str,
-                  parent_run_id: str | None = None) -> dict[str, Any]:
+                  parent_run_id: str | None = None,
+                  metric_window: int | None = None) -> dict[str, Any]:
     """How rank 0 finds and fills its MLflow run. The key is derived from the storage root
     and the run name (never the job's working folder), so a restarted worker or a re-run
     driver, also one submitted after a code edit, attaches to the same run. ``params`` and
     ``config_text`` are the job's own config (flattened, as YAML): the run records what the
-    user wrote, not the loop's projection of it."""
+    user wrote, not the loop's projection of it. ``metric_window``: steps per MLflow row
+    (window means; None = ``rank_zero.METRIC_WINDOW``)."""
     uses_embedded = tracking_uri == embedded_tracking_uri(output_dir)
     storage = run_storage.open_location(loop.storage)
     artifacts = None
@@ -59,6 +61,7 @@ def tracking_spec(loop: LoopConfig, *, enabled: bool, tracking_uri: str, experim
         "parent_run_id": parent_run_id,
         "artifact_location": artifacts,
         "storage": loop.storage,
+        "metric_window": metric_window,
         "deepspeed_config": deepspeed_config(loop, loop.scaling.num_workers),
         "params": params,
         "config_text": config_text,

@@ -191,7 +191,8 @@ class _Worker:
         t1 = time.perf_counter()
         start_step = state.step
         if self.tracker:
-            state.mlflow_run_id = self.tracker.open(state.mlflow_run_id, fresh=state.step == 0)
+            state.mlflow_run_id = self.tracker.open(state.mlflow_run_id, fresh=state.step == 0,
+                                                    start_step=state.step)
             self._announce(fresh=state.step == 0)
         self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
                   f"{time.perf_counter() - t1:.1f} s")
