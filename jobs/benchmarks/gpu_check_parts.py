@@ -26,7 +26,8 @@ from vlp.platform.pretrain.local import LocalPretrainComponents
 from vlp.platform.pretrain.run import loop_config, tracking_spec
 from vlp.platform.training import engine as engine_mod
 from vlp.platform.training import objective
-from vlp.platform.training.bf16_bookkeeping import uses_flat_bookkeeping
+from vlp.platform.training.bf16_bookkeeping import _flat_class, uses_flat_bookkeeping
+from vlp.platform.training.device_step import uses_device_step
 from vlp.platform.training.local_runner import run_local
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
@@ -182,9 +183,12 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     variants: dict[str, Callable[[], float]] = {
         "no_cudnn_sdpa": lambda: _with_cudnn_sdpa(False, timed),
         "cudnn_sdpa": lambda: _with_cudnn_sdpa(True, timed)}
-    if uses_flat_bookkeeping(engine.optimizer):   # against the class it was switched from
+    if uses_flat_bookkeeping(engine.optimizer):   # against the classes it was switched from
+        flat = _flat_class()
         variants["deepspeed_bookkeeping"] = lambda: _with_class(
-            engine.optimizer, type(engine.optimizer).__bases__[0], timed)
+            engine.optimizer, flat.__bases__[0], timed)
+        if uses_device_step(engine.optimizer):    # DeepSpeed's step: 4 host syncs
+            variants["deepspeed_step"] = lambda: _with_class(engine.optimizer, flat, timed)
     if any(isinstance(m, FusedQKVSelfAttention) for m in engine.module.modules()):
         variants["separate_qkv"] = lambda: _with_separate_qkv(engine.module, timed)
     rates: dict[str, list[float]] = {}
@@ -211,6 +215,9 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     if "deepspeed_bookkeeping" in times:
         out["flat_over_deepspeed_bookkeeping"] = \
             alone / out["deepspeed_bookkeeping_s_per_input_unit"]
+    if "deepspeed_step" in times:
+        out["device_step_over_deepspeed_step"] = \
+            alone / out["deepspeed_step_s_per_input_unit"]
     if "separate_qkv" in times:
         out["fused_over_separate_qkv"] = alone / out["separate_qkv_s_per_input_unit"]
     return out
@@ -294,9 +301,12 @@ def profile_steps(engine, items: list, device: torch.device, top: int = 10) -> d
     gpu = device.type == "cuda"
     rows = [(e.key, e.self_device_time_total if gpu else e.self_cpu_time_total, e.count)
             for e in prof.key_averages()]
-    if gpu:   # kernels only: an operator row's device time repeats its kernels'
+    if gpu:   # kernels only: an operator row's device time repeats its kernels', and a
+        # profiler annotation's (``Optimizer.step#AdamW.step`` spans the optimizer's kernels:
+        # counted as a kernel, it counted them twice in the busy share)
         names = {e.name for e in prof.events()
-                 if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA}
+                 if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+                 and not _annotation(e)}
         rows = [r for r in rows if r[0] in names]
     busy = sum(r[1] for r in rows) / 1e6
     rows.sort(key=lambda r: -r[1])
@@ -304,6 +314,13 @@ def profile_steps(engine, items: list, device: torch.device, top: int = 10) -> d
     return {"steps": n, "wall_ms_per_step": 1e3 * wall / n,
             "busy_ms_per_step": 1e3 * busy / n, "busy_share": busy / wall,
             "top": [f"{1e-3 * t / n:.2f} ms/step x{c // n} {k[:90]}" for k, t, c in rows[:top]]}
+
+
+def _annotation(event: Any) -> bool:
+    """A profiler annotation (``record_function``, the optimizer's step, ProfilerStep#N)
+    shown on the device's timeline beside the kernels it spans."""
+    return bool(getattr(event, "is_user_annotation", False)) or "#" in event.name \
+        or event.name.startswith("ProfilerStep")
 
 
 def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from vlp.platform.training.reporter import Reporter
 from vlp.platform.training.worker_context import RayTrainContext
 from vlp.platform.tracking.rank_zero import RankZeroTracker
 from vlp.platform.training.run_banner import run_banner
+from vlp.platform.training.compile_static import compile_static
 from vlp.platform.training.device_step import uses_device_step
 from vlp.platform.training.pending_stats import PendingStats
 from vlp.platform.training.step_stats import (ReportWindow, check_tasks, nonfinite_flag,
@@ -162,9 +163,7 @@ class _Worker:
             set_checkpointing(True)
         self.shape = encoder_shape(model)
         if self.cfg.train.compile:
-            # in place: parameter names, and so checkpoints, stay those of the plain model;
-            # dynamic shapes: budget batching changes the batch and row lengths every step
-            model.compile(dynamic=True)
+            compile_static(model)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         with self.context.checkpoint_folder() as folder:
