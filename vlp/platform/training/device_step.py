@@ -74,7 +74,8 @@ def _device_class() -> type:
         def step(self, closure=None):
             if closure is not None:
                 raise NotImplementedError(f"{type(self).__name__} does not support closure")
-            self.prepare_step()
+            if not _capturing():   # a fill in a graph would replay the capture's lr
+                self.prepare_step()
             self.device_step()
 
         @torch.no_grad()
@@ -90,8 +91,10 @@ def _device_class() -> type:
                 bad = bad | (flag.reshape(()) != 0)
                 self._vlp_skip_flag = None
             self.found_inf.copy_(bad)
-            # DeepSpeed reports an invalid norm as inf
-            self._global_grad_norm = torch.where(bad, torch.full_like(norm, float("inf")), norm)
+            # DeepSpeed reports an invalid norm as inf. Into a tensor of its own, made before
+            # any capture: each captured step (one per batch shape) writes the same one
+            self._vlp_norm.copy_(torch.where(bad, torch.full_like(norm, float("inf")), norm))
+            self._global_grad_norm = self._vlp_norm
             if self.clip_grad > 0.0:
                 coef = (self.clip_grad / (norm + CLIP_EPS)).clamp(max=1.0)
                 torch._foreach_mul_(grads, coef)
@@ -117,6 +120,10 @@ def _device_class() -> type:
             self.clear_hp_grads()
 
     return DeviceStepBF16Optimizer
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def unsupported_reason(optimizer: Any) -> str | None:
@@ -151,6 +158,7 @@ def use_device_step(optimizer: Any) -> bool:
     optimizer._vlp_lr = [torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
                          for g in optimizer.optimizer.param_groups]
     optimizer.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+    optimizer._vlp_norm = torch.zeros((), dtype=torch.float32, device=device)
     optimizer._vlp_skip_flag = None
     optimizer.__class__ = _device_class()
     return True

@@ -46,6 +46,8 @@ from vlp.platform.training.worker_context import RayTrainContext
 from vlp.platform.tracking.rank_zero import RankZeroTracker
 from vlp.platform.training.run_banner import run_banner
 from vlp.platform.training.compile_static import compile_static
+from vlp.platform.training.cuda_graph_step import GraphedSteps, engine_steps
+from vlp.platform.training.cuda_graph_step import check as graphs_problem
 from vlp.platform.training.device_step import uses_device_step
 from vlp.platform.training.pending_stats import PendingStats
 from vlp.platform.training.step_stats import (ReportWindow, check_tasks, nonfinite_flag,
@@ -79,6 +81,7 @@ class _Worker:
     _step_end: tuple[float, float] | None = None
     # the statistics of the steps not yet read (a device-step optimizer: read STATS_LAG late)
     pending: PendingStats | None = None
+    graphs: GraphedSteps | None = None      # train.cuda_graphs: the steps by batch shape
 
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         self.cfg = cfg
@@ -111,6 +114,14 @@ class _Worker:
         stage = self.plan[k]
         self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
                                    stage_index=k)
+        self.graphs = None
+        if self.cfg.train.cuda_graphs:
+            problem = graphs_problem(self.info.device, self.cfg.train.grad_accum, self.world,
+                                     uses_device_step(self.engine.optimizer),
+                                     self.cfg.train.on_nonfinite)
+            if problem:
+                raise SetupError(problem)
+            self.graphs = engine_steps(self.engine)
         # the same sampler seed on every rank → the same task draws; a new stream per stage
         self.sampler = objective.build_sampler(self.components, dict(stage.tasks),
                                                self.cfg.seed * 1009 + k,
@@ -279,6 +290,15 @@ class _Worker:
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
         done, skips, micro, passes = 0, 0, [], 0.0
+        while self.graphs is not None and done < gas:    # one whole step, graphed
+            item = self.prefetch.next(needed - 1)
+            # copied: the graph's outputs are overwritten by its next replay
+            out = {k: v.clone() for k, v in self.graphs(item.task, item.batch).items()}
+            micro.append((item.task, out, item.examples, item.input_units,
+                          item.real_units * item.passes))
+            passes, done = item.passes, 1
+            vec, keys = step_vector(micro, self.task_ids)
+            dist.all_reduce(vec)
         while done < gas:
             item = self.prefetch.next(needed - done - 1)
             task = item.task
