@@ -9,7 +9,10 @@ on a thread or in a process of their own (``prefetch.Prefetcher``) while the dev
 One all-reduce per optimizer step, after the last backward and before the update, carries the
 step's statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so
 ranks that drew differently are caught), examples, input units and the outputs' sums; nothing
-in a micro-batch waits on the device. A non-finite loss raises before the update. With
+in a micro-batch waits on the device. A non-finite loss raises before the update; where the
+optimizer skips a non-finite update on the device (bf16 under ZeRO-1: ``device_step.py``)
+nothing in the step waits: the statistics are read ``STATS_LAG`` steps late
+(``pending_stats.py``) and the loop raises then, the update never applied. With
 ``on_nonfinite: skip`` a small all-reduce before each backward decides instead whether to drop
 that micro-batch on every rank and draw another (a dropped batch must not reach the gradients).
 An fp16 step that DeepSpeed skips for overflow does not count as a step: the step counter, the
