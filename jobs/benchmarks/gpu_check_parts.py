@@ -157,14 +157,16 @@ def second_pass_s(engine, items: list, device: torch.device) -> float:
 def graphed_steps(engine, device: torch.device) -> tuple[Any, str | None]:
     """``train.cuda_graphs``' steps over ``engine`` (cuda_graph_step.py), or None and the
     line that says why not here."""
-    problem = graphs_problem(device, 1, 1, uses_device_step(engine.optimizer))
+    problem = graphs_problem(device, engine.gradient_accumulation_steps(), 1,
+                             uses_device_step(engine.optimizer))
     return (None, problem) if problem else (engine_steps(engine), None)
 
 
-def graphed_pass_s(graphed, items: list, device: torch.device) -> float:
-    """Seconds of a pass over ``items`` replaying captured steps: two passes before it, the
-    first runs each new shape eagerly, the second captures it."""
-    for _ in range(2):
+def graphed_pass_s(graphed, items: list, device: torch.device, warm: int = 2) -> float:
+    """Seconds of a pass over ``items`` replaying captured steps, after ``warm`` passes (two
+    for shapes never met: the first runs each eagerly, the second captures it; one, as
+    ``second_pass_s``, once they are captured)."""
+    for _ in range(warm):
         for item in items:
             graphed(item.task, item.batch)
     _sync(device)
@@ -215,7 +217,7 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     if graphed is not None:     # the whole step captured per shape (train.cuda_graphs)
         try:    # every shape met and captured once before the rounds: a failure is said
             graphed_pass_s(graphed, items, device)
-            variants["cuda_graphs"] = lambda: graphed_pass_s(graphed, items, device)
+            variants["cuda_graphs"] = lambda: graphed_pass_s(graphed, items, device, warm=1)
         except Exception as e:   # noqa: BLE001 - the check goes on without the variant
             no_graphs = f"capture failed: {type(e).__name__}: {str(e).strip()[:300]}"
     if any(isinstance(m, FusedQKVSelfAttention) for m in engine.module.modules()):
