@@ -8,6 +8,8 @@ On a CPU nothing waits, so the operations that would make the host wait for a GP
 recorded by what they are (``vlp.testing.host_syncs``): a value read into Python, a copy to
 the host, an operation whose output shape depends on the values. The GPU check
 (jobs/benchmarks/gpu_check.py) counts the same on CUDA with ``torch.cuda.set_sync_debug_mode``.
+The whole step (backward, clip, optimizer, statistics too) is counted by the same recorder in
+test_step_host_syncs.py.
 """
 
 from __future__ import annotations

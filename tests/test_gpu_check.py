@@ -70,6 +70,7 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     steady = steps["steady"]   # the diagnostics: second passes, cuDNN SDPA off/on
     for key in ("no_cudnn_sdpa_s_per_input_unit", "cudnn_sdpa_s_per_input_unit",
                 "deepspeed_bookkeeping_s_per_input_unit", "flat_over_deepspeed_bookkeeping",
+                "deepspeed_step_s_per_input_unit", "device_step_over_deepspeed_step",
                 "separate_qkv_s_per_input_unit", "fused_over_separate_qkv",
                 "beside_batcher_thread_over_alone", "beside_batcher_process_over_alone",
                 "beside_batcher_process_batches_per_s", "order_drift"):
@@ -85,6 +86,7 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     syncs = steps["host_syncs"]
     assert syncs["method"] == "recorder"
     assert syncs["forward_per_step"] == 0 and syncs["backward_per_step"] == 0
+    assert syncs["optimizer_step_per_step"] == 0, syncs    # device_step.py
     precision = result["precision"]
     # no TF32 on a CPU; fp32 through ZeRO-1's flat optimizer trains as ZeRO-0's does
     assert set(precision["per_task_mean_loss"]) == {"bf16", "fp32", "fp32_zero1"}

@@ -26,7 +26,9 @@ from vlp.platform.pretrain.local import LocalPretrainComponents
 from vlp.platform.pretrain.run import loop_config, tracking_spec
 from vlp.platform.training import engine as engine_mod
 from vlp.platform.training import objective
-from vlp.platform.training.bf16_bookkeeping import uses_flat_bookkeeping
+from vlp.platform.training.bf16_bookkeeping import _flat_class, uses_flat_bookkeeping
+from vlp.platform.training.cuda_graph_step import check as graphs_problem, engine_steps
+from vlp.platform.training.device_step import uses_device_step
 from vlp.platform.training.local_runner import run_local
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
@@ -152,6 +154,29 @@ def second_pass_s(engine, items: list, device: torch.device) -> float:
     return pass_s(engine, items, device)
 
 
+def graphed_steps(engine, device: torch.device) -> tuple[Any, str | None]:
+    """``train.cuda_graphs``' steps over ``engine`` (cuda_graph_step.py), or None and the
+    line that says why not here."""
+    problem = graphs_problem(device, engine.gradient_accumulation_steps(), 1,
+                             uses_device_step(engine.optimizer))
+    return (None, problem) if problem else (engine_steps(engine), None)
+
+
+def graphed_pass_s(graphed, items: list, device: torch.device, warm: int = 2) -> float:
+    """Seconds of a pass over ``items`` replaying captured steps, after ``warm`` passes (two
+    for shapes never met: the first runs each eagerly, the second captures it; one, as
+    ``second_pass_s``, once they are captured)."""
+    for _ in range(warm):
+        for item in items:
+            graphed(item.task, item.batch)
+    _sync(device)
+    t0 = time.perf_counter()
+    for item in items:
+        graphed(item.task, item.batch)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def bare_loop(engine, items: list, device: torch.device) -> dict[str, float]:
     """The same engine on batches already on the device: forward, backward, step and
     nothing else (no prefetch, no statistics all-reduce, no records or reports)."""
@@ -182,9 +207,19 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     variants: dict[str, Callable[[], float]] = {
         "no_cudnn_sdpa": lambda: _with_cudnn_sdpa(False, timed),
         "cudnn_sdpa": lambda: _with_cudnn_sdpa(True, timed)}
-    if uses_flat_bookkeeping(engine.optimizer):   # against the class it was switched from
+    if uses_flat_bookkeeping(engine.optimizer):   # against the classes it was switched from
+        flat = _flat_class()
         variants["deepspeed_bookkeeping"] = lambda: _with_class(
-            engine.optimizer, type(engine.optimizer).__bases__[0], timed)
+            engine.optimizer, flat.__bases__[0], timed)
+        if uses_device_step(engine.optimizer):    # DeepSpeed's step: 4 host syncs
+            variants["deepspeed_step"] = lambda: _with_class(engine.optimizer, flat, timed)
+    graphed, no_graphs = graphed_steps(engine, device)
+    if graphed is not None:     # the whole step captured per shape (train.cuda_graphs)
+        try:    # every shape met and captured once before the rounds: a failure is said
+            graphed_pass_s(graphed, items, device)
+            variants["cuda_graphs"] = lambda: graphed_pass_s(graphed, items, device, warm=1)
+        except Exception as e:   # noqa: BLE001 - the check goes on without the variant
+            no_graphs = f"capture failed: {type(e).__name__}: {str(e).strip()[:300]}"
     if any(isinstance(m, FusedQKVSelfAttention) for m in engine.module.modules()):
         variants["separate_qkv"] = lambda: _with_separate_qkv(engine.module, timed)
     rates: dict[str, list[float]] = {}
@@ -211,6 +246,14 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     if "deepspeed_bookkeeping" in times:
         out["flat_over_deepspeed_bookkeeping"] = \
             alone / out["deepspeed_bookkeeping_s_per_input_unit"]
+    if no_graphs:
+        out["cuda_graphs_refused"] = no_graphs
+    if "cuda_graphs" in times:
+        out["graphs_over_eager"] = out["cuda_graphs_s_per_input_unit"] / alone
+        out["graphs_captured"] = graphed.counts["captured"]
+    if "deepspeed_step" in times:
+        out["device_step_over_deepspeed_step"] = \
+            alone / out["deepspeed_step_s_per_input_unit"]
     if "separate_qkv" in times:
         out["fused_over_separate_qkv"] = alone / out["separate_qkv_s_per_input_unit"]
     return out
@@ -243,22 +286,29 @@ def _with_class(obj: Any, cls: type, fn: Callable[[], float]) -> float:
 
 
 def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> dict[str, Any]:
-    """A what-if: the encoder under ``torch.compile(dynamic=True)`` (in place, as
-    ``train.compile`` compiles the model) against the same engine in eager mode, each timed
-    on a second pass over the same batches (every shape met once before), for each
-    micro-batch size in ``batches``; the first compiled pass's seconds (compilation
-    included), and dynamo's graph, recompile and graph-break counts."""
+    """Eager, CUDA graphs, ``torch.compile`` with static shapes (``train.compile``:
+    compile_static.py, the whole model, fullgraph, dynamic=False) and compile + graphs on
+    one engine and the same batches, each timed on a pass after every shape was met (and,
+    with graphs, captured), for each micro-batch size in ``batches``; the first compiled
+    pass's seconds (compilation included), and dynamo's graph, recompile and graph-break
+    counts. Graphs run only where ``train.cuda_graphs`` would (``graphs_refused`` says why
+    not)."""
     from torch._dynamo.utils import counters
 
-    encoder = engine.module.backbone.encoder
+    from vlp.platform.training.compile_static import compile_static
+
+    model = engine.module
     out: dict[str, Any] = {}
     for units, items in batches.items():
         n = sum(i.input_units for i in items)
-        out[f"units_{units}"] = {"eager_s_per_input_unit":
-                                 second_pass_s(engine, items, device) / n}
+        row = out[f"units_{units}"] = {
+            "eager_s_per_input_unit": second_pass_s(engine, items, device) / n}
+        graphed, out["graphs_refused"] = graphed_steps(engine, device)
+        if graphed is not None:
+            row["graphs_s_per_input_unit"] = graphed_pass_s(graphed, items, device) / n
     torch._dynamo.reset()
     counters.clear()
-    encoder.compile(dynamic=True)
+    compile_static(model)
     try:
         for units, items in batches.items():
             n = sum(i.input_units for i in items)
@@ -267,13 +317,19 @@ def compiled_steady(engine, batches: dict[int, list], device: torch.device) -> d
             row["compiled_s_per_input_unit"] = pass_s(engine, items, device) / n
             row["compiled_over_eager"] = (row["compiled_s_per_input_unit"]
                                           / row["eager_s_per_input_unit"])
+            graphed, _ = graphed_steps(engine, device)
+            if graphed is not None:
+                row["compiled_graphs_s_per_input_unit"] = \
+                    graphed_pass_s(graphed, items, device) / n
+                row["compiled_graphs_over_eager"] = (row["compiled_graphs_s_per_input_unit"]
+                                                     / row["eager_s_per_input_unit"])
         out["unique_graphs"] = counters["stats"]["unique_graphs"]
         out["frames_compiled"] = counters["stats"]["calls_captured"]
         out["graph_breaks"] = sum(counters["graph_break"].values())
         out["recompiles"] = sum(v for k, v in counters["recompiles"].items()) \
             if "recompiles" in counters else None
     finally:
-        encoder._compiled_call_impl = None   # undo Module.compile: eager again
+        model._compiled_call_impl = None   # undo Module.compile: eager again
     return out
 
 
@@ -294,9 +350,12 @@ def profile_steps(engine, items: list, device: torch.device, top: int = 10) -> d
     gpu = device.type == "cuda"
     rows = [(e.key, e.self_device_time_total if gpu else e.self_cpu_time_total, e.count)
             for e in prof.key_averages()]
-    if gpu:   # kernels only: an operator row's device time repeats its kernels'
+    if gpu:   # kernels only: an operator row's device time repeats its kernels', and a
+        # profiler annotation's (``Optimizer.step#AdamW.step`` spans the optimizer's kernels:
+        # counted as a kernel, it counted them twice in the busy share)
         names = {e.name for e in prof.events()
-                 if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA}
+                 if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+                 and not _annotation(e)}
         rows = [r for r in rows if r[0] in names]
     busy = sum(r[1] for r in rows) / 1e6
     rows.sort(key=lambda r: -r[1])
@@ -304,6 +363,13 @@ def profile_steps(engine, items: list, device: torch.device, top: int = 10) -> d
     return {"steps": n, "wall_ms_per_step": 1e3 * wall / n,
             "busy_ms_per_step": 1e3 * busy / n, "busy_share": busy / wall,
             "top": [f"{1e-3 * t / n:.2f} ms/step x{c // n} {k[:90]}" for k, t, c in rows[:top]]}
+
+
+def _annotation(event: Any) -> bool:
+    """A profiler annotation (``record_function``, the optimizer's step, ProfilerStep#N)
+    shown on the device's timeline beside the kernels it spans."""
+    return bool(getattr(event, "is_user_annotation", False)) or "#" in event.name \
+        or event.name.startswith("ProfilerStep")
 
 
 def host_syncs(engine, items: list, device: torch.device) -> dict[str, Any]:

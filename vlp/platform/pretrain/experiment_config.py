@@ -183,9 +183,12 @@ class TrainSection(ConfigModel):
     # resume: the checkpoint's stage (its optimizer state loads only into its kind)
     zero_stage: Literal["auto", 0, 1, 2] = "auto"
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
-    # torch.compile the model (opt-in: the encoder compiled took minutes and ran no faster on
-    # an H200, docs/gpu-check.md)
+    # torch.compile the model with static shapes, fullgraph (opt-in: with dynamic shapes the
+    # encoder compiled took minutes and ran no faster on an H200, docs/gpu-check.md)
     compile: bool = False
+    # the whole step captured per batch shape as a CUDA graph and replayed (opt-in; one
+    # worker, bf16 under ZeRO-1, grad_accum 1: training/cuda_graph_step.py)
+    cuda_graphs: bool = False
     prefetch_batches: int = Field(2, ge=0)   # micro-batches built ahead; 0 = off
     # where: a thread of the worker, or a process of their own (no GIL shared with the step's
     # dispatching; opt-in until the GPU check has timed it: docs/gpu-check.md)

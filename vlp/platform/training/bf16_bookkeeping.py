@@ -91,10 +91,10 @@ def unsupported_reason(optimizer: Any) -> str | None:
 
 
 def uses_flat_bookkeeping(optimizer: Any) -> bool:
-    """Whether ``use_flat_bookkeeping`` switched ``optimizer`` (its base class is then
-    DeepSpeed's ``BF16_Optimizer``)."""
-    return type(optimizer).__name__ == "FlatBookkeepingBF16Optimizer" and \
-        type(optimizer) is _flat_class()
+    """Whether ``use_flat_bookkeeping`` switched ``optimizer`` (its class is then the flat
+    subclass of DeepSpeed's ``BF16_Optimizer``, or the device step's subclass of that:
+    ``device_step.py``)."""
+    return "BF16Optimizer" in type(optimizer).__name__ and isinstance(optimizer, _flat_class())
 
 
 def use_flat_bookkeeping(optimizer: Any) -> bool:

@@ -9,7 +9,10 @@ on a thread or in a process of their own (``prefetch.Prefetcher``) while the dev
 One all-reduce per optimizer step, after the last backward and before the update, carries the
 step's statistics: per micro-batch a non-finite-loss flag and the task (or task set) drawn (so
 ranks that drew differently are caught), examples, input units and the outputs' sums; nothing
-in a micro-batch waits on the device. A non-finite loss raises before the update. With
+in a micro-batch waits on the device. A non-finite loss raises before the update; where the
+optimizer skips a non-finite update on the device (bf16 under ZeRO-1: ``device_step.py``)
+nothing in the step waits: the statistics are read ``STATS_LAG`` steps late
+(``pending_stats.py``) and the loop raises then, the update never applied. With
 ``on_nonfinite: skip`` a small all-reduce before each backward decides instead whether to drop
 that micro-batch on every rank and draw another (a dropped batch must not reach the gradients).
 An fp16 step that DeepSpeed skips for overflow does not count as a step: the step counter, the
@@ -45,10 +48,18 @@ from vlp.platform.training.reporter import Reporter
 from vlp.platform.training.worker_context import RayTrainContext
 from vlp.platform.tracking.rank_zero import RankZeroTracker
 from vlp.platform.training.run_banner import run_banner
-from vlp.platform.training.step_stats import (ReportWindow, check_tasks, reduce_step,
-                                              step_clock)
+from vlp.platform.training.compile_static import compile_static
+from vlp.platform.training.cuda_graph_step import GraphedSteps, engine_steps
+from vlp.platform.training.cuda_graph_step import check as graphs_problem
+from vlp.platform.training.device_step import uses_device_step
+from vlp.platform.training.pending_stats import PendingStats
+from vlp.platform.training.step_stats import (ReportWindow, check_tasks, nonfinite_flag,
+                                              read_step, reduce_step, step_clock, step_vector)
 
 HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
+# steps between a step and the read of its statistics where the optimizer skips a non-finite
+# step on the device (``device_step.py``): the host then never waits for the device
+STATS_LAG = 2
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +82,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 class _Worker:
     # step_clock() at the end of the last step's record (None: no step yet)
     _step_end: tuple[float, float] | None = None
+    # the statistics of the steps not yet read (a device-step optimizer: read STATS_LAG late)
+    pending: PendingStats | None = None
+    graphs: GraphedSteps | None = None      # train.cuda_graphs: the steps by batch shape
 
     def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
         self.cfg = cfg
@@ -103,6 +117,14 @@ class _Worker:
         stage = self.plan[k]
         self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
                                    stage_index=k)
+        self.graphs = None
+        if self.cfg.train.cuda_graphs:
+            problem = graphs_problem(self.info.device, self.cfg.train.grad_accum, self.world,
+                                     uses_device_step(self.engine.optimizer),
+                                     self.cfg.train.on_nonfinite)
+            if problem:
+                raise SetupError(problem)
+            self.graphs = engine_steps(self.engine)
         # the same sampler seed on every rank → the same task draws; a new stream per stage
         self.sampler = objective.build_sampler(self.components, dict(stage.tasks),
                                                self.cfg.seed * 1009 + k,
@@ -156,9 +178,7 @@ class _Worker:
             set_checkpointing(True)
         self.shape = encoder_shape(model)
         if self.cfg.train.compile:
-            # in place: parameter names, and so checkpoints, stay those of the plain model;
-            # dynamic shapes: budget batching changes the batch and row lengths every step
-            model.compile(dynamic=True)
+            compile_static(model)
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         with self.context.checkpoint_folder() as folder:
@@ -204,16 +224,13 @@ class _Worker:
             while state.step < self.stop_at:
                 if state.step == self.stage_ends[state.stage]:
                     self._next_stage(state)
-                record = self._optimizer_step(state)
-                if record is None:      # an fp16 overflow: DeepSpeed skipped the update
-                    continue
-                window.add(record)
-                self.history.append(record)
-                if self.tracker:
-                    self.tracker.add_step(record)
-                    if state.step == start_step + 1 and start_step == 0:
-                        self._announce_measured(record)
-                self._maybe_report(state, window)
+                # none for an fp16 overflow (DeepSpeed skipped the update) and for the steps
+                # whose statistics are still on their way (read a few steps late)
+                for record in self._step(state):
+                    self._take(record, window, start_step)
+                self._maybe_report(state, window, start_step)
+            for record in self._read_pending(state, drain=True):
+                self._take(record, window, start_step)
             self.reporter.drain()
             ok = True
         except BaseException:
@@ -243,15 +260,50 @@ class _Worker:
         hook = getattr(self.components, "after_training", None)
         return None if hook is None else hook(self.cfg, self.engine.module, self.info)
 
+    def _take(self, record: dict[str, Any], window: ReportWindow, start_step: int) -> None:
+        window.add(record)
+        self.history.append(record)
+        if self.tracker:
+            self.tracker.add_step(record)
+            if record["step"] == 1 and start_step == 0:
+                self._announce_measured(record)
+
     def _optimizer_step(self, state: TrainerState) -> dict[str, Any] | None:
-        """``grad_accum`` micro-batches and the update; the step's record, or None when
-        DeepSpeed skipped the update (fp16 overflow: the step does not count)."""
+        """One optimizer step; the last record it completes (this step's, unless the
+        statistics are read late), or None when there is none (an fp16 overflow: the step
+        does not count)."""
+        records = self._step(state)
+        return records[-1] if records else None
+
+    def _stats_lag(self) -> int:
+        """Steps between a step and the read of its statistics: ``STATS_LAG`` where the
+        optimizer skips a non-finite step on the device, else 0 (the loop reads them before
+        the update, so that a non-finite loss never reaches the weights)."""
+        return STATS_LAG if uses_device_step(getattr(self.engine, "optimizer", None)) else 0
+
+    def _step(self, state: TrainerState) -> list[dict[str, Any]]:
+        """``grad_accum`` micro-batches and the update; the records of the steps whose
+        statistics were read (this step's at once, or an earlier one's: ``_stats_lag``)."""
+        lag = self._stats_lag()
+        if self.pending is None or self.pending.lag != lag:
+            if self.pending is not None:
+                self.pending.drain()
+            self.pending = PendingStats(lag)
         gas, cfg = self.cfg.train.grad_accum, self.cfg.train
         start = step_clock()
         lr = float(self.engine.get_lr()[0])
         wait0 = self.prefetch.wait_s
         needed = self._micro_batches_left(state)
         done, skips, micro, passes = 0, 0, [], 0.0
+        while self.graphs is not None and done < gas:    # one whole step, graphed
+            item = self.prefetch.next(needed - 1)
+            # copied: the graph's outputs are overwritten by its next replay
+            out = {k: v.clone() for k, v in self.graphs(item.task, item.batch).items()}
+            micro.append((item.task, out, item.examples, item.input_units,
+                          item.real_units * item.passes))
+            passes, done = item.passes, 1
+            vec, keys = step_vector(micro, self.task_ids)
+            dist.all_reduce(vec)
         while done < gas:
             item = self.prefetch.next(needed - done - 1)
             task = item.task
@@ -274,25 +326,68 @@ class _Worker:
             passes += item.passes
             done += 1
             if done == gas:   # before the update: a non-finite loss must not reach the weights
-                stats = self._reduce_step(micro, state)
+                if lag == 0:
+                    stats = self._reduce_step(micro, state)
+                else:         # the optimizer skips the update on the device instead
+                    vec, keys = step_vector(micro, self.task_ids)
+                    dist.all_reduce(vec)
+                    self.engine.optimizer.skip_if(nonfinite_flag(vec, len(micro)))
             self.engine.step()
-        state.examples_seen += stats["examples"]
-        state.input_units_seen += stats["input_units"]
-        if not self.engine.was_step_applied():
-            self.overflow_skips += 1
-            self._say(f"step {state.step + 1}: gradient overflow, update skipped (loss scale "
-                      f"lowered; {self.overflow_skips} skipped so far); the step is redone")
-            return None
+        if lag == 0:
+            state.examples_seen += stats["examples"]
+            state.input_units_seen += stats["input_units"]
+            if not self.engine.was_step_applied():
+                self.overflow_skips += 1
+                self._say(f"step {state.step + 1}: gradient overflow, update skipped (loss "
+                          f"scale lowered; {self.overflow_skips} skipped so far); the step is "
+                          f"redone")
+                return []
         state.step += 1
         record = {"step": state.step, "stage": state.stage, "tasks": [m[0] for m in micro],
-                  "lr": lr, "global_batch_examples": stats["examples"],
-                  "global_batch_input_units": stats["input_units"],
-                  "global_batch_real_units": stats["real_units"],
-                  "data_wait_s": self.prefetch.wait_s - wait0}
+                  "lr": lr, "data_wait_s": self.prefetch.wait_s - wait0}
         # since the last step's record: this step and the bookkeeping after the last one
         now, since = step_clock(), self._step_end or start
         record["step_time_s"], record["process_cpu_s"] = now[0] - since[0], now[1] - since[1]
         self._step_end = now
+        if lag == 0:
+            return [self._complete(record, stats, passes)]
+        opt = self.engine.optimizer
+        after = torch.stack([opt._global_grad_norm.reshape(()).double(),
+                             opt.found_inf.reshape(()).double()])
+        self.pending.push(torch.cat([vec, after]), (record, micro, keys, passes))
+        return self._read_pending(state)
+
+    def _read_pending(self, state: TrainerState, drain: bool = False) -> list[dict[str, Any]]:
+        """The records of the steps whose statistics have come (all of them: ``drain``)."""
+        if self.pending is None:
+            return []
+        out = []
+        for values, (record, micro, keys, passes) in (
+                self.pending.drain() if drain else self.pending.ready()):
+            step = record["step"]
+            try:
+                stats = read_step(values[:-2], micro, keys, self.world, self.rank, step - 1)
+            except FloatingPointError as e:
+                raise FloatingPointError(f"{e} (its update was skipped on the device; read "
+                                         f"at step {state.step})") from None
+            grad_norm, skipped = values[-2:]
+            state.examples_seen += stats["examples"]
+            state.input_units_seen += stats["input_units"]
+            record["grad_norm"] = grad_norm
+            if skipped:
+                self.overflow_skips += 1
+                self._say(f"step {step}: non-finite gradient norm, update skipped on the "
+                          f"device ({self.overflow_skips} skipped so far)")
+            out.append(self._complete(record, stats, passes))
+        return out
+
+    def _complete(self, record: dict[str, Any], stats: dict[str, Any],
+                  passes: float) -> dict[str, Any]:
+        """A step's record with its statistics (all-reduced over the ranks)."""
+        gas = self.cfg.train.grad_accum
+        record.update(global_batch_examples=stats["examples"],
+                      global_batch_input_units=stats["input_units"],
+                      global_batch_real_units=stats["real_units"])
         if self.shape is not None:
             # summed objective: every task's forward of the set (this rank's ratio)
             record["model_flops"] = passes / gas * self.shape.train_flops(
@@ -334,12 +429,16 @@ class _Worker:
 
     # ---- reporting, checkpoints -------------------------------------------------------------
 
-    def _maybe_report(self, state: TrainerState, window: ReportWindow) -> None:
+    def _maybe_report(self, state: TrainerState, window: ReportWindow,
+                      start_step: int = 0) -> None:
         step = state.step
         at_stage_end = step in self.stage_ends
         save = step % self.cfg.checkpoint_interval == 0 or step == self.stop_at or at_stage_end
         if not save and step % self.cfg.train.log_every:
             return
+        if save:   # a checkpoint holds every step's statistics (examples seen): none pending
+            for record in self._read_pending(state, drain=True):
+                self._take(record, window, start_step)
         metrics = window.summary(state)
         window.reset()
         if not save:

@@ -37,7 +37,8 @@ class LoopTrain:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: engine.zero_stage (1 by default)
     activation_checkpointing: bool = False
-    compile: bool = False
+    compile: bool = False                 # torch.compile, fullgraph, static shapes
+    cuda_graphs: bool = False             # the whole step as a CUDA graph per batch shape
     prefetch_batches: int = 2             # micro-batches built ahead; 0 = off
     # where they are built: a thread of the worker, or a process of their own (batch_process)
     batch_builder: Literal["thread", "process"] = "thread"

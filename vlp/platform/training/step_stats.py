@@ -30,14 +30,13 @@ def step_clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def reduce_step(micro: list[tuple], task_ids: dict[str, int], world: int, rank: int,
-                step: int) -> dict[str, Any]:
-    """The step's one all-reduce: per micro-batch (task, outputs, examples, input units[,
-    real units]) a non-finite-loss flag, the task id and its square, and the outputs
-    (summed); then examples, input units, real (unpadded) units and the number of
-    outputs. Raises when ranks drew differently or a loss is non-finite. Only ``*loss``
-    entries decide finiteness (an accuracy may be NaN on an empty batch: counted as 0)."""
-    n = len(micro)
+def step_vector(micro: list[tuple], task_ids: dict[str, int]
+                ) -> tuple[torch.Tensor, list[list[str]]]:
+    """The step's statistics as one float64 vector on the outputs' device, before the
+    all-reduce: per micro-batch a non-finite-loss flag, the task id and its square; then
+    examples, input units, the number of outputs and real (unpadded) units; then the
+    outputs (non-finite ones as 0). Device operations and one host-to-device copy only.
+    Also the output names, per micro-batch, in the vector's order."""
     flags, values, keys = [], [], []
     ids = [float(task_id(m[0], task_ids)) for m in micro]
     for out in (m[1] for m in micro):
@@ -54,10 +53,34 @@ def reduce_step(micro: list[tuple], task_ids: dict[str, int], world: int, rank: 
     host = torch.tensor(ids + [i * i for i in ids] + [examples, units, n_vals, real],
                         dtype=torch.float64)
     device = values[0].device
+    if device.type == "cuda":    # pinned, so that the copy need not wait for the host
+        host = host.pin_memory()
     vec = torch.cat([torch.stack(flags).double(), host.to(device, non_blocking=True),
                      torch.cat(values).double()])
+    return vec, keys
+
+
+def nonfinite_flag(vec: torch.Tensor, n_micro: int) -> torch.Tensor:
+    """Non-zero (on the device) when a loss was not finite on some rank: from an all-reduced
+    ``step_vector``."""
+    return vec[:n_micro].sum()
+
+
+def reduce_step(micro: list[tuple], task_ids: dict[str, int], world: int, rank: int,
+                step: int) -> dict[str, Any]:
+    """The step's one all-reduce (``step_vector``), read at once: raises when ranks drew
+    differently or a loss is non-finite. Only ``*loss`` entries decide finiteness (an
+    accuracy may be NaN on an empty batch: counted as 0)."""
+    vec, keys = step_vector(micro, task_ids)
     dist.all_reduce(vec)
-    g = vec.tolist()          # the step's one host sync
+    return read_step(vec.tolist(), micro, keys, world, rank, step)   # a host sync
+
+
+def read_step(g: list[float], micro: list[tuple], keys: list[list[str]], world: int,
+              rank: int, step: int) -> dict[str, Any]:
+    """The statistics from an all-reduced ``step_vector`` read into ``g``."""
+    n = len(micro)
+    n_vals = sum(len(k) for k in keys)
     nonfinite, id_sum, id_sq = g[:n], g[n:2 * n], g[2 * n:3 * n]
     ex, un, nv, re = g[3 * n:3 * n + 4]
     check_tasks([m[0] for m in micro], id_sum, id_sq, world, rank, step,
@@ -73,7 +96,7 @@ def reduce_step(micro: list[tuple], task_ids: dict[str, int], world: int, rank: 
             "drop such batches")
     sums: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
-    flat = iter(g[3 * n + 4:])
+    flat = iter(g[3 * n + 4:3 * n + 4 + n_vals])
     loss_sum = 0.0
     for names in keys:
         for k in names:
