@@ -21,8 +21,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vlp demo
 
+# two workers, a test file each at a time (--dist loadfile: a file's module fixtures, such as
+# its cluster, start once); each worker has its own session Ray, S3 and tracking servers.
+# Most of a file's time is spent waiting on start-ups and polls, so two overlap well on 2 cores
 test: $(STAMP)
-	$(PY) -m pytest tests -q --durations=15
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache

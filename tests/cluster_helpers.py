@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -173,7 +175,15 @@ class Cluster:
                  nodes: tuple[tuple[str, int], ...] = (("node_b", 2), ("node_c", 2))):
         """A head with ``head_cpus`` CPUs and the worker nodes ``nodes`` (resource name,
         CPUs), started with ``ray start`` on 127.0.0.1 with the environment ``env``."""
-        self.env, self.temp = env, temp
+        # Ray's Unix sockets live under the temp dir, and a socket's path may not pass 107
+        # bytes: pytest's own temp paths (longer under xdist's popen-gwN, and a worker node's
+        # `node_b/session_<date>_<pid>/sockets/plasma_store` below them) leave too little
+        # room, and the head then never answers. ``temp`` links to the short one, so the
+        # cluster's files stay where the test's other files are.
+        short = Path(tempfile.mkdtemp(prefix="vlp-ray-", dir="/tmp"))
+        temp.mkdir(parents=True, exist_ok=True)
+        (temp / "ray").symlink_to(short)
+        self.env, self.temp = env, short
         self.node_names = ("head_node", *(name for name, _ in nodes))
         self.port, dash = free_local_port(), free_local_port()
         self.address = f"http://127.0.0.1:{dash}"
@@ -181,7 +191,7 @@ class Cluster:
         try:
             self._start(["--head", "--port", str(self.port), "--dashboard-host", "127.0.0.1",
                          "--dashboard-port", str(dash), "--ray-client-server-port",
-                         str(free_local_port()), "--temp-dir", str(temp),
+                         str(free_local_port()), "--temp-dir", str(self.temp),
                          "--num-cpus", str(head_cpus),
                          "--resources", json.dumps({"head_node": 1}),
                          "--system-config", json.dumps(HEALTH_CHECK)])
@@ -191,7 +201,8 @@ class Cluster:
             # the default /tmp/ray is shared with every other Ray on the machine (unpacked
             # job packages included)
             self._start(*[["--address", f"127.0.0.1:{self.port}", "--num-cpus", str(cpus),
-                           "--temp-dir", str(temp / name), "--resources", json.dumps({name: 1})]
+                           "--temp-dir", str(self.temp / name),
+                           "--resources", json.dumps({name: 1})]
                           for name, cpus in nodes])
         except BaseException:       # interrupted or failed while starting: stop what runs
             self.stop()
@@ -252,3 +263,4 @@ class Cluster:
 
     def stop(self) -> None:
         stop_tree(*self.groups)
+        shutil.rmtree(self.temp, ignore_errors=True)

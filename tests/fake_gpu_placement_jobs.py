@@ -51,9 +51,15 @@ def extractor_class():
         """vlp's extraction actor; records its GPU and environment once it is built."""
 
         def __init__(self, *args):
-            super().__init__(*args)
+            from vlp.platform.extract.model_stage import NoCudaError
+
+            try:   # a fake GPU: vlp's actor refuses the CPU after taking its placement
+                super().__init__(*args)
+                refused = ""
+            except NoCudaError as e:
+                refused = str(e)
             with open(os.path.join(OUT, f"extract-{os.getpid()}.json"), "w") as f:
-                json.dump(seen_env(), f)
+                json.dump({**seen_env(), "refused": refused}, f)
 
         def __call__(self, batch):
             time.sleep(0.2)        # both actors of the pool get blocks

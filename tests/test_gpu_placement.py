@@ -95,4 +95,6 @@ def test_on_fake_gpus_train_workers_and_extraction_actors_are_placed_and_set(tmp
     for seen in actors:
         assert len(seen["gpu_ids"]) == 1 and seen["visible"] == seen["gpu_ids"][0]
         assert seen["alloc"] == alloc
+        # torch here is a CPU build: the actor refuses its fake GPU (no silent CPU fallback)
+        assert f"Ray GPU ids ['{seen['gpu_ids'][0]}']" in seen["refused"], seen["refused"]
     assert {s["gpu_ids"][0] for s in actors} == {"0", "1"}
