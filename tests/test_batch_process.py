@@ -125,10 +125,10 @@ def test_three_builder_processes_build_the_batches_of_one_in_order(plan, one_ran
     the pool gives it and passes over the others. The stream is read here once and sent to
     all three, the epoch sync runs once per batch (whichever member asks first), and the
     batches are the synchronous ones, in order."""
-    from vlp.platform.training import batch_process, prefetch
+    from vlp.platform.training import builder_pool, prefetch
 
-    monkeypatch.setattr(batch_process, "auto_builders", lambda: 3)
-    monkeypatch.setattr(prefetch, "AutoGrow", lambda pool: batch_process.AutoGrow(pool, 4))
+    monkeypatch.setattr(builder_pool, "auto_builders", lambda: 3)
+    monkeypatch.setattr(prefetch, "AutoGrow", lambda pool: builder_pool.AutoGrow(pool, 4))
     reads = []
     blocks = local_blocks(plan)
 
@@ -156,7 +156,7 @@ def test_three_builder_processes_build_the_batches_of_one_in_order(plan, one_ran
 
 
 def test_builders_are_added_while_the_loop_waits_on_data(plan):
-    from vlp.platform.training.batch_process import AutoGrow, BuilderPool
+    from vlp.platform.training.builder_pool import AutoGrow, BuilderPool
 
     pool = BuilderPool(InOrderSampler(TASKS), local_batches(plan), 3, active=1)   # not started
     grow = AutoGrow(pool, window=4, wait_share=0.05)

@@ -100,7 +100,7 @@ def measure(sampler, source, n: int, digest=None) -> dict[str, float]:
 
 def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int) -> float:
     """Input units/s a pool of ``count`` builder processes delivers."""
-    from vlp.platform.training.batch_process import builder
+    from vlp.platform.training.builder_pool import builder
     from vlp.platform.training.packed_batch import unpack
 
     sampler, source = build(world, tmp, tokenizer)

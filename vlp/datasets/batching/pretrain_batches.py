@@ -140,7 +140,7 @@ class PretrainBatches:
     def pass_over(self, task: str | tuple[str, ...]) -> None:
         """Advance past the next batch without building it: what ``next(task)`` would do to
         the stream (the window, the epoch sync, the text corpus), none of the masking and
-        gathering. Several builder processes (``training.batch_process.BuilderPool``) each
+        gathering. Several builder processes (``training.builder_pool.BuilderPool``) each
         build every n-th batch and pass over the others: their batches are the batches of
         one. ``stats`` count the batches built here."""
         if not isinstance(task, tuple):

@@ -16,7 +16,7 @@ With ``builder="process"`` the batches are drawn and built in a process of their
 (``batch_process``: no GIL shared with the step's dispatching) and the thread here only
 receives them and copies them to the device; each comes with the sampler and source state
 after its draw, so the resume point is the same. ``builders`` > 1 builds them in that many
-processes, each every n-th batch (``batch_process.BuilderPool``): the same batches.
+processes, each every n-th batch (``builder_pool.BuilderPool``): the same batches.
 
 On CUDA, host tensors are pinned on the thread and copied on a side stream; the consumer's
 stream waits for that copy with an event, not with a host sync. Bookkeeping scalars
@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from vlp.platform.training.batch_process import AutoGrow, BuilderPool, BuilderProcess, builder
+from vlp.platform.training.batch_process import BuilderProcess
+from vlp.platform.training.builder_pool import AutoGrow, BuilderPool, builder
 from vlp.platform.training.packed_batch import unpack
 
 BUILDERS = ("thread", "process")
@@ -78,7 +79,7 @@ class Prefetcher:
         if self.builder == "process":
             BuilderProcess.check_sendable(sampler, source)
         # processes (builder="process"): a BuilderPool if > 1; "auto": grown while the loop
-        # waits (batch_process.AutoGrow)
+        # waits (builder_pool.AutoGrow)
         self.builders = builders
         self._grow: AutoGrow | None = None
         self._last_next: float | None = None
