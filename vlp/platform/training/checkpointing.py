@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -124,6 +125,18 @@ def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
                 "zero_stage": int(engine.zero_optimization_stage())}
         (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return tag
+
+
+def save_reported(engine: Any, state: TrainerState, rank: int,
+                  batch_source_state: dict[str, Any], stages: list[tuple[str, int]],
+                  reporter: Any, metrics: dict[str, Any], name: str) -> None:
+    """A checkpoint written to a temporary folder and reported to Ray as ``name`` with
+    ``metrics`` (``reporter.Reporter``); returns once Ray has persisted it, so that training
+    goes on only from a checkpoint that exists."""
+    with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
+        save(engine, tmp, state, rank, batch_source_state, stages=stages)
+        reporter.submit(metrics, tmp, name)
+        reporter.drain()
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:

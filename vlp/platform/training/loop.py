@@ -24,39 +24,27 @@ seen, sampler, batch source, RNG), so a resumed run continues exactly.
 
 from __future__ import annotations
 
-import collections
 import posixpath
-import tempfile
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform.training import checkpointing, objective
 from vlp.platform.training.checkpointing import TrainerState
-from vlp.platform.training.device_peaks import device_name, peak_flops
-from vlp.platform.training.comm_op_build import build_comm_op_once
-from vlp.platform.training.engine import build_engine, compute_dtype, resolve_precision
-from vlp.platform.training.loop_config import LoopConfig
-from vlp.platform.training.failures import SetupError, setup_phase
-from vlp.platform.training.gpu_placement import set_allocator
-from vlp.platform.training.prefetch import Prefetcher
-from vlp.platform.training.protocols import WorkerInfo
-from vlp.platform.training.reporter import Reporter
-from vlp.platform.training.worker_context import RayTrainContext
-from vlp.platform.tracking.rank_zero import RankZeroTracker
-from vlp.platform.training.run_banner import run_banner
-from vlp.platform.training.compile_static import compile_static
-from vlp.platform.training.cuda_graph_step import GraphedSteps, engine_steps
-from vlp.platform.training.cuda_graph_step import check as graphs_problem
 from vlp.platform.training.device_step import uses_device_step
+from vlp.platform.training.failures import setup_phase
+from vlp.platform.training.gpu_placement import set_allocator
+from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.pending_stats import PendingStats
+from vlp.platform.training.reporter import Reporter
+from vlp.platform.training.run_banner import announce, announce_measured
+from vlp.platform.training.step_records import complete_record, read_late
 from vlp.platform.training.step_stats import (ReportWindow, check_tasks, nonfinite_flag,
-                                              read_step, reduce_step, step_clock, step_vector)
+                                              reduce_step, step_clock, step_vector)
+from vlp.platform.training.worker_setup import WorkerSetup
 
-HISTORY_LIMIT = 10_000          # per-step records kept for the return value (MLflow has all)
 # steps between a step and the read of its statistics where the optimizer skips a non-finite
 # step on the device (``device_step.py``): the host then never waits for the device
 STATS_LAG = 2
@@ -79,126 +67,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return worker.run()
 
 
-class _Worker:
+class _Worker(WorkerSetup):
     # step_clock() at the end of the last step's record (None: no step yet)
     _step_end: tuple[float, float] | None = None
     # the statistics of the steps not yet read (a device-step optimizer: read STATS_LAG late)
     pending: PendingStats | None = None
-    graphs: GraphedSteps | None = None      # train.cuda_graphs: the steps by batch shape
-
-    def __init__(self, cfg: LoopConfig, loop_config: dict[str, Any]):
-        self.cfg = cfg
-        self.components = loop_config["components"]
-        self.run_dir = loop_config["run_dir"]
-        ctx = loop_config.get("context") or RayTrainContext()
-        self.context = ctx
-        self.rank, self.world = ctx.rank, ctx.world_size
-        device = ctx.device(cfg.scaling.use_gpu)
-        self.info = WorkerInfo(self.rank, self.world, ctx.local_rank, device, cfg.seed)
-        self.dtype = compute_dtype(cfg, device)
-        self.precision = resolve_precision(cfg, device)
-        self.peak = peak_flops(device_name(device), self.precision, cfg.train.peak_tflops)
-        self.shape: EncoderShape | None = None
-        self.overflow_skips = 0
-        self.plan = cfg.stages
-        self.stage_ends = [sum(s.steps for s in self.plan[:i + 1]) for i in range(len(self.plan))]
-        self.total = self.stage_ends[-1]
-        self.stop_at = min(self.total, cfg.train.stop_after or self.total)
-        # tasks with a positive ratio in some stage: the model's heads; the cross-rank check's ids
-        self.task_ids = {t: i for i, t in enumerate(cfg.all_tasks())}
-        self.tracker = RankZeroTracker(loop_config["tracking"], cfg) if self.rank == 0 else None
-        self.history: collections.deque = collections.deque(maxlen=HISTORY_LIMIT)
-        self.engine = self.sampler = self.source = self.prefetch = None
-        self.reporter: Reporter | None = None
-
-    # ---- set-up ---------------------------------------------------------------------------
-
-    def _build_stage(self, model: torch.nn.Module, k: int) -> None:
-        stage = self.plan[k]
-        self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
-                                   stage_index=k)
-        self.graphs = None
-        if self.cfg.train.cuda_graphs:
-            problem = graphs_problem(self.info.device, self.cfg.train.grad_accum, self.world,
-                                     uses_device_step(self.engine.optimizer),
-                                     self.cfg.train.on_nonfinite)
-            if problem:
-                raise SetupError(problem)
-            self.graphs = engine_steps(self.engine)
-        # the same sampler seed on every rank → the same task draws; a new stream per stage
-        self.sampler = objective.build_sampler(self.components, dict(stage.tasks),
-                                               self.cfg.seed * 1009 + k,
-                                               self.cfg.train.objective,
-                                               self.cfg.train.forward_groups)
-        self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
-        # started at its first next(), after a resume has loaded the sampler and the source
-        self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
-                                   device=self.info.device, dtype=self.dtype,
-                                   builder=self.cfg.train.batch_builder,
-                                   builders=self.cfg.train.batch_builders)
-
-    def _next_stage(self, state: TrainerState) -> None:
-        """Initialise stage k+1 from stage k's weights: fresh optimizer and schedule."""
-        module = self.engine.module
-        self.engine.destroy()   # removes ZeRO's gradient hooks from the shared parameters
-        self.engine = None
-        self._close_source()
-        state.stage += 1
-        self._build_stage(module, state.stage)
-        state.sampler = self.prefetch.state_dict()["sampler"]
-        self._say(f"stage {state.stage} '{self.plan[state.stage].name}' starts at step "
-                  f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
-
-    def _check_plan(self, meta: dict[str, Any]) -> None:
-        problem = checkpointing.resume_problem(meta, self.cfg.stage_steps(), self.world,
-                                               self.cfg.train.zero_stage)
-        if problem:
-            raise SetupError(problem)
-        self.cfg = checkpointing.follow_checkpoint(self.cfg, meta)
-
-    def _close_source(self) -> None:
-        """The prefetch thread first (it may be inside ``source.next``), then the source:
-        batch sources may hold reader threads (``PretrainBatches.close``)."""
-        if self.prefetch is not None:
-            self.prefetch.close()
-        close = getattr(self.source, "close", None)
-        if callable(close):
-            close()
-
-    def _setup(self) -> TrainerState:
-        # a cold cache builds DeepSpeed's comm op here, announced and timed (once per node)
-        build_comm_op_once(self.cfg.train.extensions_dir, say=self._say_once_per_node)
-        checkpointing.seed_everything(self.cfg.seed)   # identical model init on every rank
-        model = self.components.build_model(self.cfg, list(self.task_ids))
-        if self.cfg.train.activation_checkpointing:
-            set_checkpointing = getattr(model, "set_activation_checkpointing", None)
-            if set_checkpointing is None:
-                raise ValueError(f"train.activation_checkpointing: the model "
-                                 f"{type(model).__name__} has no set_activation_checkpointing")
-            set_checkpointing(True)
-        self.shape = encoder_shape(model)
-        if self.cfg.train.compile:
-            compile_static(model)
-        self.n_params = sum(p.numel() for p in model.parameters())
-        self.n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        with self.context.checkpoint_folder() as folder:
-            if folder is None:
-                self._build_stage(model, 0)
-                state = TrainerState(world_size=self.world,
-                                     sampler=self.prefetch.state_dict()["sampler"])
-                # per-rank streams (dropout, ...) from here on
-                checkpointing.seed_everything(self.cfg.seed + 1 + self.rank)
-                return state
-            meta = checkpointing.read_meta(folder)
-            self._check_plan(meta)
-            self._build_stage(model, meta["stage"])
-            state, per_rank = checkpointing.load(self.engine, folder, self.rank, self.world)
-        self.sampler.load_state_dict(state.sampler)
-        self.source.load_state_dict(per_rank["batch_source"])
-        checkpointing.set_rng_state(per_rank["rng"])   # last: building consumed randomness
-        self._say(f"resumed from step {state.step} (stage '{self.plan[state.stage].name}', "
-                  f"{state.examples_seen} examples seen, ZeRO stage {meta['zero_stage']})")
-        return state
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -362,42 +235,21 @@ class _Worker:
         if self.pending is None:
             return []
         out = []
-        for values, (record, micro, keys, passes) in (
-                self.pending.drain() if drain else self.pending.ready()):
-            step = record["step"]
-            try:
-                stats = read_step(values[:-2], micro, keys, self.world, self.rank, step - 1)
-            except FloatingPointError as e:
-                raise FloatingPointError(f"{e} (its update was skipped on the device; read "
-                                         f"at step {state.step})") from None
-            grad_norm, skipped = values[-2:]
+        for record, stats, passes, skipped in read_late(self.pending, world=self.world,
+                                                        rank=self.rank, read_at=state.step,
+                                                        drain=drain):
             state.examples_seen += stats["examples"]
             state.input_units_seen += stats["input_units"]
-            record["grad_norm"] = grad_norm
             if skipped:
                 self.overflow_skips += 1
-                self._say(f"step {step}: non-finite gradient norm, update skipped on the "
-                          f"device ({self.overflow_skips} skipped so far)")
+                self._say(f"step {record['step']}: non-finite gradient norm, update skipped "
+                          f"on the device ({self.overflow_skips} skipped so far)")
             out.append(self._complete(record, stats, passes))
         return out
 
     def _complete(self, record: dict[str, Any], stats: dict[str, Any],
                   passes: float) -> dict[str, Any]:
-        """A step's record with its statistics (all-reduced over the ranks)."""
-        gas = self.cfg.train.grad_accum
-        record.update(global_batch_examples=stats["examples"],
-                      global_batch_input_units=stats["input_units"],
-                      global_batch_real_units=stats["real_units"])
-        if self.shape is not None:
-            # summed objective: every task's forward of the set (this rank's ratio)
-            record["model_flops"] = passes / gas * self.shape.train_flops(
-                stats["examples"], stats["input_units"])
-            # the same on the unpadded tokens (the real units summed over the passes)
-            record["model_flops_real"] = self.shape.train_flops(
-                stats["examples"] * passes / gas, stats["real_units"])
-        record.update(stats["means"])
-        record["loss"] = stats["loss_sum"] / gas
-        return record
+        return complete_record(record, stats, passes, self.cfg.train.grad_accum, self.shape)
 
     def _micro_batches_left(self, state: TrainerState) -> int:
         """Micro-batches this stage still needs if none is dropped (the prefetch bound)."""
@@ -452,38 +304,19 @@ class _Worker:
         if self.tracker and self.tracker.run_id:   # known once the tracking queue opened it
             state.mlflow_run_id = self.tracker.run_id
         name = _checkpoint_dir_name(step)
-        with tempfile.TemporaryDirectory(prefix="vlp-ckpt-") as tmp:
-            checkpointing.save(self.engine, tmp, state, self.rank, resume["source"],
-                               stages=self.cfg.stage_steps())
-            self.reporter.submit(metrics, tmp, name)
-            self.reporter.drain()     # persisted (from tmp) before training goes on
+        checkpointing.save_reported(self.engine, state, self.rank, resume["source"],
+                                    self.cfg.stage_steps(), self.reporter, metrics, name)
         if self.tracker:
             self.tracker.flush(metrics, step, checkpoint=posixpath.join(self.run_dir, name))
 
     def _announce(self, fresh: bool) -> None:
-        lines, figures = run_banner(
-            self.cfg, world=self.world, n_params=self.n_params, n_trainable=self.n_trainable,
-            total=self.total, task_names=list(self.task_ids), precision=self.precision,
-            device=self.info.device, peak=self.peak)
-        for line in lines:
-            self._say(line)
-        if fresh:
-            self.tracker.log_derived(figures)
+        announce(self.cfg, self.tracker, self._say, fresh, world=self.world,
+                 n_params=self.n_params, n_trainable=self.n_trainable, total=self.total,
+                 task_names=list(self.task_ids), precision=self.precision,
+                 device=self.info.device, peak=self.peak)
 
     def _announce_measured(self, record: dict[str, Any]) -> None:
-        self._say(f"step 1: global batch = {record['global_batch_examples']:,} examples, "
-                  f"{record['global_batch_input_units']:,} input units")
-        self.tracker.log_derived({
-            "global_batch_examples_step1": record["global_batch_examples"],
-            "global_batch_input_units_step1": record["global_batch_input_units"]})
-
-    def _say(self, text: str) -> None:
-        if self.rank == 0:
-            print(f"[vlp {self.cfg.job}] {text}", flush=True)
-
-    def _say_once_per_node(self, text: str) -> None:
-        if self.info.local_rank == 0:
-            print(f"[vlp {self.cfg.job}] {text}", flush=True)
+        announce_measured(record, self.tracker, self._say)
 
 
 def _checkpoint_dir_name(step: int) -> str:

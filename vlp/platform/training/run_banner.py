@@ -4,7 +4,7 @@ and the figures among them that go to MLflow once, on a fresh run."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from vlp.platform.training import objective
 from vlp.platform.training.device_peaks import device_name
@@ -70,3 +70,24 @@ def _processes(count) -> str:
     if count == "auto":
         return "in processes of their own (auto: one, and more while the loop waits on data)"
     return "in a process of their own" if count == 1 else f"in {count} processes of their own"
+
+
+def announce(c: LoopConfig, tracker: Any, say: Callable[[str], None], fresh: bool,
+             **figures: Any) -> None:
+    """The banner printed; on a fresh run its derived figures logged once (``figures``:
+    ``run_banner``'s keywords)."""
+    lines, derived = run_banner(c, **figures)
+    for line in lines:
+        say(line)
+    if fresh:
+        tracker.log_derived(derived)
+
+
+def announce_measured(record: dict[str, Any], tracker: Any, say: Callable[[str], None]
+                      ) -> None:
+    """Step 1's measured global batch, printed and logged (the banner's is planned)."""
+    say(f"step 1: global batch = {record['global_batch_examples']:,} examples, "
+        f"{record['global_batch_input_units']:,} input units")
+    tracker.log_derived({
+        "global_batch_examples_step1": record["global_batch_examples"],
+        "global_batch_input_units_step1": record["global_batch_input_units"]})
