@@ -157,3 +157,20 @@ def test_mattnet_boxes_are_scored_only_when_the_regions_are_those_boxes(world, t
     image = str(moved[0]["image_id"])
     assert "\n" not in msg and f"image {image!r} MAttNet box 0 matches no region" in msg
     assert "are not their MAttNet boxes" in msg
+
+
+def test_the_sweeps_trials_and_the_leaderboard_name_the_boxes(tiny_world, tmp_path):
+    from types import SimpleNamespace
+
+    from vlp.platform.sweep.sweep_config import load_sweep_config
+    from vlp.platform.sweep.tracking import protocol_tags
+    from vlp.platform.tracking.leaderboard_protocols import protocol_header
+
+    sweep = load_sweep_config("jobs/configs/sweep-tiny.yaml", [
+        f"world={tiny_world}", f"sweep.output_dir={tmp_path}",
+        "finetune.benchmarks=[refcoco+]"])
+    tags = protocol_tags(sweep)
+    assert tags["downstream_protocol"] == "refcoco+:softmax,boxes=shard-regions"
+    header = protocol_header([SimpleNamespace(trial="t001", family=tags["family"],
+                                              protocol=tags["downstream_protocol"])])
+    assert "boxes=shard-regions" in header[0]
