@@ -51,7 +51,9 @@ def test_each_familys_finetune_recipe_yields_its_papers_protocol(family):
            cfg.options_for("refcoco+").head)
     assert got == PAPERS[family]
     for bench, label in zip(("retrieval", "nlvr2", "refcoco+"), PAPERS[family]):
-        assert cfg.protocol_of(bench)[0] == label
+        # detected boxes: the label names which (the fallback, without MAttNet's import)
+        boxes = ",boxes=shard-regions" if bench == "refcoco+" else ""
+        assert cfg.protocol_of(bench)[0] == label + boxes
     # one protocol across families, on request; an option set in the config is taken as given
     uniter = recipe(family, "protocol=uniter")
     assert (uniter.options_for("retrieval").loss, uniter.options_for("nlvr2").variant,
@@ -63,7 +65,8 @@ def test_each_familys_finetune_recipe_yields_its_papers_protocol(family):
 def test_protocol_sources_cite_the_paper_or_say_uniters():
     assert recipe("imagebert-tiny").protocol_of("retrieval") == ("binary", "ImageBERT §5.3")
     assert recipe("soho-tiny").protocol_of("nlvr2") == ("pair", "SOHO §4.2.3")
-    assert recipe("vlbert-tiny").protocol_of("refcoco+") == ("per-roi-binary", "VL-BERT §4.2.3")
+    assert recipe("vlbert-tiny").protocol_of("refcoco+") == ("per-roi-binary,boxes=shard-regions",
+                                                            "VL-BERT §4.2.3")
     assert "reports none" in recipe("vlbert-tiny").protocol_of("retrieval")[1]
     assert recipe("vlbert-tiny", "protocol=uniter").protocol_of("refcoco+")[1].endswith(
         "(protocol: uniter)")

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from vlp.platform.pretrain import experiment_config as pretrain_config
+from vlp.platform.pretrain.train_section import TrainSection
 from vlp.platform.training import launch
 from vlp.platform.training.loop_config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
                                                LoopTrain)
 
 
 @pytest.mark.parametrize("loop_cls,section_cls", [
-    (LoopTrain, pretrain_config.TrainSection),
+    (LoopTrain, TrainSection),
     (LoopOptimizer, pretrain_config.OptimizerSection),
     (LoopScaling, pretrain_config.ScalingSection)])
 def test_loop_sections_are_projections_of_the_experiment_sections(loop_cls, section_cls):

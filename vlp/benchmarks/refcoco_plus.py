@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from vlp.datasets.downstream.refexp import RefExpData
+from vlp.datasets.downstream.refexp import MATTNET_DATASET, RefExpData, mattnet_boxes
 from vlp.contract.config_loader import ConfigModel
 from vlp.models.heads import build_head
 from vlp.benchmarks.accuracy import tied_maxima
@@ -20,13 +20,17 @@ from vlp.benchmarks.registry import register
 
 
 IOU_RIGHT = 0.5   # a prediction is right when its box has IoU > 0.5 with the target
-# the papers' val^d scores rank MAttNet's detections (UNITER footnote 9, VL-BERT §4.2.3);
-# vlp's "detected" boxes are the image shard's own detector regions, so its absolute scores
-# compare across vlp's runs, not with the papers' tables: every output says so
+# the papers' val^d scores rank MAttNet's detections (UNITER footnote 9, VL-BERT §4.2.3):
+# ``detections: mattnet`` scores those (imported, and checked per image); the fallback,
+# ``shard-regions``, the image shard's own detector regions, compares across vlp's runs, not
+# with the papers' tables. Every output names which: the protocol label (printed, MLflow tag
+# downstream_protocol.refcocoplus, the leaderboard header) and the report's notes
 BOX_NOTES = {
-    "detected": "detected = the image shard's own detector regions, not MAttNet's "
-                "detections (the papers' val^d): comparable across vlp runs, not with the "
-                "papers' RefCOCO+ figures",
+    "mattnet": "detected = MAttNet's detections (the papers' val^d boxes), each image's "
+               "regions checked against them",
+    "shard-regions": "detected = the image shard's own detector regions, not MAttNet's "
+                     "detections (the papers' val^d): comparable across vlp runs, not with "
+                     "the papers' RefCOCO+ figures",
     "gt": "ground-truth boxes (features of the annotated boxes)",
 }
 
@@ -35,6 +39,9 @@ class RefCocoOptions(ConfigModel):
     # the protocol (vlp.benchmarks.protocols): UNITER's softmax over regions; a family's
     # finetune defaults to its paper's (VL-BERT: a binary classification per RoI)
     head: Literal["softmax", "per-roi-binary"] = "softmax"
+    # refcoco+ (detected boxes): MAttNet's imported detections (the papers' val^d) or the
+    # image shard's own regions (the fallback); refcoco+-gt ignores it
+    detections: Literal["shard-regions", "mattnet"] = "shard-regions"
 
 
 class _RefCoco(Benchmark):
@@ -48,12 +55,20 @@ class _RefCoco(Benchmark):
         if ctx.data.visual != "regions":
             raise ValueError(f"{self.name} scores image regions: family {ctx.family.name!r} "
                              f"reads pixels (SOHO) and has none")
+        if self.boxes == "detected" and ctx.options.detections == "mattnet":
+            mattnet_boxes(ctx.data.world, MATTNET_DATASET)   # imported: before any worker
 
     def train_data(self, ctx):
-        return RefExpData(ctx.data, "train", self.boxes)
+        return RefExpData(ctx.data, "train", self.boxes, ctx.options.detections)
 
     def eval_data(self, ctx):
-        return RefExpData(ctx.data, ctx.eval_split, self.boxes)
+        return RefExpData(ctx.data, ctx.eval_split, self.boxes, ctx.options.detections)
+
+    def protocol(self, options) -> str:
+        """The head, and for detected boxes which ones (``softmax,boxes=mattnet``), so that
+        no detected-box figure is ever unlabelled."""
+        head = super().protocol(options)
+        return f"{head},boxes={options.detections}" if self.boxes == "detected" else head
 
     def train_indices(self, data: RefExpData) -> np.ndarray:
         return data.labelled
@@ -83,7 +98,7 @@ class _RefCoco(Benchmark):
         return EvalResult({f"{self.task}_acc": 100.0 * float(np.mean(hit))},
                           [{"ref_id": r, "region": p, "box": b}
                            for r, p, b in zip(data.column("ref_id"), pred, boxes)],
-                          {"boxes": BOX_NOTES[self.boxes]})
+                          {"boxes": BOX_NOTES[data.boxes_label]})
 
 
 def _pad(scores: np.ndarray, width: int) -> np.ndarray:

@@ -11,7 +11,8 @@ from vlp.datasets.importers.registry import (IMPORTERS, ImportReport, Importer, 
 
 # the modules register their formats on import; the order is the order of `--help`
 from vlp.datasets.importers import (butd_tsv, uniter_npz, karpathy, vg_regions,  # noqa: E402,F401
-                                    web_captions, vqa, nlvr2, snli_ve, refcoco, vcr)
+                                    web_captions, vqa, nlvr2, snli_ve, refcoco, vcr,
+                                    mattnet_dets)
 
 __all__ = ["IMPORTERS", "ImportReport", "Importer", "InputFormatError", "Option",
            "get_importer", "register", "run_import"]

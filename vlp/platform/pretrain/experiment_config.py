@@ -4,7 +4,8 @@ Load with ``load_experiment_config(path, overrides=["optimizer.lr=1e-4"], task_n
 Task names are checked against the task registry (``vlp.tasks``, imported on the first load
 so that importing this module does not import torch). The ``data`` section is the pipeline's
 ``DataConfig`` as a user writes it (see ``DataSection``); ``vlp.platform.pretrain.data`` maps
-it, with the model's preprocessing, onto one ``DataConfig`` per stage.
+it, with the model's preprocessing, onto one ``DataConfig`` per stage. The ``train`` section
+is ``TrainSection`` (``train_section.py``).
 
 Defaults follow UNITER's in-domain base recipe (AdamW lr 5e-5, betas (0.9, 0.98), weight
 decay 0.01, warm-up then linear decay, grad-norm clip 5.0, itm:mlm:mrfr:mrc-kl = 2:2:1:1),
@@ -25,6 +26,7 @@ from pydantic import Field, model_validator
 
 from vlp.contract.config_loader import ConfigError, ConfigModel, load_config
 from vlp.datasets.stream.data_config import PipelineOptions, RegionConfig, batch_units_field
+from vlp.platform.pretrain.train_section import TrainSection
 
 # NVIDIA GPU types as Ray names them (ray.util.accelerators): scaling.accelerator_type
 ACCELERATOR_TYPES = ("T4", "V100", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
@@ -162,54 +164,6 @@ class OptimizerSection(ConfigModel):
     cnn_lr: float = Field(1e-2, gt=0)
     cnn_weight_decay: float = Field(5e-4, ge=0)
     cnn_momentum: float = Field(0.9, ge=0, lt=1)
-
-
-class TrainSection(ConfigModel):
-    steps: int = Field(0, ge=0)         # optimizer steps; 0 = the sum of the stages' steps
-    grad_accum: int = Field(1, gt=0)    # micro-batches per optimizer step
-    # how a micro-batch trains the mix: "sampled" = one task drawn by mix ratio (UNITER);
-    # "summed" = every task's loss on the same examples, one backward (VL-BERT's reference
-    # code, ImageBERT, SOHO Eq. 9), the ratios as loss weights scaled to a mean of 1 (equal ratios: weight 1
-    # each, the papers'; 2:2:1:1 → 4/3, 4/3, 2/3, 2/3); "" = the model family's paper's
-    objective: Literal["", "sampled", "summed"] = ""
-    # under summed: tasks that share one masked batch and one forward (each modality masked
-    # once, by the group's first task of it); null = the family's paper's (VL-BERT: mlm,
-    # mrc-vlbert and sirp, words and RoIs masked together; ImageBERT: moc and mrfr on one
-    # masked region set); [] = every task its own batch and forward
-    forward_groups: list[list[str]] | None = None
-    # auto: bf16 on a CUDA device that supports it, fp32 (TF32 matmuls on CUDA) otherwise
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO; a
-    # resume: the checkpoint's stage (its optimizer state loads only into its kind)
-    zero_stage: Literal["auto", 0, 1, 2] = "auto"
-    activation_checkpointing: bool = False   # recompute encoder layers in the backward
-    # torch.compile the model with static shapes, fullgraph (opt-in: with dynamic shapes the
-    # encoder compiled took minutes and ran no faster on an H200, docs/gpu-check.md)
-    compile: bool = False
-    # the whole step captured per batch shape as a CUDA graph and replayed (opt-in; one
-    # worker, bf16 under ZeRO-1, grad_accum 1: training/cuda_graph_step.py)
-    cuda_graphs: bool = False
-    prefetch_batches: int = Field(2, ge=0)   # micro-batches built ahead; 0 = off
-    # where: a thread of the worker, or a process of their own (no GIL shared with the step's
-    # dispatching; opt-in until the GPU check has timed it: docs/gpu-check.md)
-    batch_builder: Literal["thread", "process"] = "thread"
-    # how many (batch_builder: process): each builds its share of the batches, the batches
-    # the same; each takes a core. auto: one per spare core, one building at first and one
-    # more whenever the loop waits on data (docs/pretraining.md)
-    batch_builders: int | Literal["auto"] = 1
-    peak_tflops: float = Field(0.0, ge=0)    # device peak for MFU; 0 = from the device name
-    log_every: int = Field(10, gt=0)    # steps between ray.train.report / MLflow flushes
-    on_nonfinite: Literal["raise", "skip"] = "raise"   # a NaN/Inf loss on any rank
-    max_nonfinite_skips: int = Field(10, gt=0)       # dropped batches per step, then raise
-    stop_after: int = Field(0, ge=0)    # stop cleanly (with a checkpoint) at this step; 0 = off
-    extensions_dir: str = ""              # TORCH_EXTENSIONS_DIR for DeepSpeed's JIT ops
-
-    def validate(self):
-        if self.batch_builders != "auto" and self.batch_builders < 1:
-            yield "batch_builders", f"expected a count ≥ 1 or auto, got {self.batch_builders}"
-        elif self.batch_builders != 1 and self.batch_builder != "process":
-            yield "batch_builders", (f"is {self.batch_builders!r}, but batches are built on a "
-                                     f"thread: set batch_builder: process (or leave 1)")
 
 
 class ScalingSection(ConfigModel):
