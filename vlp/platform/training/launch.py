@@ -71,7 +71,7 @@ def tracking_spec(loop: LoopConfig, *, enabled: bool, tracking_uri: str, experim
 
 def resume_problem(loop: LoopConfig) -> str | None:
     """Why the checkpoint this run would resume from does not fit ``loop`` (other stages,
-    another worker count, a ZeRO stage that cannot load its optimizer state), or None (no
+    a worker count its global batch does not divide over, a ZeRO stage that cannot load its optimizer state), or None (no
     checkpoint, or one that fits): on the driver, before any worker starts."""
     storage = run_storage.open_location(loop.storage)
     meta = storage.latest_checkpoint_meta(loop.name)
@@ -80,7 +80,7 @@ def resume_problem(loop: LoopConfig) -> str | None:
     meta["zero_stage"] = checkpointing.saved_zero_stage(
         meta, run_storage.open_location(meta["uri"]).exists)
     problem = checkpointing.resume_problem(meta, loop.stage_steps(), loop.scaling.num_workers,
-                                           loop.train.zero_stage)
+                                           loop.train.zero_stage, loop.train.grad_accum)
     return f"run {loop.name!r} in {storage.root}: {problem}" if problem else None
 
 
