@@ -3,11 +3,14 @@ resumes on 2 again (``checkpointing.world_change``), through the loop on real De
 engines and gloo ranks, without Ray (each worker a process; a checkpoint reported by every
 rank is merged into one folder, as Ray Train merges it). The toy source is one global stream
 of micro-batches (``toy.GlobalToyStream``), the task fixed (one task: the draws do not depend
-on the number of workers), the model has dropout. Against an uninterrupted 2-worker run:
-every step trains on the same examples, by id (the data position exact; grad_accum 1 → 2 → 1
-kept the global batch), each step's loss and the final weights within tolerance (the ZeRO
-optimizer state went through DeepSpeed's universal checkpoint; dropout streams are seeded
-anew, so not bitwise). Without DeepSpeed: the refusals, one line each."""
+on the number of workers). Against an uninterrupted 2-worker run: every step trains on the
+same examples, by id (the data position exact; grad_accum 1 → 2 → 1 kept the global batch),
+each step's loss and the final weights within rounding (the ZeRO optimizer state went
+through DeepSpeed's universal checkpoint; the gradients are summed in another order). The
+toy model's dropout is off here: a resume on another worker count seeds the dropout streams
+anew, and with dropout on the per-step losses differed by up to 5% (measured: step 4, 1.302
+against 1.236), which would hide a lost optimizer state. Without DeepSpeed: the refusals,
+one line each."""
 
 from __future__ import annotations
 
@@ -60,6 +63,9 @@ RANK = textwrap.dedent("""
     class Components(ToyComponents):
         def build_model(self, cfg, tasks):
             model = super().build_model(cfg, tasks)
+            for m in model.modules():    # see the module docstring
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = 0.0
             model.register_forward_pre_hook(
                 lambda m, args, kwargs: seen.append(args[0]["example_id"].tolist()),
                 with_kwargs=True)
@@ -142,7 +148,7 @@ def test_two_workers_to_one_and_back_keep_the_data_position_and_the_loss_curve(t
     assert got == want
     assert last[0]["examples"] == base[0]["examples"]
 
-    # the loss curve: the same up to the first stop (the same run), then within tolerance
+    # the loss curve: the same up to the first stop (the same run), then within rounding
     losses = {int(k): v for k, v in base[0]["losses"].items()}
     assert {int(k): v for k, v in stopped[0]["losses"].items()} == {
         s: losses[s] for s in range(1, STOP_2 + 1)}
@@ -150,12 +156,12 @@ def test_two_workers_to_one_and_back_keep_the_data_position_and_the_loss_curve(t
                **{int(k): v for k, v in last[0]["losses"].items()}}
     assert sorted(resumed) == list(range(STOP_2 + 1, STEPS + 1))
     for s, loss in resumed.items():
-        assert loss == pytest.approx(losses[s], rel=0.05), (s, loss, losses[s])
-    # the final weights: near the uninterrupted run's, far nearer than to where they started
+        assert loss == pytest.approx(losses[s], rel=1e-4), (s, loss, losses[s])
+    # the final weights: the uninterrupted run's within rounding, against how far they moved
     for name, w in base[0]["weights"].items():
         w, r = _flat(w), _flat(last[0]["weights"][name])
         moved = max(abs(a - b) for a, b in zip(w, _flat(stopped[0]["weights"][name])))
-        assert max(abs(a - b) for a, b in zip(w, r)) <= 0.25 * moved + 1e-6, name
+        assert max(abs(a - b) for a, b in zip(w, r)) <= 1e-3 * moved + 1e-6, name
 
 
 def _flat(x) -> list[float]:
@@ -177,6 +183,10 @@ def test_another_worker_count_keeps_the_global_batch_or_is_refused_in_one_line()
     assert "4 workers cannot share" in problem and "resume on 1, 2, 3, 6 workers" in problem
     assert checkpointing.resume_problem(META, [("one", 6)], 4, "auto", 3) == problem
     assert checkpointing.resume_problem(META, [("one", 6)], 1, "auto", 3) is None
+    # a source that keeps its position per worker (the pretraining stream): refused
+    refused = checkpointing.resume_problem(META, [("one", 6)], 1, "auto", 3, reshardable=False)
+    assert "\n" not in refused and "keeps its position per worker" in refused
+    assert "resume on 2 workers (scaling.num_workers=2)" in refused
 
 
 def test_a_source_that_cannot_move_its_position_is_refused_before_loading():

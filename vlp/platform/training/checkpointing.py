@@ -198,6 +198,15 @@ def world_change(meta: dict[str, Any], world_size: int, grad_accum: int
     return micro // world_size, None
 
 
+def stream_per_worker(saved_world: int, world_size: int, source: str) -> str:
+    """The refusal of a resume on ``world_size`` workers of a checkpoint of ``saved_world``
+    whose batch source keeps its position per worker."""
+    return (f"the checkpoint to resume was written by {saved_world} workers; {source} keeps "
+            f"its position per worker and cannot move it to {world_size} workers: resume on "
+            f"{saved_world} workers (scaling.num_workers={saved_world}), or start a new run "
+            f"beside it with a new run.name (--name)")
+
+
 def follow_checkpoint(cfg: LoopConfig, meta: dict[str, Any], world_size: int | None = None
                       ) -> LoopConfig:
     """``cfg`` for a run resuming from ``meta`` (``saved_zero_stage`` filled in): where
@@ -217,7 +226,8 @@ def follow_checkpoint(cfg: LoopConfig, meta: dict[str, Any], world_size: int | N
 
 
 def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_size: int,
-                   zero_stage: str | int = "auto", grad_accum: int = 1) -> str | None:
+                   zero_stage: str | int = "auto", grad_accum: int = 1,
+                   reshardable: bool = True) -> str | None:
     """Why the checkpoint described by ``meta`` cannot continue a run with these stages
     (name, steps) on ``world_size`` workers with ``train.zero_stage`` = ``zero_stage``; None
     if it can. Ray resumes every re-run with the same run name, so a changed experiment must
@@ -226,7 +236,8 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
     schedule then follows the new length). DeepSpeed cannot load a ZeRO optimizer state into
     an engine without ZeRO or the reverse (a traceback from inside its loader), so that is
     refused here, naming the setting that resumes. Another worker count resumes where the
-    checkpoint's global batch divides over it (``world_change``)."""
+    checkpoint's global batch divides over it (``world_change``) and the batch source can move
+    its position there (``reshardable``: the caller knows its source)."""
     k, step = meta["stage"], meta["step"]
     old = [tuple(s) for s in meta.get("stages", [])]
     new = [tuple(s) for s in stages]
@@ -237,6 +248,8 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
                 f"{', '.join(f'{n}: {s}' for n, s in old) or '?'}) does not fit this config's "
                 f"stages ({', '.join(f'{n}: {s}' for n, s in new)}): a re-run with the same "
                 f"run.name resumes that job; give a changed experiment a new run.name")
+    if meta["world_size"] != world_size and not reshardable:
+        return stream_per_worker(meta["world_size"], world_size, "this run's batch stream")
     _, problem = world_change(meta, world_size, grad_accum)
     if problem:
         return problem

@@ -111,12 +111,9 @@ class WorkerSetup:
         if meta["world_size"] == self.world or callable(
                 getattr(self.source, "load_resharded_state", None)):
             return
-        raise SetupError(
-            f"the checkpoint to resume was written by {meta['world_size']} workers; this run's "
-            f"batch source ({type(self.source).__name__}) keeps a position per worker and "
-            f"cannot move it to {self.world} workers (no load_resharded_state): resume on "
-            f"{meta['world_size']} workers (scaling.num_workers), or start a new run beside it "
-            f"with a new run.name (--name)")
+        raise SetupError(checkpointing.stream_per_worker(
+            meta["world_size"], self.world, f"its batch source ({type(self.source).__name__}, "
+            f"no load_resharded_state)"))
 
     def _close_source(self) -> None:
         """The prefetch thread first (it may be inside ``source.next``), then the source:
