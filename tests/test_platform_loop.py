@@ -97,4 +97,6 @@ def test_resume_problem_refuses_checkpoints_of_another_experiment():
     assert "does not fit" in resume_problem(meta, [("web", 15), ("coco", 15)], 2)
     assert "does not fit" in resume_problem(meta, [("web", 20), ("indomain", 15)], 2)
     assert "does not fit" in resume_problem(meta, [("web", 30)], 2)
-    assert "written by 2 workers" in resume_problem(meta, stages, 1)
+    # another worker count: resumed where the global batch (2 workers × grad_accum 1) divides
+    assert resume_problem(meta, stages, 1) is None
+    assert "written by 2 workers × grad_accum 1" in resume_problem(meta, stages, 4)

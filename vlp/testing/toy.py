@@ -127,6 +127,52 @@ class ToyBatchSource:
         self.calls = int(state["calls"])
 
 
+class GlobalToyStream:
+    """A toy batch source over one global stream of micro-batches: micro-batch ``g`` of a
+    stage (its examples, ids ``g * 100 + i``, under ``example_id``) comes from (seed, stage,
+    g) alone, and of ``world`` workers rank r serves g = r, r + world, r + 2·world, … Its state
+    is the next g; ``load_resharded_state`` continues the global stream on another number of
+    workers: the union of the micro-batches served stays 0, 1, 2, … with none skipped or
+    served twice, whatever the workers before and after."""
+
+    def __init__(self, dim: int, seed: int, rank: int, world: int, stage_index: int):
+        world_gen = torch.Generator().manual_seed(1234)
+        self.a = torch.randn(dim, NUM_CLASSES, generator=world_gen)
+        self.b = torch.randn(dim, dim, generator=world_gen) / dim ** 0.5
+        self.dim, self.seed, self.stage = dim, seed, stage_index
+        self.rank, self.world = rank, world
+        self.g = rank
+
+    def next(self, task: str | tuple[str, ...]) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed((self.seed * 7919 + self.stage) * 1_000_003 + self.g)
+        n = int(torch.randint(4, 17, (), generator=gen))
+        length = int(torch.randint(8, 33, (), generator=gen))
+        x = torch.randn(n, self.dim, generator=gen)
+        batch = {"x": x, "y_cls": (x @ self.a).argmax(-1), "y_reg": x @ self.b,
+                 "example_id": torch.arange(n) + self.g * 100,
+                 bs.NUM_EXAMPLES: torch.tensor(n), bs.INPUT_UNITS: torch.tensor(n * length)}
+        self.g += self.world
+        if isinstance(task, tuple):
+            return {bs.TASK_BATCHES: {t: batch for t in task},
+                    bs.NUM_EXAMPLES: batch[bs.NUM_EXAMPLES], bs.INPUT_UNITS: batch[bs.INPUT_UNITS]}
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next": self.g}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.g = int(state["next"])
+
+    def load_resharded_state(self, states: list[dict[str, Any]], saved_world: int) -> None:
+        """Rank r of ``saved_world`` stood at its next g = cursor + r, the cursor being the
+        micro-batches all of them served (the same count each: at a step boundary)."""
+        cursors = {int(s["next"]) - r for r, s in enumerate(states)}
+        if len(cursors) != 1 or len(states) != saved_world:
+            raise ValueError(f"toy stream: the {saved_world} saved positions "
+                             f"{[s['next'] for s in states]} are not one global cursor")
+        self.g = cursors.pop() + self.rank
+
+
 @dataclass
 class ToyComponents:
     """``vlp.platform.training.protocols.Components`` for the toy world."""
@@ -139,6 +185,7 @@ class ToyComponents:
     nan_rank: int = 0
     setup_error: str = ""       # build_model raises ValueError(this): a deterministic error
     attempts_file: str = ""     # absolute path; build_model appends a line per call
+    global_stream: bool = False  # GlobalToyStream: one global stream, resumable on any world
 
     def datasets(self, cfg: Any) -> None:
         return None
@@ -152,7 +199,10 @@ class ToyComponents:
         return ToyModel(tasks, dim=self.dim)
 
     def build_batch_source(self, cfg: Any, stage: Any, stage_index: int,
-                           worker: Any) -> ToyBatchSource:
+                           worker: Any) -> ToyBatchSource | GlobalToyStream:
+        if self.global_stream:
+            return GlobalToyStream(self.dim, worker.seed, worker.rank, worker.world_size,
+                                   stage_index)
         return ToyBatchSource(self.dim, worker.seed, worker.rank, stage_index,
                               self.fail_at_call, self.fail_rank, self.fail_marker,
                               self.nan_at_call, self.nan_rank)

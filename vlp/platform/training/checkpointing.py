@@ -10,16 +10,32 @@ Layout of one checkpoint folder (Ray merges what every rank writes into it)::
     vlp_rank_<r>.pt                each rank: its batch-source state and RNG states
 
 Per-rank files are loaded with ``weights_only=True`` (safe by default).
+
+Resume on another number of workers (N → M, ``world_change``): the global batch is kept,
+``grad_accum`` × workers micro-batches a step, so ``grad_accum`` becomes a·N/M (refused in one
+line where M does not divide a·N). DeepSpeed refuses a ZeRO optimizer state partitioned over
+another data-parallel size, so a ZeRO checkpoint is converted once per worker to DeepSpeed's
+universal checkpoint (``ds_to_universal``: a file per parameter with its fp32 weights and
+Adam moments, into a temporary folder) and loaded from that into the M-way partition; an
+optimizer state without ZeRO is whole in the module file and loads as it is. Every new rank
+reads the N ranks' batch-source states and the source maps them to its own share
+(``load_resharded_state``: a source whose example stream is global, each rank taking every
+M-th micro-batch, continues at the global cursor with nothing skipped or repeated; a source
+without it is refused). Per-rank RNG streams (dropout) are seeded anew from (seed, step,
+rank): the loss curve then follows the uninterrupted run's within tolerance, not bitwise.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import random
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -112,6 +128,7 @@ def _own_device_state(saved: Any) -> torch.Tensor | None:
 def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
          batch_source_state: dict[str, Any], stages: list[tuple[str, int]] = ()) -> str:
     """Every rank calls this (DeepSpeed saves collectively). Returns the tag."""
+    grad_accum = int(engine.gradient_accumulation_steps())
     folder = Path(folder)
     tag = step_tag(state.step)
     engine.save_checkpoint(str(folder), tag=tag,
@@ -121,7 +138,7 @@ def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
     if rank == 0:
         meta = {"step": state.step, "stage": state.stage, "tag": tag,
                 "stages": [[n, int(k)] for n, k in stages], "world_size": state.world_size,
-                "examples_seen": state.examples_seen,
+                "examples_seen": state.examples_seen, "grad_accum": grad_accum,
                 "zero_stage": int(engine.zero_optimization_stage())}
         (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return tag
@@ -160,18 +177,57 @@ def saved_zero_stage(meta: dict[str, Any], exists: Callable[..., bool]) -> int:
     return 2 if any(exists(meta["tag"], name) for name in ZERO_STATE_FILES) else 0
 
 
-def follow_checkpoint(cfg: LoopConfig, meta: dict[str, Any]) -> LoopConfig:
+def world_change(meta: dict[str, Any], world_size: int, grad_accum: int
+                 ) -> tuple[int, str | None]:
+    """(``grad_accum`` for ``world_size`` workers resuming the checkpoint of ``meta``, why they
+    cannot or None). The same number of workers keeps the config's ``grad_accum``; another
+    keeps the checkpoint's global batch: its workers × its ``grad_accum`` micro-batches a step
+    (a checkpoint from before the meta recorded it: the config's ``grad_accum``)."""
+    saved_world = int(meta["world_size"])
+    if saved_world == world_size:
+        return grad_accum, None
+    saved_gas = int(meta.get("grad_accum", grad_accum))
+    micro = saved_world * saved_gas
+    if micro % world_size:
+        fits = [m for m in range(1, micro + 1) if micro % m == 0]
+        return grad_accum, (
+            f"the checkpoint to resume was written by {saved_world} workers × grad_accum "
+            f"{saved_gas} = {micro} micro-batches a step, which {world_size} workers cannot "
+            f"share evenly: resume on {', '.join(map(str, fits))} workers "
+            f"(scaling.num_workers), or start a new run beside it with a new run.name (--name)")
+    return micro // world_size, None
+
+
+def stream_per_worker(saved_world: int, world_size: int, source: str) -> str:
+    """The refusal of a resume on ``world_size`` workers of a checkpoint of ``saved_world``
+    whose batch source keeps its position per worker."""
+    return (f"the checkpoint to resume was written by {saved_world} workers; {source} keeps "
+            f"its position per worker and cannot move it to {world_size} workers: resume on "
+            f"{saved_world} workers (scaling.num_workers={saved_world}), or start a new run "
+            f"beside it with a new run.name (--name)")
+
+
+def follow_checkpoint(cfg: LoopConfig, meta: dict[str, Any], world_size: int | None = None
+                      ) -> LoopConfig:
     """``cfg`` for a run resuming from ``meta`` (``saved_zero_stage`` filled in): where
     ``train.zero_stage`` is auto, the checkpoint's stage, for the rest of the run (its
     optimizer state loads only into an engine of the same kind: ZeRO or not). An explicit
-    stage stays; ``resume_problem`` refuses one that cannot load it."""
-    if cfg.train.zero_stage != "auto":
-        return cfg
-    return replace(cfg, train=replace(cfg.train, zero_stage=meta["zero_stage"]))
+    stage stays; ``resume_problem`` refuses one that cannot load it. On ``world_size`` workers
+    other than the checkpoint's, ``grad_accum`` keeps its global batch (``world_change``)."""
+    train = cfg.train
+    if train.zero_stage == "auto":
+        train = replace(train, zero_stage=meta["zero_stage"])
+    if world_size is not None:
+        gas, problem = world_change(meta, world_size, train.grad_accum)
+        if problem:
+            raise ValueError(problem)
+        train = replace(train, grad_accum=gas)
+    return cfg if train == cfg.train else replace(cfg, train=train)
 
 
 def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_size: int,
-                   zero_stage: str | int = "auto") -> str | None:
+                   zero_stage: str | int = "auto", grad_accum: int = 1,
+                   reshardable: bool = True) -> str | None:
     """Why the checkpoint described by ``meta`` cannot continue a run with these stages
     (name, steps) on ``world_size`` workers with ``train.zero_stage`` = ``zero_stage``; None
     if it can. Ray resumes every re-run with the same run name, so a changed experiment must
@@ -179,7 +235,9 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
     the current one may only be lengthened or shortened to no less than the step reached (its
     schedule then follows the new length). DeepSpeed cannot load a ZeRO optimizer state into
     an engine without ZeRO or the reverse (a traceback from inside its loader), so that is
-    refused here, naming the setting that resumes."""
+    refused here, naming the setting that resumes. Another worker count resumes where the
+    checkpoint's global batch divides over it (``world_change``) and the batch source can move
+    its position there (``reshardable``: the caller knows its source)."""
     k, step = meta["stage"], meta["step"]
     old = [tuple(s) for s in meta.get("stages", [])]
     new = [tuple(s) for s in stages]
@@ -190,10 +248,11 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
                 f"{', '.join(f'{n}: {s}' for n, s in old) or '?'}) does not fit this config's "
                 f"stages ({', '.join(f'{n}: {s}' for n, s in new)}): a re-run with the same "
                 f"run.name resumes that job; give a changed experiment a new run.name")
-    if meta["world_size"] != world_size:
-        return (f"the checkpoint to resume was written by {meta['world_size']} workers; exact "
-                f"resume needs the same number (scaling.num_workers={meta['world_size']}), "
-                f"got {world_size}; or start a new run beside it with a new run.name (--name)")
+    if meta["world_size"] != world_size and not reshardable:
+        return stream_per_worker(meta["world_size"], world_size, "this run's batch stream")
+    _, problem = world_change(meta, world_size, grad_accum)
+    if problem:
+        return problem
     saved = meta.get("zero_stage")
     if saved is not None and zero_stage != "auto" and (zero_stage > 0) != (saved > 0):
         held = "a ZeRO optimizer state" if saved else "an optimizer state without ZeRO"
@@ -219,14 +278,67 @@ def load(engine: Any, folder: str | Path, rank: int, world_size: int
          ) -> tuple[TrainerState, dict[str, Any]]:
     """Restore the engine; return the trainer state and this rank's batch-source state. RNG
     states are returned under ``"rng"`` for the caller to apply last (building things
-    consumes randomness)."""
+    consumes randomness). On another number of workers than the checkpoint's the per-rank
+    part holds every saved rank's batch-source state (``"batch_sources"``) and no RNG."""
     folder = Path(folder)
     meta = read_meta(folder)
-    load_path, client_state = engine.load_checkpoint(
-        str(folder), tag=meta["tag"], load_module_strict=True, load_optimizer_states=True,
-        load_lr_scheduler_states=True)
+    saved_world = int(meta["world_size"])
+    with _loadable(engine, folder, meta, saved_world != world_size) as load_dir:
+        load_path, client_state = engine.load_checkpoint(
+            str(load_dir), tag=meta["tag"], load_module_strict=True, load_optimizer_states=True,
+            load_lr_scheduler_states=True)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {folder} (tag {meta['tag']})")
     state = TrainerState.from_dict(client_state[CLIENT_STATE_KEY])
-    per_rank = torch.load(folder / rank_file(rank), weights_only=True)
-    return state, per_rank
+    if saved_world == world_size:
+        return state, torch.load(folder / rank_file(rank), weights_only=True)
+    sources = []
+    for r in range(saved_world):
+        path = folder / rank_file(r)
+        if not path.exists():
+            raise FileNotFoundError(f"{folder}: {rank_file(r)} is missing; a checkpoint of "
+                                    f"{saved_world} workers holds one per worker")
+        sources.append(torch.load(path, weights_only=True)["batch_source"])
+    state.world_size = world_size
+    return state, {"batch_sources": sources, "rng": None}
+
+
+@contextlib.contextmanager
+def _loadable(engine: Any, folder: Path, meta: dict[str, Any], other_world: bool
+              ) -> Iterator[Path]:
+    """The folder DeepSpeed loads the checkpoint from: ``folder`` itself, or on another
+    number of workers with a ZeRO optimizer state its universal conversion, in a temporary
+    folder (gone after the load), the engine switched to DeepSpeed's universal loader for
+    the load (``checkpoint.load_universal``: its config key, read only while loading)."""
+    if not other_world or not engine.zero_optimization_stage():
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="vlp-universal-") as tmp:
+        to_universal(folder / meta["tag"], Path(tmp) / meta["tag"])
+        config = engine._config
+        config.load_universal_checkpoint = True
+        try:
+            yield Path(tmp)
+        finally:
+            config.load_universal_checkpoint = False
+
+
+def to_universal(tag_folder: Path, out: Path) -> None:
+    """DeepSpeed's ``ds_to_universal`` of one checkpoint tag (ZeRO 1/2, bf16 or not) into
+    ``out``: per parameter its fp32 weights and optimizer moments, whole. vlp's models record
+    no tensor-parallel layout, which the converter then assumes absent
+    (``inject_missing_state``); one extract worker (it runs beside training's workers). Its
+    progress lines go to a buffer, shown only if it fails. Measured on CPU: a 2-rank ZeRO-1
+    fp32 checkpoint loads on 1 rank with the same fp32 weights, Adam moments and step."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = argparse.Namespace(input_folder=str(tag_folder), output_folder=str(out),
+                              num_extract_workers=1, num_merge_workers=1,
+                              keep_temp_folder=False, strict=True, inject_missing_state=True)
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            ds_to_universal.main(args)
+    except Exception as e:
+        raise RuntimeError(f"converting {tag_folder} to DeepSpeed's universal checkpoint "
+                           f"failed: {e!r}; its output:\n{log.getvalue()[-2000:]}") from e

@@ -69,10 +69,13 @@ def tracking_spec(loop: LoopConfig, *, enabled: bool, tracking_uri: str, experim
     }
 
 
-def resume_problem(loop: LoopConfig) -> str | None:
+def resume_problem(loop: LoopConfig, reshardable: bool = False) -> str | None:
     """Why the checkpoint this run would resume from does not fit ``loop`` (other stages,
-    another worker count, a ZeRO stage that cannot load its optimizer state), or None (no
-    checkpoint, or one that fits): on the driver, before any worker starts."""
+    a worker count its global batch does not divide over, a ZeRO stage that cannot load its
+    optimizer state), or None (no checkpoint, or one that fits): on the driver, before any
+    worker starts. ``reshardable``: the run's batch source can move its position to another
+    number of workers (``load_resharded_state``); the pretraining and finetuning streams
+    cannot."""
     storage = run_storage.open_location(loop.storage)
     meta = storage.latest_checkpoint_meta(loop.name)
     if meta is None:
@@ -80,7 +83,8 @@ def resume_problem(loop: LoopConfig) -> str | None:
     meta["zero_stage"] = checkpointing.saved_zero_stage(
         meta, run_storage.open_location(meta["uri"]).exists)
     problem = checkpointing.resume_problem(meta, loop.stage_steps(), loop.scaling.num_workers,
-                                           loop.train.zero_stage)
+                                           loop.train.zero_stage, loop.train.grad_accum,
+                                           reshardable)
     return f"run {loop.name!r} in {storage.root}: {problem}" if problem else None
 
 

@@ -37,7 +37,10 @@ class BatchSource(Protocol):
     """This worker's batches. ``next(task)`` returns a batch prepared for ``task`` (masked for
     it) as ``dict[str, Tensor]`` with the keys of ``vlp/contract/batch_spec.py``, including the
     bookkeeping scalars ``num_examples`` and ``input_units``. An optional ``close()`` is called
-    when the loop is done with it (end of a stage, end of training, failure)."""
+    when the loop is done with it (end of a stage, end of training, failure). An optional
+    ``load_resharded_state(states, saved_world)`` restores this worker's share from the
+    states of the ``saved_world`` workers that wrote a checkpoint (a resume on another number
+    of workers, ``checkpointing``); a source without it resumes on the same number only."""
 
     def next(self, task: str) -> dict[str, torch.Tensor]:
         ...

@@ -99,10 +99,21 @@ class WorkerSetup:
 
     def _check_plan(self, meta: dict[str, Any]) -> None:
         problem = checkpointing.resume_problem(meta, self.cfg.stage_steps(), self.world,
-                                               self.cfg.train.zero_stage)
+                                               self.cfg.train.zero_stage,
+                                               self.cfg.train.grad_accum)
         if problem:
             raise SetupError(problem)
-        self.cfg = checkpointing.follow_checkpoint(self.cfg, meta)
+        self.cfg = checkpointing.follow_checkpoint(self.cfg, meta, self.world)
+
+    def _check_source_reshardable(self, meta: dict[str, Any]) -> None:
+        """On another number of workers than the checkpoint's, the batch source must map the
+        saved workers' positions to its own (``load_resharded_state``); refused otherwise."""
+        if meta["world_size"] == self.world or callable(
+                getattr(self.source, "load_resharded_state", None)):
+            return
+        raise SetupError(checkpointing.stream_per_worker(
+            meta["world_size"], self.world, f"its batch source ({type(self.source).__name__}, "
+            f"no load_resharded_state)"))
 
     def _close_source(self) -> None:
         """The prefetch thread first (it may be inside ``source.next``), then the source:
@@ -138,12 +149,27 @@ class WorkerSetup:
                 checkpointing.seed_everything(self.cfg.seed + 1 + self.rank)
                 return state
             meta = checkpointing.read_meta(folder)
+            saved_gas = meta.get("grad_accum", self.cfg.train.grad_accum)
             self._check_plan(meta)
             self._build_stage(model, meta["stage"])
+            other_world = meta["world_size"] != self.world
+            self._check_source_reshardable(meta)
             state, per_rank = checkpointing.load(self.engine, folder, self.rank, self.world)
         self.sampler.load_state_dict(state.sampler)
-        self.source.load_state_dict(per_rank["batch_source"])
-        checkpointing.set_rng_state(per_rank["rng"])   # last: building consumed randomness
+        if not other_world:
+            self.source.load_state_dict(per_rank["batch_source"])
+            checkpointing.set_rng_state(per_rank["rng"])   # last: building consumed randomness
+        else:
+            self.source.load_resharded_state(per_rank["batch_sources"], meta["world_size"])
+            # no saved stream for a new rank: every rank's (dropout, ...) seeded anew from
+            # (seed, step, rank), so that the same resume is the same run twice
+            checkpointing.seed_everything(
+                self.cfg.seed + 1 + self.rank + 1_000_003 * (1 + state.step))
+            self._say(f"resuming on another number of workers: {meta['world_size']} → "
+                      f"{self.world} workers, grad_accum {saved_gas} → "
+                      f"{self.cfg.train.grad_accum} (global batch {meta['world_size'] * saved_gas}"
+                      f" micro-batches a step kept); the data stream continues from the "
+                      f"{meta['world_size']} workers' position")
         self._say(f"resumed from step {state.step} (stage '{self.plan[state.stage].name}', "
                   f"{state.examples_seen} examples seen, ZeRO stage {meta['zero_stage']})")
         return state
