@@ -21,11 +21,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vlp demo
 
-# two workers, a test file each at a time (--dist loadfile: a file's module fixtures, such as
-# its cluster, start once); each worker has its own session Ray, S3 and tracking servers.
-# Most of a file's time is spent waiting on start-ups and polls, so two overlap well on 2 cores
+# four pytest-xdist workers on two cores (most of a test file's time is waiting on cluster
+# start-ups, servers and polls); each worker runs a file, or a file's xdist_group part, start
+# to end (its module fixtures, such as a 3-node cluster, start once), the longest first
+# (tests/longest_first.py). Each worker has its own session Ray, S3 and tracking servers.
+# docs/testing.md, "How make test is spread"; TEST_WORKERS=2 for a 2-worker run.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache

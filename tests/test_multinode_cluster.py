@@ -262,6 +262,7 @@ def mlflow_runs(uri: str, name: str):
     return client, client.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
 
 
+@pytest.mark.xdist_group("multinode-pretrain")
 def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
         killed_job, s3, mlflow_server, cluster):
     out = killed_job["out"]
@@ -295,6 +296,7 @@ def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
         assert not (pkg / "runs").exists() and not list(pkg.rglob("mlflow.db")), pkg
 
 
+@pytest.mark.xdist_group("multinode-pretrain")
 def test_resubmitting_after_a_code_edit_finds_the_run_instead_of_restarting(
         killed_job, cluster, mlflow_server, workdir, tmp_path):
     """The same job submitted again after a code edit (a new _ray_pkg_<hash> working folder)
@@ -324,6 +326,7 @@ def test_resubmitting_after_a_code_edit_finds_the_run_instead_of_restarting(
     assert steps == list(range(1, STEPS + 1))
 
 
+@pytest.mark.xdist_group("multinode-pretrain")
 def test_a_finetune_reads_the_s3_checkpoint_and_world(killed_job, cluster, mlflow_server,
                                                       workdir, tmp_path):
     job_id = f"vlp-mn-ft-{uuid.uuid4().hex[:8]}"
@@ -422,6 +425,7 @@ def restored_sweep(cluster, s3, mlflow_server, sweep_workdir, tmp_path_factory):
     return {"first": first, "second": second, "marker": marker, "uri": mlflow_server}
 
 
+@pytest.mark.xdist_group("multinode-sweep")
 def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(restored_sweep, s3, cluster):
     first, second = restored_sweep["first"], restored_sweep["second"]
     assert restored_sweep["marker"].exists() and "interrupted True" in first, first[-4000:]
@@ -449,6 +453,7 @@ def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(restored_sweep,
         assert not list(pkg.rglob("trials-*")) and not list(pkg.rglob("tuner.pkl")), pkg
 
 
+@pytest.mark.xdist_group("multinode-sweep")
 def test_the_sweep_records_its_runs_in_the_mlflow_server(restored_sweep, cluster, capsys,
                                                          tmp_path):
     """The submitted sweep, read back the way users read it: the parent run (one across the
@@ -532,6 +537,7 @@ def chromium() -> str:
     return found
 
 
+@pytest.mark.xdist_group("multinode-sweep")
 def test_mlflow_ui_shows_the_leaderboard(restored_sweep, chromium, tmp_path):
     """The MLflow UI as a user opens it from `vlp ui`'s leaderboard link: the view the sweep
     saved on its experiment (MLflow's "share view" state: an experiment tag named in the
@@ -576,6 +582,7 @@ def test_mlflow_ui_shows_the_leaderboard(restored_sweep, chromium, tmp_path):
     shutil.copyfile(png, SCREENSHOT_COPY)
 
 
+@pytest.mark.xdist_group("multinode-pretrain")
 @pytest.mark.skipif(not os.environ.get("VLP_ALL_GPU_CONFIGS"),
                     reason="~6 min: set VLP_ALL_GPU_CONFIGS=1 (make test runs one config, "
                            "uniter-base-indomain, as the killed job)")
