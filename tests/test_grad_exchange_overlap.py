@@ -123,3 +123,26 @@ def test_bf16_on_the_wire_stays_close(ranks):
     for r in ranks:
         assert r["bf16"]["exchange"]
         assert _close(r["bf16"]["losses"], r["off"]["losses"], 2e-2, 1e-3)
+
+
+def test_start_line_says_where_the_exchange_overlaps():
+    from vlp.platform.pretrain.experiment_config import load_experiment_config
+    from vlp.platform.pretrain.run import loop_config
+    from vlp.platform.training.engine import deepspeed_config, gradient_line, overlaps_exchange
+
+    def cfg(**train):
+        return loop_config(load_experiment_config(data={
+            "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
+            "train": {"steps": 2, **train}, "optimizer": {"warmup_steps": 1}}))
+
+    bf16 = cfg(precision="bf16")
+    ds = deepspeed_config(bf16, 2)
+    assert overlaps_exchange(ds, bf16, 2)
+    assert "in buckets during the last backward" in gradient_line(ds, overlap=True)
+    assert "reduce in bf16" in gradient_line(ds, overlap=True, wire="bf16")
+    assert not overlaps_exchange(deepspeed_config(bf16, 1), bf16, 1)     # one rank
+    off = cfg(precision="bf16", grad_overlap=False)
+    assert not overlaps_exchange(deepspeed_config(off, 2), off, 2)
+    fp32 = cfg(precision="fp32")          # DeepSpeed's ZeRO optimizer: its own reduction
+    assert not overlaps_exchange(deepspeed_config(fp32, 2), fp32, 2)
+    assert gradient_line(deepspeed_config(fp32, 2)).endswith("over 1 micro-batch(es)")
