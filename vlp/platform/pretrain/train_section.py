@@ -31,6 +31,13 @@ class TrainSection(ConfigModel):
     # auto: ZeRO-2 with several workers; one worker has nothing to partition: no ZeRO; a
     # resume: the checkpoint's stage (its optimizer state loads only into its kind)
     zero_stage: Literal["auto", 0, 1, 2] = "auto"
+    # bf16 under ZeRO-1 on several ranks: the gradient all-reduce in buckets started during
+    # the last micro-batch's backward (off: DeepSpeed's one reduction after it); buckets of
+    # grad_bucket_elements (0: an eighth of the model, at least 1e6); the wire dtype (fp32:
+    # the sum as DeepSpeed's; docs/cluster.md has the bf16 measurement)
+    grad_overlap: bool = True
+    grad_bucket_elements: int = Field(0, ge=0)
+    grad_wire_dtype: Literal["fp32", "bf16"] = "fp32"
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
     # torch.compile the model with static shapes, fullgraph (opt-in: with dynamic shapes the
     # encoder compiled took minutes and ran no faster on an H200, docs/gpu-check.md)

@@ -373,4 +373,4 @@ def _daemon(target: Callable[[Connection], None], conn: Connection, name: str) -
     threading.Thread(target=target, args=(conn,), name=name, daemon=True).start()
 
 
-__all__ = ["AutoGrow", "BuilderPool", "BuilderProcess", "auto_builders", "builder", "RemoteBlocks", "RemoteSync", "from_ipc", "to_ipc"]
+__all__ = ["BuilderProcess", "RemoteBlocks", "RemoteSync", "from_ipc", "to_ipc"]

@@ -47,6 +47,20 @@ def _flat_class() -> type:
 
         @torch.no_grad()
         def update_hp_grads(self, clear_lp_grads: bool = False) -> None:
+            exchange = getattr(self, "_vlp_exchange", None)   # grad_exchange.py
+            if exchange is not None and exchange.active and exchange.is_boundary():
+                if not exchange.armed:    # no hook fired: every gradient is added here
+                    self._vlp_add_hp_grads(clear_lp_grads)
+                # armed: the hooks took every gradient this backward produced; the rest are
+                # zeros (cleared before the backward) over buffers now in flight
+                exchange.finish()
+                if clear_lp_grads:
+                    torch._foreach_zero_([p.grad for g in self.bf16_groups for p in g
+                                          if p.grad is not None])
+                return
+            self._vlp_add_hp_grads(clear_lp_grads)
+
+        def _vlp_add_hp_grads(self, clear_lp_grads: bool) -> None:
             for i, group in enumerate(self.bf16_groups):
                 views, shaped = self.fp32_groups_gradients[i], self._vlp_shaped_hp_grads[i]
                 has = self.fp32_groups_has_gradients[i]

@@ -20,6 +20,7 @@ from vlp.platform.training.bf16_bookkeeping import use_flat_bookkeeping
 from vlp.platform.training.cpu_precision import check_cpu_precision
 from vlp.platform.training.device_step import use_device_step
 from vlp.platform.training.gpu_placement import deepspeed_args
+from vlp.platform.training.grad_exchange import use_overlapped_exchange
 from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
 from vlp.platform.training.lr_schedule import WarmupLinearDecay, schedule_for  # noqa: F401
@@ -178,16 +179,24 @@ def device_memory_bytes(device: torch.device | None) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory
 
 
-def gradient_line(ds: dict[str, Any]) -> str:
+def overlaps_exchange(ds: dict[str, Any], cfg: LoopConfig, world_size: int) -> bool:
+    """Whether ``train.grad_overlap`` applies: bf16 under ZeRO-1 on several ranks (DeepSpeed's
+    BF16 optimizer, given the flat bookkeeping: grad_exchange.py)."""
+    return (cfg.train.grad_overlap and world_size > 1 and bool(ds.get("bf16", {}).get("enabled"))
+            and ds["zero_optimization"]["stage"] == 1)
+
+
+def gradient_line(ds: dict[str, Any], *, overlap: bool = False, wire: str = "fp32") -> str:
     """One line: the ZeRO stage, the dtypes gradients accumulate and reduce in, and when the
     reduction happens (rank 0 prints it at start)."""
     stage = ds["zero_optimization"]["stage"]
     half = "bf16" if ds.get("bf16", {}).get("enabled") else (
         "fp16" if ds.get("fp16", {}).get("enabled") else "fp32")
     accum = ds.get("data_types", {}).get("grad_accum_dtype", half)
-    comm = ds.get("communication_data_type", half)
+    comm = wire if overlap else ds.get("communication_data_type", half)
     when = ("at every micro-batch (reduce-scatter)" if stage >= 2
-            else "once per optimizer step")
+            else "once per optimizer step, in buckets during the last backward"
+            " (train.grad_overlap)" if overlap else "once per optimizer step")
     line = (f"ZeRO-{stage}; gradients accumulate in {accum}, reduce in {comm} {when}"
             f" over {ds['gradient_accumulation_steps']} micro-batch(es)")
     if half == "bf16" and accum != "fp32":
@@ -307,6 +316,10 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
     # the step (norm, clip, non-finite skip, fused AdamW) without a host sync
     if use_flat_bookkeeping(engine.optimizer):
         use_device_step(engine.optimizer)
+        if cfg.train.grad_overlap:      # the all-reduce in buckets during the backward
+            use_overlapped_exchange(
+                engine, cfg.train.grad_bucket_elements or zero_bucket_elements(n_params),
+                cfg.train.grad_wire_dtype, model)
     if world_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
         # one rank: the gradient all-reduce is the identity, but DeepSpeed would still flatten
         # every gradient into buckets, reduce and copy them back after each backward (the

@@ -36,6 +36,12 @@ class LoopTrain:
     forward_groups: tuple[tuple[str, ...], ...] = ()
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     zero_stage: Literal["auto", 0, 1, 2] = "auto"   # auto: engine.zero_stage (1 by default)
+    # bf16 under ZeRO-1 on several ranks: the gradient all-reduce in buckets of
+    # grad_bucket_elements (0: an eighth of the model, >= 1e6), started during the last
+    # micro-batch's backward, in grad_wire_dtype (grad_exchange.py)
+    grad_overlap: bool = True
+    grad_bucket_elements: int = 0
+    grad_wire_dtype: Literal["fp32", "bf16"] = "fp32"
     activation_checkpointing: bool = False
     compile: bool = False                 # torch.compile, fullgraph, static shapes
     cuda_graphs: bool = False             # the whole step as a CUDA graph per batch shape

@@ -15,10 +15,11 @@ def engine_lines(c: LoopConfig, *, world: int, device: Any, n_params: int) -> li
     """The ZeRO stage and the gradients' dtypes, and the network a multi-node GPU run
     crosses."""
     from vlp.platform.cluster.interconnect import interconnect_line
-    from vlp.platform.training.engine import deepspeed_config, gradient_line
+    from vlp.platform.training.engine import deepspeed_config, gradient_line, overlaps_exchange
 
     ds = deepspeed_config(c, world, device=device, num_parameters=n_params)
-    lines = [gradient_line(ds)]
+    lines = [gradient_line(ds, overlap=overlaps_exchange(ds, c, world),
+                           wire=c.train.grad_wire_dtype)]
     network = interconnect_line(c.scaling.use_gpu, world)
     return lines + ([network] if network else [])
 
