@@ -96,6 +96,16 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     assert result["sdpa"]["default_kernel"] in ("math", "flash", "mem_efficient", "cudnn")
     assert result["sdpa"]["math_ms"] > 0
     assert result["batcher"]["batcher_over_step_consumption"] > 0
+    # issue 43: the extractor alone on photos of mixed sizes against the same photos at one
+    # size (butd-tiny here; butd-r101-c4 at 600/1000 on the GPU), the passes alternated
+    extract = result["extract"]
+    assert extract["model"] == "butd-tiny" and extract["images"] == 6
+    assert len(extract["round_ratios"]) == extract["rounds"] == 2
+    assert extract["uniform_images_per_s"] > 0 and extract["mixed_images_per_s"] > 0
+    assert extract["ratio_mixed_over_uniform"] == pytest.approx(
+        extract["mixed_images_per_s"] / extract["uniform_images_per_s"])
+    assert 0 < extract["mixed_mpixel_per_image"] and 0 < extract["uniform_mpixel_per_image"]
+    assert "extract.ratio_mixed_over_uniform" in result["goals"]
     lines = proc.stdout.splitlines()
     assert "pretrain_uniter_tiny.loop_overhead" in " ".join(lines)
     assert lines[-1] == f"json {out}"
