@@ -17,12 +17,12 @@ the same decoded images, in one run.
 ``--mixed-sizes`` times the model alone (the bare loop) on a folder of photos of mixed sizes
 (each a different size between 360 and 800 px a side, a third of them portrait) against the
 same photos resized to one size (480×640, the old benchmark's), batched alike, in one run,
-the passes alternated ``--rounds`` times (a shared machine's load drifts; each round's ratio
-is printed, and the 1-minute load average before and after): ``ratio_mixed_over_uniform`` is
-what one padded canvas per orientation a batch costs against batches of one shape (padding,
-masks, per-image RPN and pooling). Random-init weights: the time does not depend on the
-weights' values. No Ray is imported; the GPU check (gpu_check.py's ``extract``) calls
-``mixed_vs_uniform`` for butd-r101-c4 at 600/1000.
+the passes alternated ``--rounds`` times, A B then B A (a shared machine's load drifts; each
+round's ratio is printed, and the 1-minute load average before and after):
+``ratio_mixed_over_uniform`` is what one padded canvas per orientation a batch costs against
+batches of one shape (padding, masks, per-image RPN and pooling). Random-init weights: the
+time does not depend on the weights' values. No Ray is imported; the GPU check
+(gpu_check.py's ``extract``) calls ``mixed_vs_uniform`` for butd-r101-c4 at 600/1000.
 
 ``--bare-only`` times the bare loop alone and imports no Ray: the per-GPU model rate on a GPU
 machine that has torch but no Ray (BUTD's settings: ``--model butd-r101-c4 --short-side 600
@@ -104,8 +104,9 @@ def bare_loop(model: str, settings, files: list[Path], batch: int, threads: int,
 def interleaved(model: str, settings, folders: list[list[Path]], batch: int, threads: int,
                 gpu: bool, rounds: int) -> tuple[list[float], list[list[float]]]:
     """Images/s of the model alone on each list of files, the passes alternated ``rounds``
-    times (one model, each list decoded and warmed up first), so a machine whose load drifts
-    slows every list alike. Returns the rates over all rounds and each round's rates.
+    times, in turn forwards and backwards (A B B A ...; one model, each list decoded and
+    warmed up first), so a machine whose load drifts slows every list alike. Returns the
+    rates over all rounds and each round's rates (in the lists' order).
 
     Warm-up: on a GPU one untimed pass over every batch (each canvas shape's first call pays
     the allocator's growth and kernel choices once; a long extraction meets its few hundred
@@ -131,9 +132,12 @@ def interleaved(model: str, settings, folders: list[list[Path]], batch: int, thr
         sets.append((inputs, scales, sizes))
     seconds = [0.0] * len(sets)
     per_round: list[list[float]] = []
-    for _ in range(rounds):
-        row = []
-        for k, (inputs, scales, sizes) in enumerate(sets):
+    for r in range(rounds):
+        row = [0.0] * len(sets)
+        # A B, then B A: a load that rises or falls steadily over a pair of rounds costs
+        # every list alike (A B A B would charge the drift to B each round)
+        for k in (range(len(sets)) if r % 2 == 0 else reversed(range(len(sets)))):
+            inputs, scales, sizes = sets[k]
             if gpu:
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -143,7 +147,7 @@ def interleaved(model: str, settings, folders: list[list[Path]], batch: int, thr
                 torch.cuda.synchronize()
             took = time.perf_counter() - start
             seconds[k] += took
-            row.append(len(inputs) / took)
+            row[k] = len(inputs) / took
         per_round.append(row)
     return [rounds * len(s[0]) / t for s, t in zip(sets, seconds)], per_round
 
