@@ -45,6 +45,33 @@ def test_without_a_gpu_one_line_and_exit_0(tmp_path):
     assert not (tmp_path / "gpu_check.json").exists()
 
 
+def test_extract_section_times_mixed_sizes_against_one_size():
+    """The extract section's figures at its quick sizes (butd-tiny; butd-r101-c4 at BUTD's
+    600/1000 on a GPU): both folders timed, the passes alternated, the ratios consistent."""
+    import torch
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import gpu_check
+    from extract_throughput import mixed_vs_uniform
+
+    from vlp.models.vision.extractors.base import ExtractSettings
+
+    assert gpu_check.sizes(False, True)["extract"]["model"] == "butd-r101-c4"
+    e = gpu_check.sizes(True, False)["extract"]
+    threads = torch.get_num_threads()
+    f = mixed_vs_uniform(e["model"], ExtractSettings(short_side=e["short_side"],
+                                                     long_side=e["long_side"]),
+                         e["images"], e["batch"], threads, False, e["rounds"])
+    assert torch.get_num_threads() == threads     # the check's setting left as it was
+    assert f["model"] == "butd-tiny" and len(f["round_ratios"]) == f["rounds"] == 2
+    assert f["uniform_images_per_s"] > 0 and f["mixed_images_per_s"] > 0
+    assert f["ratio_mixed_over_uniform"] == pytest.approx(
+        f["mixed_images_per_s"] / f["uniform_images_per_s"])
+    # mixed aspects resize to other pixel counts than 480×640's 96×128
+    assert f["uniform_mpixel_per_image"] == pytest.approx(96 * 128 / 1e6)
+    assert f["mixed_mpixel_per_image"] != f["uniform_mpixel_per_image"]
+
+
 @pytest.mark.integration
 def test_quick_cpu_run_writes_every_figure(tmp_path):
     out = tmp_path / "check.json"
@@ -96,6 +123,16 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     assert result["sdpa"]["default_kernel"] in ("math", "flash", "mem_efficient", "cudnn")
     assert result["sdpa"]["math_ms"] > 0
     assert result["batcher"]["batcher_over_step_consumption"] > 0
+    # issue 43: the extractor alone on photos of mixed sizes against the same photos at one
+    # size (butd-tiny here; butd-r101-c4 at 600/1000 on the GPU), the passes alternated
+    extract = result["extract"]
+    assert extract["model"] == "butd-tiny" and extract["images"] == 6
+    assert len(extract["round_ratios"]) == extract["rounds"] == 2
+    assert extract["uniform_images_per_s"] > 0 and extract["mixed_images_per_s"] > 0
+    assert extract["ratio_mixed_over_uniform"] == pytest.approx(
+        extract["mixed_images_per_s"] / extract["uniform_images_per_s"])
+    assert 0 < extract["mixed_mpixel_per_image"] and 0 < extract["uniform_mpixel_per_image"]
+    assert "extract.ratio_mixed_over_uniform" in result["goals"]
     lines = proc.stdout.splitlines()
     assert "pretrain_uniter_tiny.loop_overhead" in " ".join(lines)
     assert lines[-1] == f"json {out}"

@@ -17,10 +17,12 @@ the same decoded images, in one run.
 ``--mixed-sizes`` times the model alone (the bare loop) on a folder of photos of mixed sizes
 (each a different size between 360 and 800 px a side, a third of them portrait) against the
 same photos resized to one size (480×640, the old benchmark's), batched alike, in one run,
-the passes alternated ``--rounds`` times (a shared machine's load drifts):
-``ratio_mixed_over_uniform`` is what one padded canvas per batch costs against batches of
-one shape (padding, masks, per-image RPN and pooling). Random-init weights: the time does
-not depend on the weights' values.
+the passes alternated ``--rounds`` times, A B then B A (a shared machine's load drifts; each
+round's ratio is printed, and the 1-minute load average before and after):
+``ratio_mixed_over_uniform`` is what one padded canvas per orientation a batch costs against
+batches of one shape (padding, masks, per-image RPN and pooling). Random-init weights: the
+time does not depend on the weights' values. No Ray is imported; the GPU check
+(gpu_check.py's ``extract``) calls ``mixed_vs_uniform`` for butd-r101-c4 at 600/1000.
 
 ``--bare-only`` times the bare loop alone and imports no Ray: the per-GPU model rate on a GPU
 machine that has torch but no Ray (BUTD's settings: ``--model butd-r101-c4 --short-side 600
@@ -33,6 +35,7 @@ Goal on CPU: job ≥ 0.9 × bare loop (steady state). Prints settings, then one 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -99,10 +102,16 @@ def bare_loop(model: str, settings, files: list[Path], batch: int, threads: int,
 
 
 def interleaved(model: str, settings, folders: list[list[Path]], batch: int, threads: int,
-                gpu: bool, rounds: int) -> list[float]:
+                gpu: bool, rounds: int) -> tuple[list[float], list[list[float]]]:
     """Images/s of the model alone on each list of files, the passes alternated ``rounds``
-    times (one model, each list decoded and warmed up first), so a machine whose load drifts
-    slows every list alike."""
+    times, in turn forwards and backwards (A B B A ...; one model, each list decoded and
+    warmed up first), so a machine whose load drifts slows every list alike. Returns the
+    rates over all rounds and each round's rates (in the lists' order).
+
+    Warm-up: on a GPU one untimed pass over every batch (each canvas shape's first call pays
+    the allocator's growth and kernel choices once; a long extraction meets its few hundred
+    canvas shapes early on and then only those); on a CPU the first batch (a pass of a
+    ResNet-101 at 600×1000 costs minutes there)."""
     import torch
 
     from vlp.models.vision.extractors.registry import build_extractor
@@ -118,11 +127,17 @@ def interleaved(model: str, settings, folders: list[list[Path]], batch: int, thr
         inputs = [torch.from_numpy(np.array(x)).to(device) for x, _ in prepared]
         scales = [s for _, s in prepared]
         sizes = [im.shape[:2] for im in decoded]
-        ext.extract(inputs[:batch], scales[:batch], sizes[:batch])           # warm-up
+        for i in range(0, len(inputs) if gpu else batch, batch):             # warm-up
+            ext.extract(inputs[i:i + batch], scales[i:i + batch], sizes[i:i + batch])
         sets.append((inputs, scales, sizes))
     seconds = [0.0] * len(sets)
-    for _ in range(rounds):
-        for k, (inputs, scales, sizes) in enumerate(sets):
+    per_round: list[list[float]] = []
+    for r in range(rounds):
+        row = [0.0] * len(sets)
+        # A B, then B A: a load that rises or falls steadily over a pair of rounds costs
+        # every list alike (A B A B would charge the drift to B each round)
+        for k in (range(len(sets)) if r % 2 == 0 else reversed(range(len(sets)))):
+            inputs, scales, sizes = sets[k]
             if gpu:
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -130,8 +145,45 @@ def interleaved(model: str, settings, folders: list[list[Path]], batch: int, thr
                 ext.extract(inputs[i:i + batch], scales[i:i + batch], sizes[i:i + batch])
             if gpu:
                 torch.cuda.synchronize()
-            seconds[k] += time.perf_counter() - start
-    return [rounds * len(s[0]) / t for s, t in zip(sets, seconds)]
+            took = time.perf_counter() - start
+            seconds[k] += took
+            row[k] = len(inputs) / took
+        per_round.append(row)
+    return [rounds * len(s[0]) / t for s, t in zip(sets, seconds)], per_round
+
+
+def mixed_vs_uniform(model: str, settings, images: int, batch: int, threads: int, gpu: bool,
+                     rounds: int) -> dict:
+    """The ``--mixed-sizes`` figures as a dict (the GPU check records them too): images/s of
+    the model alone on ``images`` photos of mixed sizes and on the same photos resized to
+    480×640, passes alternated ``rounds`` times in this process; resized Mpixel per image of
+    each folder; the two ratios; the 1-minute load average before and after (a shared
+    machine's rates move with it, the ratio much less)."""
+    from PIL import Image
+
+    from vlp.models.vision.extractors.base import resized_hw
+
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        mixed, uniform = Path(tmp) / "mixed", Path(tmp) / "uniform"
+        _write_mixed(mixed, uniform, images)
+        (rate_uniform, rate_mixed), per_round = interleaved(
+            model, settings, [sorted(uniform.glob("*.jpg")), sorted(mixed.glob("*.jpg"))],
+            batch, threads, gpu, rounds)
+        # BUTD's resize keeps the aspect: mixed aspects give other pixel counts than 4:3, so
+        # the rate per resized pixel is given too (the canvas' padding is the difference)
+        area = {name: float(np.mean([np.prod(resized_hw(*Image.open(f).size[::-1],
+                                                        settings)[:2])
+                                     for f in folder.glob("*.jpg")])) / 1e6
+                for name, folder in (("uniform", uniform), ("mixed", mixed))}
+    return {"model": model, "images": images, "batch": batch, "rounds": rounds,
+            "uniform_images_per_s": rate_uniform, "mixed_images_per_s": rate_mixed,
+            "uniform_mpixel_per_image": area["uniform"], "mixed_mpixel_per_image": area["mixed"],
+            "ratio_mixed_over_uniform": rate_mixed / rate_uniform,
+            "ratio_mixed_over_uniform_per_pixel":
+                rate_mixed * area["mixed"] / (rate_uniform * area["uniform"]),
+            "round_ratios": [m / u for u, m in per_round],
+            "load_average_before": load_before, "load_average_after": os.getloadavg()[0]}
 
 
 def main(argv=None) -> int:
@@ -200,42 +252,44 @@ def main(argv=None) -> int:
     return 0
 
 
+def _cpu_name(fallback: str) -> str:
+    """The CPU's model name as lscpu prints it (Linux), else ``fallback``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} CPUs)"
+    except OSError:
+        pass
+    return fallback or "cpu"
+
+
 def mixed_sizes(args) -> int:
     import platform
 
     import torch
 
-    from PIL import Image
-
-    from vlp.models.vision.extractors.base import ExtractSettings, resized_hw
+    from vlp.models.vision.extractors.base import ExtractSettings
 
     settings = ExtractSettings(short_side=args.short_side, long_side=args.long_side)
     gpu = bool(args.gpus)
-    with tempfile.TemporaryDirectory() as tmp:
-        mixed, uniform = Path(tmp) / "mixed", Path(tmp) / "uniform"
-        _write_mixed(mixed, uniform, args.images)
-        device = torch.cuda.get_device_name(0) if gpu else (platform.processor() or "cpu")
-        print(f"settings: model {args.model} (random-init weights), {args.images} images, "
-              f"mixed sizes 360-800 px (a third portrait) vs all 480x640, resized to "
-              f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
-              f"{args.rounds} alternated rounds, "
-              f"{'1 GPU' if gpu else f'{args.workers} CPU thread(s)'}")
-        print(f"device {device}")
-        rate_uniform, rate_mixed = interleaved(
-            args.model, settings, [sorted(uniform.glob("*.jpg")), sorted(mixed.glob("*.jpg"))],
-            args.batch_size, max(1, args.workers), gpu, args.rounds)
-        # BUTD's resize keeps the aspect: mixed aspects give other pixel counts than 4:3, so
-        # the rate per resized pixel is printed too (the canvas' padding is the difference)
-        area = {name: np.mean([np.prod(resized_hw(*Image.open(f).size[::-1], settings)[:2])
-                               for f in folder.glob("*.jpg")]) / 1e6
-                for name, folder in (("uniform", uniform), ("mixed", mixed))}
-    print(f"uniform {rate_uniform:.3f} images/s")
-    print(f"mixed {rate_mixed:.3f} images/s")
-    print(f"uniform_resized {area['uniform']:.3f} Mpixel/image")
-    print(f"mixed_resized {area['mixed']:.3f} Mpixel/image")
-    print(f"ratio_mixed_over_uniform {rate_mixed / rate_uniform:.3f}")
-    print(f"ratio_mixed_over_uniform_per_pixel "
-          f"{rate_mixed * area['mixed'] / (rate_uniform * area['uniform']):.3f}")
+    device = torch.cuda.get_device_name(0) if gpu else _cpu_name(platform.processor())
+    print(f"settings: model {args.model} (random-init weights), {args.images} images, "
+          f"mixed sizes 360-800 px (a third portrait) vs all 480x640, resized to "
+          f"{args.short_side}/{args.long_side}, batch {args.batch_size}, "
+          f"{args.rounds} alternated rounds, "
+          f"{'1 GPU' if gpu else f'{args.workers} CPU thread(s)'}")
+    print(f"device {device}", flush=True)
+    f = mixed_vs_uniform(args.model, settings, args.images, args.batch_size,
+                         max(1, args.workers), gpu, args.rounds)
+    print(f"load_average {f['load_average_before']:.2f} before, "
+          f"{f['load_average_after']:.2f} after (1 min)")
+    print(f"uniform {f['uniform_images_per_s']:.3f} images/s")
+    print(f"mixed {f['mixed_images_per_s']:.3f} images/s")
+    print(f"uniform_resized {f['uniform_mpixel_per_image']:.3f} Mpixel/image")
+    print(f"mixed_resized {f['mixed_mpixel_per_image']:.3f} Mpixel/image")
+    print(f"round_ratios {' '.join(f'{r:.3f}' for r in f['round_ratios'])}")
+    print(f"ratio_mixed_over_uniform {f['ratio_mixed_over_uniform']:.3f}")
+    print(f"ratio_mixed_over_uniform_per_pixel {f['ratio_mixed_over_uniform_per_pixel']:.3f}")
     return 0
 
 

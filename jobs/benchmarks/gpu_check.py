@@ -17,7 +17,8 @@ largest relative difference; host syncs per step in forward, backward and the op
 step; the kernel SDPA picks for vlp's padding mask and each kernel's time; save → resume →
 the steps after equal to the uninterrupted run's; the local batcher's rate against the
 step's consumption; the run again with its batches built in the builder process, and once
-more on the thread.
+more on the thread; `vlp data extract`'s butd-r101-c4 at BUTD's settings alone on photos of
+mixed sizes against the same photos resized to one size (issue 43).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import torch
 parts = None   # gpu_check_parts, imported once a device is there (vlp, transformers, ...)
 
 GOALS = {"mfu_real_uniter_base_bf16": ">= 0.50 (H100)", "loop_overhead": "<= 1.05",
-         "bf16_vs_fp32_max_rel_diff": "<= 0.01", "host_syncs_forward_backward": "0"}
+         "bf16_vs_fp32_max_rel_diff": "<= 0.01", "host_syncs_forward_backward": "0",
+         "extract.ratio_mixed_over_uniform": ">= 0.9"}
 
 
 def sizes(quick: bool, gpu: bool) -> dict:
@@ -48,13 +50,18 @@ def sizes(quick: bool, gpu: bool) -> dict:
                     compare_steps=6, bare=6, steady=6, syncs=2, profile=3, resume_steps=4,
                     batcher=10,
                     sdpa=(8, 2, 64, 32), world=dict(images=60, feature_dim=64, num_classes=21),
-                    sweep=(2,), sweep_steps=2)
+                    sweep=(2,), sweep_steps=2,
+                    extract=dict(model="butd-tiny", images=6, batch=3, short_side=96,
+                                 long_side=160, rounds=2))
     return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
                 compare_steps=50, bare=40, steady=24, syncs=4, profile=8, resume_steps=6,
                 batcher=60,
                 sdpa=(96, 12, 110, 64),
                 world=dict(images=3000, feature_dim=2048, num_classes=1601),
-                sweep=(2, 4), sweep_steps=12)
+                sweep=(2, 4), sweep_steps=12,
+                # BUTD's settings (Anderson et al.): shorter side 600, longer at most 1000
+                extract=dict(model="butd-r101-c4", images=48, batch=8, short_side=600,
+                             long_side=1000, rounds=2))
 
 
 class Check:
@@ -301,6 +308,21 @@ class Check:
         parts.run(self.cfg("compile", steps=3), after)
         return kept
 
+    def extract(self) -> dict:
+        """The extractor alone (no Ray; extract_throughput.py's ``--mixed-sizes``): images/s on
+        photos of mixed sizes (each its own size, a third portrait; one padded canvas per
+        orientation a batch) against the same photos resized to 480×640, the passes
+        alternated. Goal: mixed ≥ 0.9 × uniform."""
+        from extract_throughput import mixed_vs_uniform
+
+        from vlp.models.vision.extractors.base import ExtractSettings
+
+        e = self.size["extract"]
+        settings = ExtractSettings(short_side=e["short_side"], long_side=e["long_side"])
+        # the check's thread count unchanged (the bench sets the count it is given)
+        return mixed_vs_uniform(e["model"], settings, e["images"], e["batch"],
+                                torch.get_num_threads(), self.gpu, e["rounds"])
+
     def run_all(self) -> dict:
         s = self.size
         self.section("pretrain_" + s["family"].replace("-", "_"),
@@ -313,6 +335,7 @@ class Check:
         if self.args.parts and "compile" in self.args.parts.split(","):
             # only when asked for: it compiles for minutes (151 s on the H200, 2026-11-27)
             self.section("compile", self.compile_whatif)
+        self.section("extract", self.extract)
         # uniter-large if the budget leaves room (≤ 8 minutes on one H100 in all)
         if s["large"] and self.elapsed() < self.args.budget_s * 0.7:
             self.section("pretrain_" + s["large"].replace("-", "_"),
@@ -362,7 +385,7 @@ def main(argv=None) -> int:
                         ".whl/vocab as make gpu-wheels leaves it)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--parts", help="comma-separated sections to run (pretrain, precision, "
-                   "resume, sdpa, batcher, compile; default all but compile, which runs "
+                   "resume, sdpa, batcher, extract, compile; default all but compile, which runs "
                    "only when named)")
     args = p.parse_args(argv)
     if args.device == "auto":
