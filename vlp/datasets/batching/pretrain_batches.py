@@ -56,7 +56,9 @@ class PretrainBatches(BatchStream):
                 self.cfg.text_corpus, self.tok, self.ctx, max_text_len=self.cfg.max_text_len,
                 batch_units=self.cfg.batch_units, batch_examples=self.cfg.batch_examples,
                 feature_dim=plan.feature_dim,
-                loc_dim=plan.loc_dim, seed=self.cfg.seed, rank=rank, world_size=world_size)
+                loc_dim=plan.loc_dim, seed=self.cfg.seed, rank=rank, world_size=world_size,
+                fixed_width=self.cfg.max_text_len + 2 if self.cfg.fixed_shapes else 0,
+                mask_prob=self.cfg.mask_prob)
 
     # ---- the train loop's API ---------------------------------------------------------------
 
