@@ -18,7 +18,7 @@ import torch
 
 from vlp.platform.training.bf16_bookkeeping import use_flat_bookkeeping
 from vlp.platform.training.cpu_precision import check_cpu_precision
-from vlp.platform.training.device_step import use_device_step
+from vlp.platform.training.device_step import attach_schedule, use_device_step
 from vlp.platform.training.gpu_placement import deepspeed_args
 from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
@@ -305,8 +305,8 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
     )
     # bf16 under ZeRO-1: the fp32 gradient accumulation, norm and clip on whole lists, and
     # the step (norm, clip, non-finite skip, fused AdamW) without a host sync
-    if use_flat_bookkeeping(engine.optimizer):
-        use_device_step(engine.optimizer)
+    if use_flat_bookkeeping(engine.optimizer) and use_device_step(engine.optimizer):
+        attach_schedule(engine.optimizer, engine.lr_scheduler)
     if world_size == 1 and ds_config["zero_optimization"]["stage"] == 0:
         # one rank: the gradient all-reduce is the identity, but DeepSpeed would still flatten
         # every gradient into buckets, reduce and copy them back after each backward (the
