@@ -216,7 +216,7 @@ class Check:
 
     def precision_compare(self) -> dict:
         s = self.size
-        runs = {}
+        means = {}
         # fp32_zero1: fp32 through DeepSpeed's flat ZeRO-1 optimizer, the bf16 run's kind:
         # against fp32 (ZeRO-0) it shows the optimizer paths agree, so that the bf16 gap is
         # rounding alone (before engine.zero_fill_missing_grads they did not: 2% on the H200)
@@ -229,15 +229,15 @@ class Check:
             with runs.tf32(tf32):
                 value = runs.run(self.cfg(f"compare-{label}", precision=precision,
                                            steps=s["compare_steps"], extra=extra))
-            runs[label] = runs.per_task_means(value)
-        out = {"steps": s["compare_steps"], "per_task_mean_loss": runs}
-        out["bf16_vs_fp32_max_rel_diff"] = runs.max_relative_difference(runs["bf16"],
-                                                                         runs["fp32"])
-        if "fp32_tf32" in runs:
+            means[label] = runs.per_task_means(value)
+        out = {"steps": s["compare_steps"], "per_task_mean_loss": means}
+        out["bf16_vs_fp32_max_rel_diff"] = runs.max_relative_difference(means["bf16"],
+                                                                         means["fp32"])
+        if "fp32_tf32" in means:
             out["tf32_vs_fp32_max_rel_diff"] = runs.max_relative_difference(
-                runs["fp32_tf32"], runs["fp32"])
+                means["fp32_tf32"], means["fp32"])
         out["zero1_vs_zero0_fp32_max_rel_diff"] = runs.max_relative_difference(
-            runs["fp32_zero1"], runs["fp32"])
+            means["fp32_zero1"], means["fp32"])
         return out
 
     def resume(self) -> dict:
