@@ -155,6 +155,28 @@ def test_three_builder_processes_build_the_batches_of_one_in_order(plan, one_ran
     assert state["sampler"] == {"i": 24}
 
 
+def test_two_builder_processes_each_build_half_the_batches(plan):
+    """The pool splits the work (counts, not times: docs/benchmarks.md has the rate per
+    builder count): of 12 batches, member k builds batches k, k + 2, … and passes over the
+    others, so each builds 6, as its own batch count says."""
+    from vlp.platform.training.builder_pool import BuilderPool
+
+    pool = BuilderPool(InOrderSampler(TASKS), local_batches(plan), 2)
+    owners, built = [], {}
+    pool.start()
+    try:
+        pool.set_target(12)
+        for _ in range(12):
+            _, _, slot, _, after = pool.receive()
+            owners.append(slot[0])
+            built[slot[0]] = after["source"]["stats"]["batches"]
+            pool.release(slot)
+    finally:
+        pool.close()
+    assert owners == [0, 1] * 6
+    assert built == {0: 6, 1: 6}
+
+
 def test_builders_are_added_while_the_loop_waits_on_data(plan):
     from vlp.platform.training.builder_pool import AutoGrow, BuilderPool
 

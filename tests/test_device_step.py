@@ -3,7 +3,9 @@ fused AdamW on the device, switched on by ``build_engine`` for bf16 under ZeRO-1
 DeepSpeed's own ``BF16_Optimizer`` does: 20 steps on DeepSpeed's real engine, alternating
 tasks (some parameters without a gradient in a step), a clip small enough to act on every
 step, with and without accumulation, and a step whose loss is NaN, which both skip (the
-weights, Adam's moments and its step count stay as they were)."""
+weights, Adam's moments and its step count stay as they were, and the linear schedule does
+not advance: the device's lr holds at once, the host's scheduler once the loop reads the
+skip, two steps late)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ BODY = """
 
     STEPS = 20
     out = {}
-    for schedule, gas, nan_at in (("linear", 1, None), ("constant", 2, 9)):
+    for schedule, gas, nan_at in (("linear", 1, None), ("linear", 2, 9)):
         for mine in (True, False):
             cfg = loop_config(load_experiment_config(data={
                 "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"itm": 1, "mrfr": 1},
@@ -53,6 +55,8 @@ BODY = """
                         loss = loss * float("nan")
                     engine.backward(loss)
                     engine.step()
+                if mine and nan_at is not None and step == nan_at + 2:   # the late read
+                    engine.optimizer.read_skip(engine.lr_scheduler)
                 losses.append(float(loss))
                 norms.append(float(engine.get_global_grad_norm()))
                 applied.append(engine.was_step_applied())
@@ -64,6 +68,8 @@ BODY = """
                 "exp_avg": [s["exp_avg"].tolist() for s in state],
                 "exp_avg_sq": [s["exp_avg_sq"].tolist() for s in state],
                 "adam_steps": [float(s["step"]) for s in state],
+                "schedule_index": engine.lr_scheduler.last_epoch,
+                "lr": engine.lr_scheduler.get_last_lr(),
                 "bf16": {k: v.float().flatten().tolist()
                          for k, v in engine.module.state_dict().items()}}
             engine.destroy()
@@ -73,7 +79,7 @@ BODY = """
 
 def test_the_device_step_trains_as_deepspeeds_bf16_optimizer(tmp_path):
     out = run_one_rank(BODY, cwd=tmp_path, timeout=450)
-    for schedule, gas, nan_at in (("linear", 1, None), ("constant", 2, 9)):
+    for schedule, gas, nan_at in (("linear", 1, None), ("linear", 2, 9)):
         mine, ref = out[f"{schedule} {gas} True"], out[f"{schedule} {gas} False"]
         assert mine["optimizer"] == "DeviceStepBF16Optimizer"
         finite = [i for i in range(20) if i != nan_at]
@@ -100,3 +106,7 @@ def test_the_device_step_trains_as_deepspeeds_bf16_optimizer(tmp_path):
         assert ref["norms"][nan_at] == mine["norms"][nan_at] == float("inf")
         assert ref["applied"][nan_at] is False and mine["applied"][nan_at] is True
         assert mine["adam_steps"] == ref["adam_steps"] == [19.0, 19.0]
+        # the schedule held on the skip: the later updates used DeepSpeed's lrs (the weights
+        # above agree) and the host's scheduler, once it read the skip, is where DeepSpeed's is
+        assert mine["schedule_index"] == ref["schedule_index"] == 19
+        assert mine["lr"] == pytest.approx(ref["lr"], rel=1e-6)

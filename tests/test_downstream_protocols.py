@@ -220,8 +220,8 @@ def test_the_sweeps_trials_are_tagged_with_their_protocol(tiny_world, tmp_path):
 
 
 def test_the_new_losses_read_nothing_back_from_the_device():
-    """What would make the host wait for a GPU (vlp.testing.host_syncs), none."""
-    from vlp.testing.host_syncs import HostSyncRecorder
+    """What would make the host wait for a GPU (vlp.platform.training.host_syncs), none."""
+    from vlp.platform.training.host_syncs import HostSyncRecorder
 
     s = torch.randn(4, 4, requires_grad=True)
     y = torch.eye(4)

@@ -5,7 +5,7 @@ integers taken out, tensors moved and cast) and ``objective.forward`` (one task,
 summed objective's every task on one example set).
 
 On a CPU nothing waits, so the operations that would make the host wait for a GPU are
-recorded by what they are (``vlp.testing.host_syncs``): a value read into Python, a copy to
+recorded by what they are (``vlp.platform.training.host_syncs``): a value read into Python, a copy to
 the host, an operation whose output shape depends on the values. The GPU check
 (jobs/benchmarks/gpu_check.py) counts the same on CUDA with ``torch.cuda.set_sync_debug_mode``.
 The whole step (backward, clip, optimizer, statistics too) is counted by the same recorder in
@@ -27,7 +27,7 @@ from vlp.models.families import FAMILIES
 from vlp.platform.training import objective
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.testing.toy import InOrderSampler
-from vlp.testing.host_syncs import HostSyncRecorder
+from vlp.platform.training.host_syncs import HostSyncRecorder
 
 torch.set_num_threads(1)
 WORDS = "the quick brown fox jumps over a lazy dog near river bank under blue sky".split()

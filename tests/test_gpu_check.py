@@ -50,14 +50,12 @@ def test_extract_section_times_mixed_sizes_against_one_size():
     600/1000 on a GPU): both folders timed, the passes alternated, the ratios consistent."""
     import torch
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    import gpu_check
-    from extract_throughput import mixed_vs_uniform
-
     from vlp.models.vision.extractors.base import ExtractSettings
+    from vlp.platform.extract.model_rate import mixed_vs_uniform
+    from vlp.platform.gpu_check.check import sizes
 
-    assert gpu_check.sizes(False, True)["extract"]["model"] == "butd-r101-c4"
-    e = gpu_check.sizes(True, False)["extract"]
+    assert sizes(False, True)["extract"]["model"] == "butd-r101-c4"
+    e = sizes(True, False)["extract"]
     threads = torch.get_num_threads()
     f = mixed_vs_uniform(e["model"], ExtractSettings(short_side=e["short_side"],
                                                      long_side=e["long_side"]),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlp.platform.training.pending_stats import PendingStats
-from vlp.testing.host_syncs import HostSyncRecorder
+from vlp.platform.training.host_syncs import HostSyncRecorder
 
 
 def test_vectors_come_back_lag_steps_late_in_order_and_drain_returns_the_rest():

@@ -1,6 +1,6 @@
 """No device→host sync in the whole training step — forward, backward, the gradient
 bookkeeping, clipping, the optimizer and the statistics — counted by the recorder of
-test_forward_host_syncs.py (``vlp.testing.host_syncs``) around each of the loop's steps
+test_forward_host_syncs.py (``vlp.platform.training.host_syncs``) around each of the loop's steps
 (``loop._Worker._step``), bf16 under ZeRO-1 on DeepSpeed's real engine: the path a bf16 job
 on one GPU takes.
 
@@ -25,7 +25,7 @@ BODY = """
     from vlp.platform.pretrain.experiment_config import load_experiment_config
     from vlp.platform.pretrain.run import loop_config
     from vlp.platform.training import engine as engine_mod, loop as loop_mod
-    from vlp.testing.host_syncs import HostSyncRecorder
+    from vlp.platform.training.host_syncs import HostSyncRecorder
     from vlp.testing.toy import ToyComponents
 
     real_step = loop_mod._Worker._step

@@ -103,3 +103,53 @@ def test_ranks_split_the_lines_and_the_stream_resumes_exactly(corpus):
     assert nxt_a.keys() == nxt_b.keys()
     for k in nxt_a:
         torch.testing.assert_close(nxt_a[k], nxt_b[k])
+
+
+def test_text_batches_take_one_fixed_shape_with_the_losses_of_unpadded(corpus):
+    """``data.fixed_shapes`` for mlm-text: every batch is ``batch_units // width`` rows of the
+    cap's width, padding rows and targets flagged; a padded batch's loss and gradients are
+    those of the same passages unpadded."""
+    from vlp.datasets.batching.fixed_shapes import ShapeSet, batch_signature, pad_to_shape
+
+    tok = load_tokenizer(None)
+    ctx = MaskContext(0.15, tok.mask_id, tok.cls_id, tok.sep_id, tok.random_ids)
+
+    def batches(fixed):
+        return TextCorpusBatches(str(corpus), tok, ctx, max_text_len=20, batch_units=128,
+                                 feature_dim=64, loc_dim=4, seed=3, fixed_width=22 * fixed)
+
+    fixed = batches(True)
+    shapes = set()
+    for _ in range(30):   # past an epoch's end (120 lines, 5 a batch)
+        b = fixed.next()
+        shapes.add(batch_signature(b))
+        assert int(b[K.INPUT_UNITS]) == 5 * 22 and b[K.INPUT_IDS].shape == (5, 22)
+        assert int(b[K.ROW_VALID].sum()) == int(b[K.NUM_EXAMPLES])
+        assert b[K.MLM_TARGET_VALID].sum() == (b[K.MLM_LABELS] != -100).sum()
+    assert len(shapes) == 1 and fixed.epoch == 1
+
+    torch.manual_seed(0)
+    model, _, _ = create_model("vlbert-tiny", ["mlm", "mlm-text"], region_feat_dim=64,
+                               num_classes=17)
+    model.eval()
+    plain = batches(False).next()
+    rows = len(plain[K.INPUT_IDS])
+    arrays = {k: v.numpy().copy() for k, v in plain.items()}
+    pad_to_shape(arrays, ShapeSet((rows + 2) * 22, (22,), 22, 0, 22, 0, 0.15))
+    padded = {k: torch.from_numpy(v) if v.ndim else torch.tensor(v.item())
+              for k, v in arrays.items()}
+    assert padded[K.INPUT_IDS].shape == (rows + 2, 22)
+
+    def loss_and_grads(batch):
+        model.zero_grad(set_to_none=True)
+        out = model(dict(batch), task="mlm-text")
+        out["loss"].backward()
+        return out["loss"].detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                      if p.grad is not None}
+
+    want, want_grads = loss_and_grads(plain)
+    got, got_grads = loss_and_grads(padded)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got_grads.keys() == want_grads.keys()
+    for n in want_grads:
+        torch.testing.assert_close(got_grads[n], want_grads[n], rtol=1e-4, atol=1e-6, msg=n)

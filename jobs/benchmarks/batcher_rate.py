@@ -36,8 +36,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench_sources import write_bench_sources
-from gpu_check import default_tokenizer, sizes
-from gpu_check_parts import experiment, sampler_and_source
+from gpu_check import default_tokenizer
+
+from vlp.platform.gpu_check.check import sizes
+from vlp.platform.gpu_check.runs import experiment, sampler_and_source
 
 
 def bench_config(world: Path, tmp: Path, tokenizer: str | None):

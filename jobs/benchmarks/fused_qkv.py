@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from gpu_check_parts import OpCounter
+from vlp.platform.gpu_check.anatomy import OpCounter
 from vlp.models import create_model
 from vlp.models.fused_qkv import FusedQKVSelfAttention, fuse_qkv, separate_qkv
 from vlp.testing.example_batches import example_batch

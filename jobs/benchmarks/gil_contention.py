@@ -36,8 +36,11 @@ import torch
 
 from batcher_rate import bench_config
 from bench_sources import write_bench_sources
-from gpu_check import default_tokenizer, sizes
-from gpu_check_parts import beside_batcher, sampler_and_source
+from gpu_check import default_tokenizer
+
+from vlp.platform.gpu_check.check import sizes
+from vlp.platform.gpu_check.batcher_load import beside_batcher
+from vlp.platform.gpu_check.runs import sampler_and_source
 from vlp.platform.training.prefetch import Prefetcher
 
 

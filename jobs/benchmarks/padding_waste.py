@@ -19,7 +19,9 @@ One figure per line, the ratio (waste with / without bucketing, default selectio
 job's (``bench_sources.py``; 10,240-unit batches, UNITER's mix), for each ladder size in
 ``--buckets``: the distinct shapes per task over ``--batches`` batches (cut by the batcher's
 own window from the rows' lengths), the padding share of the input units with fixed shapes
-and as batched without them, and the share the fixed shapes add; then, over ``--built``
+(in all: within rows and empty rows) and as batched without them (today), the share the fixed
+shapes add (the difference, in points of input units), and the floor: the padding of the best
+``k`` widths for the same rows with every batch full; then, over ``--built``
 batches built whole, the share of the target lists (MLM_TARGETS, REGION_TARGETS) that is
 padding.
 
@@ -72,6 +74,7 @@ def fixed_shape_figures(world: Path, batches: int, buckets: list[int], built: in
     mix = {"mlm": 2, "itm": 2, "mrfr": 1, "mrc-kl": 1}   # UNITER's in-domain mix
     sources = tuple(SourceConfig(s, str(world / "images" / s)) for s in ("coco", "vg"))
     blocks = None
+    today = None
     for k in buckets:
         cfg = DataConfig(sources=sources, batch_units=10240, bucket_window=10240,
                          fixed_shapes=True, shape_buckets=k)
@@ -79,12 +82,19 @@ def fixed_shape_figures(world: Path, batches: int, buckets: list[int], built: in
         if blocks is None:
             blocks = [ImageBlock.from_table(t, plan.feature_dim, plan.num_classes, plan.loc_dim)
                       for t in local_blocks(plan)(0)]
+        if today is None:   # today's batching (no fixed shapes) of the same rows
+            plain = plan_data(DataConfig(sources=sources, batch_units=10240,
+                                         bucket_window=10240), mix)
+            today, _ = width_census(plain, blocks, TaskSampler(mix), batches)
+            figure("today_padding_share", today.padding)
+            figure("today_most_shapes_per_task", today.figures()["most_shapes_per_task"])
         c, shapes = width_census(plan, blocks, TaskSampler(mix), batches)
         print(f"# shape_buckets={k}: widths {list(shapes.widths)}")
         for name, value in c.figures().items():
             figure(f"buckets{k}_{name}", value)
-        figure(f"buckets{k}_ratio_padding_fixed_to_today",
-               c.padding / (1.0 - c.real_units / c.today_units))
+        figure(f"buckets{k}_padding_floor", c.floor(k))
+        figure(f"buckets{k}_padding_added_share", c.padding - today.padding)
+        figure(f"buckets{k}_ratio_padding_fixed_to_today", c.padding / today.padding)
     if built:
         src = local_batches(plan)
         c = census(TaskSampler(mix), src, built)

@@ -130,9 +130,8 @@ def write_world(plan: Plan) -> None:
 
 
 def write_images(folder: Path, n: int) -> None:
-    sys.path.insert(0, str(BENCH))
-    from extract_throughput import _write_images
-    _write_images(folder, n)
+    from vlp.platform.extract.model_rate import write_images as write
+    write(folder, n)
 
 
 def check(plan: Plan) -> int:

@@ -153,7 +153,8 @@ class ExampleWindow:
         batches, tails = bucket_batches(T, V, self.cfg.batch_units, self.rng, examples=E,
                                         packed=True, sort=self.cfg.bucketing,
                                         keep_tails=final,
-                                        max_examples=self.cfg.batch_examples, widths=widths)
+                                        max_examples=self.cfg.batch_examples, widths=widths,
+                                        aged=items.aged)
         self._carry_tails(items, tails, E, batches)
         return [refs.take(b) for b in batches if len(b)]
 

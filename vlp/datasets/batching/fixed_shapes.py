@@ -194,7 +194,7 @@ def pad_to_shape(batch: dict[str, np.ndarray], shapes: ShapeSet,
                              f"(add it to vlp/datasets/batching/fixed_shapes.py)")
     # padding rows: one token and one region each, so that attention has a key to attend to
     batch[K.TEXT_MASK][rows_now:, 0] = 1
-    if K.REGION_MASK in batch:
+    if K.REGION_MASK in batch and batch[K.REGION_MASK].shape[1]:   # text-only: no regions
         batch[K.REGION_MASK][rows_now:, 0] = 1
     valid = np.zeros(rows, bool)
     valid[:rows_now] = True

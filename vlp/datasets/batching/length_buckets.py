@@ -22,7 +22,8 @@ import numpy as np
 def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
                    rng: np.random.Generator, *, examples: np.ndarray | None = None,
                    packed: bool = True, sort: bool = True, keep_tails: bool = True,
-                   max_examples: int = 0, widths: np.ndarray | None = None
+                   max_examples: int = 0, widths: np.ndarray | None = None,
+                   aged: np.ndarray | None = None
                    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split item indices into batches; returns (batches in shuffled order, tails).
 
@@ -35,7 +36,14 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
     instead, for the caller to carry into the next window. ``sort=False`` cuts in random
     order: the no-bucketing baseline. ``widths`` (packed only; ascending, the last holding any
     item): a batch costs its examples × its longest row rounded up to one of these
-    (``fixed_shapes``), so it never has more rows than its shape."""
+    (``fixed_shapes``), so it never has more rows than its shape.
+
+    With ``widths`` and ``keep_tails=False`` each width band's last, partly filled batch is a
+    tail of its own (carried into the next window, where it fills up in its band), unless it
+    holds an ``aged`` item (one carried once already): such tails are cut again across the
+    bands and emitted. Within a band every row pads to the band's width, so the order there
+    is free: ``aged`` items go first, into the band's full batches, and a band's tail is
+    fresh whenever the band fills a batch at all."""
     if widths is not None and not packed:
         raise ValueError("fixed widths apply to packed (region) batches only")
     n = len(text_len)
@@ -45,11 +53,13 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
     if n == 0:
         return [], []
     order = rng.permutation(n)   # random tie-break: equal lengths are not grouped by source
+    old = np.zeros(n, bool) if aged is None else np.asarray(aged, bool)
     if not sort:
         chunks = [order]
     elif packed and widths is not None:   # a band per width: no batch straddles two
-        order = order[np.argsort((T + V)[order], kind="stable")]
-        band = np.searchsorted(widths, (T + V)[order])
+        band_of = np.searchsorted(widths, T + V)
+        order = order[np.lexsort((~old[order], band_of[order]))]   # by band, aged first
+        band = band_of[order]
         chunks = [c for c in np.split(order, np.flatnonzero(np.diff(band)) + 1) if len(c)]
     elif packed:
         chunks = [order[np.argsort((T + V)[order], kind="stable")]]
@@ -60,7 +70,9 @@ def bucket_batches(text_len: np.ndarray, visual_len: np.ndarray, budget: int,
     batches, tails, partial = [], [], []
     for chunk in chunks:
         cut = _greedy_cut(chunk, T, V, E, budget, packed, max_examples, widths)
-        if len(chunks) > 1 and widths is not None and cut:
+        if widths is not None and not keep_tails and cut and not old[cut[-1]].any():
+            tails.append(cut.pop())              # fresh: fills up in the next window
+        elif len(chunks) > 1 and widths is not None and cut:
             partial.append(cut.pop())
         elif not keep_tails and cut:
             tails.append(cut.pop())

@@ -61,29 +61,39 @@ def census(sampler, source, n: int) -> ShapeCensus:
 
 @dataclass
 class WidthCensus:
-    """The fixed shapes of many batches from their lengths alone (no collate, no masking):
-    what ``data.fixed_shapes`` cuts, batch by batch. A padded batch's every tensor shape is a
-    function of its task and width (``pad_to_shape``; tests/test_fixed_shapes.py checks it on
-    built batches), so the distinct widths a task gets are its distinct shapes."""
+    """The shapes of many batches from their lengths alone (no collate, no masking): what the
+    batcher cuts, batch by batch. With ``data.fixed_shapes`` a padded batch's every tensor
+    shape is a function of its task and width (``pad_to_shape``; tests/test_fixed_shapes.py
+    checks it on built batches), so the distinct widths a task gets are its distinct shapes;
+    without, a batch is its rows × its longest row (today's batching)."""
     widths: dict[str, set] = field(default_factory=lambda: defaultdict(set))
     batches: int = 0
     real_units: int = 0          # Σ text + regions of the rows
-    today_units: int = 0         # Σ rows × the longest row: the same examples, unbucketed
-    input_units: int = 0         # Σ the shape's rows × its width
+    input_units: int = 0         # Σ the shape's rows × its width (empty rows included)
+    row_units: int = 0           # Σ real rows × the batch's width (empty rows left out)
+    lengths: list = field(default_factory=list)   # every row's length, for the floor
 
     @property
     def padding(self) -> float:
+        """Share of the input units that are padding: 1 − Σ real / Σ rows × width."""
         return 1.0 - self.real_units / self.input_units if self.input_units else 0.0
 
-    @property
-    def added_padding(self) -> float:
-        """The share of the fixed shapes' units that batching as today would not spend."""
-        return 1.0 - self.today_units / self.input_units if self.input_units else 0.0
+    def floor(self, count: int) -> float:
+        """The least padding ``count`` widths can give these rows, every batch full: each row
+        padded to the smallest of the best ``count`` widths for them (``fit_widths``)."""
+        import numpy as np
+
+        from vlp.datasets.batching.fixed_shapes import fit_widths
+
+        rows = np.concatenate(self.lengths)
+        ws = np.asarray(fit_widths(rows, count))
+        pad = int((ws[np.searchsorted(ws, rows)] - rows).sum())
+        return pad / (pad + int(rows.sum()))
 
     def figures(self) -> dict[str, float]:
         out = {"batches": self.batches, "padding_share": self.padding,
-               "padding_share_today": 1.0 - self.real_units / self.today_units,
-               "padding_added_share": self.added_padding,
+               "padding_share_in_rows": 1.0 - self.real_units / self.row_units,
+               "padding_share_empty_rows": 1.0 - self.row_units / self.input_units,
                "most_shapes_per_task": max(len(w) for w in self.widths.values())}
         for task, w in sorted(self.widths.items()):
             out[f"shapes_{task}"] = len(w)
@@ -91,16 +101,15 @@ class WidthCensus:
 
 
 def width_census(plan, blocks, sampler, n: int, seed: int = 0) -> tuple[WidthCensus, object]:
-    """``n`` batches cut by the batcher's own window (``ExampleWindow``, fixed shapes on) from
-    ``blocks`` (``ImageBlock``s, cycled as one long epoch in a fresh order each pass), tasks
-    drawn by ``sampler``; returns the census and the fitted ``ShapeSet``."""
+    """``n`` batches cut by the batcher's own window (``ExampleWindow``) from ``blocks``
+    (``ImageBlock``s, cycled as one long epoch in a fresh order each pass), tasks drawn by
+    ``sampler``; returns the census and the fitted ``ShapeSet`` (None without
+    ``data.fixed_shapes``: then the census is of today's batching, for comparison)."""
     import numpy as np
 
     from vlp.datasets.batching.example_window import ExampleWindow
 
     cfg = plan.config
-    if not cfg.fixed_shapes:
-        raise ValueError("width_census needs data.fixed_shapes: true")
     rng = np.random.default_rng([seed, 0xCE45])
     window = ExampleWindow(plan, np.random.default_rng([seed, 0x5EED]))
     live = dict(enumerate(blocks))
@@ -124,10 +133,11 @@ def width_census(plan, blocks, sampler, n: int, seed: int = 0) -> tuple[WidthCen
             text[sel] = blk.tok_start[g + 1] - blk.tok_start[g] + 2
             regions[sel] = blk.num_regions[refs.image_row[sel]]
         row = text + regions
-        width = shapes.width(int(row.max()))
+        width = shapes.width(int(row.max())) if shapes else int(row.max())
         c.batches += 1
         c.widths[sampler.next()].add(width)
         c.real_units += int(row.sum())
-        c.today_units += len(row) * int(row.max())
-        c.input_units += shapes.rows(width) * width
+        c.row_units += len(row) * width
+        c.input_units += (shapes.rows(width) if shapes else len(row)) * width
+        c.lengths.append(row)
     return c, window.shapes

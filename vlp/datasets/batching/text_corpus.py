@@ -10,6 +10,11 @@ passage per non-empty line, as those corpora are usually dumped. Each rank reads
 visual feature embedding of text tokens sees a zero feature), every pair "positive", and
 BERT's masking on the text (``mlm-text``).
 
+With ``fixed_width`` (``data.fixed_shapes``) every batch has one shape: rows of that width
+(``max_text_len`` + [CLS]/[SEP]), ``batch_units // width`` of them, padded as region batches
+are (``fixed_shapes.pad_to_shape``: padding rows and targets flagged invalid). The passages
+come in random order, so a batch's longest row is near the cap already on a real corpus.
+
 State for exact resume: (epoch, batches served in it); a restored corpus re-reads the epoch
 and passes over the served batches (cheap: text).
 """
@@ -47,7 +52,8 @@ def corpus_files(path: str) -> list[Path]:
 class TextCorpusBatches:
     def __init__(self, path: str, tok, ctx: MaskContext, *, max_text_len: int,
                  batch_units: int, feature_dim: int, loc_dim: int, seed: int, rank: int = 0,
-                 world_size: int = 1, batch_examples: int = 0):
+                 world_size: int = 1, batch_examples: int = 0, fixed_width: int = 0,
+                 mask_prob: float = 0.15):
         self.files = corpus_files(path)
         self.tok, self.ctx = tok, ctx
         self.max_text_len, self.batch_units = max_text_len, batch_units
@@ -56,6 +62,11 @@ class TextCorpusBatches:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch, self.served_in_epoch, self._skip = 0, 0, 0
         self._batches: Iterator[list[np.ndarray]] | None = None
+        self.shapes = None   # data.fixed_shapes: one shape, every row ``fixed_width`` wide
+        if fixed_width:
+            from vlp.datasets.batching.fixed_shapes import ShapeSet
+            self.shapes = ShapeSet(batch_units, (fixed_width,), fixed_width, 0, fixed_width, 0,
+                                   mask_prob)
 
     # ---- the stream ---------------------------------------------------------------------
 
@@ -91,11 +102,11 @@ class TextCorpusBatches:
             if n == 0:
                 continue
             ids = flat[starts[i]:starts[i] + min(int(n), self.max_text_len)]
-            w = max(width, len(ids) + 2)
+            w = self.shapes.widths[0] if self.shapes else max(width, len(ids) + 2)
             if batch and (w * (len(batch) + 1) > self.batch_units
                           or len(batch) + 1 > self.batch_examples):
                 yield batch
-                batch, w = [], len(ids) + 2
+                batch, w = [], self.shapes.widths[0] if self.shapes else len(ids) + 2
             batch.append(ids)
             width = w
         if batch:
@@ -141,6 +152,9 @@ class TextCorpusBatches:
                  K.INPUT_UNITS: np.array(B * T, np.int64)}
         mask_text(batch, rng, self.ctx)
         add_model_indices(batch)   # lengths and loss positions as host data: no device reads
+        if self.shapes is not None:
+            from vlp.datasets.batching.fixed_shapes import pad_to_shape
+            pad_to_shape(batch, self.shapes)
         return {k: torch.from_numpy(np.ascontiguousarray(v)) if v.ndim else torch.tensor(v.item())
                 for k, v in batch.items()}
 

@@ -17,9 +17,14 @@ on the device:
 - the skip: ``found_inf`` = the norm is not finite, or the loop said a loss was not finite
   on some rank (``skip_if``), handed to torch's fused AdamW, whose kernel then leaves the
   weights and moments as they are and takes back the step count, as DeepSpeed's skip does;
-- the learning rate as a device tensor, filled from the host's float before the update
-  (``param_groups`` keep their float ``lr``: the scheduler, ``get_lr`` and checkpoints see
-  what they saw before); ``capturable`` set on CUDA, so that the update may be captured.
+- the learning rate as a device tensor (``param_groups`` keep their float ``lr``: the
+  scheduler, ``get_lr`` and checkpoints see what they saw before); ``capturable`` set on
+  CUDA, so that the update may be captured. Under vlp's schedule (a ``LambdaLR`` of
+  ``WarmupLinearDecay``, ``attach_schedule``) the lr is computed on the device from the
+  scheduler's step index, filled from the host before the update, less the skips the host
+  has not read yet (a device count the skip flag adds to): a skipped update does not advance
+  the schedule, as DeepSpeed's own skip holds it. Under any other schedule the host's float
+  lr is filled in.
 
 What of DeepSpeed the bf16 path still uses: the engine (``forward``/``backward``/``step``),
 its ZeRO-1 partitioning of the fp32 master weights and Adam state, the fp32 gradient
@@ -28,9 +33,12 @@ all-gather of the updated bf16 weights (``update_lp_params``), the gradient clea
 checkpoints and the lr scheduler's step. What it no longer uses: ``BF16_Optimizer.step``'s
 norm, clip and overflow test.
 
-One difference from DeepSpeed's skip: the host learns of a skipped update only when it reads
-the step's statistics, a few steps later (``step_stats.PendingStats``), so DeepSpeed's
-engine steps the lr schedule on a skipped step (DeepSpeed's own skip holds it). Under bf16
+The host learns of a skipped update only when it reads the step's statistics, a few steps
+later (``pending_stats.PendingStats``), so DeepSpeed's engine steps the host's scheduler on
+a skipped step; ``read_skip`` (the loop calls it then) steps it back and takes the skip off
+the device's unread count, so the updates and the checkpointed scheduler see the schedule as
+DeepSpeed's skip leaves it; only the lr logged for the steps in between is one step ahead.
+The loop's step counter does count a skipped step (its statistics come late). Under bf16
 a non-finite gradient is a fault, not an overflow to retry: the loop raises when the late
 statistics show a non-finite loss, and reports a skip of a finite loss's non-finite norm.
 
@@ -47,6 +55,7 @@ from typing import Any
 import torch
 
 from vlp.platform.training.bf16_bookkeeping import _flat_class, uses_flat_bookkeeping
+from vlp.platform.training.lr_schedule import WarmupLinearDecay, device_multiplier
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +73,36 @@ def _device_class() -> type:
             self._vlp_skip_flag = flag
 
         def prepare_step(self) -> None:
-            """The host's part, outside any capture: the learning rates into the device
-            tensors the update reads."""
+            """The host's part, outside any capture: the scheduler's step index (or, under
+            another schedule, the learning rates) into the device tensors the update reads."""
+            sched = self._vlp_schedule
+            if sched is not None:
+                self._vlp_index.fill_(float(sched.last_epoch))
             for group, lr in zip(self.optimizer.param_groups, self._vlp_lr):
-                lr.fill_(float(group["lr"]))
+                if sched is None:
+                    lr.fill_(float(group["lr"]))
                 group["capturable"] = lr.device.type == "cuda"
+
+        def read_skip(self, scheduler: Any) -> None:
+            """The host has read that an update was skipped: the scheduler steps back (its
+            step did not happen) and the device's unread skips lose one."""
+            if self._vlp_schedule is None:
+                return
+            scheduler.last_epoch -= 1
+            lrs = [base * fn(scheduler.last_epoch)
+                   for fn, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
+            for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            scheduler._last_lr = lrs
+            self._vlp_unread_skips.sub_(1.0)
+
+        def _device_lrs(self) -> None:
+            sched = self._vlp_schedule
+            if sched is None:
+                return
+            index = self._vlp_index - self._vlp_unread_skips
+            for fn, base, lr in zip(sched.lr_lambdas, sched.base_lrs, self._vlp_lr):
+                lr.copy_(device_multiplier(fn, index) * base)
 
         @torch.no_grad()
         def step(self, closure=None):
@@ -101,6 +135,7 @@ def _device_class() -> type:
             for param, grad in zip(self.fp32_groups_flat_partition,
                                    self.fp32_groups_gradient_flat_partition):
                 param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
+            self._device_lrs()
             inner, floats = self.optimizer, []
             for group, lr in zip(inner.param_groups, self._vlp_lr):
                 floats.append(group["lr"])
@@ -112,6 +147,7 @@ def _device_class() -> type:
                 for group, lr in zip(inner.param_groups, floats):
                     group["lr"] = lr
                 inner.found_inf = None
+            self._vlp_unread_skips.add_(self.found_inf)
             if self.grad_acc_dtype is not torch.float32:
                 for param in self.fp32_groups_flat_partition:
                     param.grad = None
@@ -160,5 +196,23 @@ def use_device_step(optimizer: Any) -> bool:
     optimizer.found_inf = torch.zeros((), dtype=torch.float32, device=device)
     optimizer._vlp_norm = torch.zeros((), dtype=torch.float32, device=device)
     optimizer._vlp_skip_flag = None
+    optimizer._vlp_schedule = None
+    optimizer._vlp_index = torch.zeros((), dtype=torch.float32, device=device)
+    optimizer._vlp_unread_skips = torch.zeros((), dtype=torch.float32, device=device)
     optimizer.__class__ = _device_class()
+    return True
+
+
+def attach_schedule(optimizer: Any, scheduler: Any) -> bool:
+    """Compute the device step's lr on the device from ``scheduler`` (so that a skipped
+    update does not advance it) where it is vlp's schedule: a ``LambdaLR`` whose every
+    multiplier is a ``WarmupLinearDecay``; True if attached."""
+    if not uses_device_step(optimizer):
+        return False
+    if type(scheduler) is not torch.optim.lr_scheduler.LambdaLR or not all(
+            isinstance(fn, WarmupLinearDecay) for fn in scheduler.lr_lambdas):
+        log.info("bf16 device step: the lr comes from the host (a schedule other than "
+                 "vlp's: a skipped update advances it)")
+        return False
+    optimizer._vlp_schedule = scheduler
     return True

@@ -18,7 +18,7 @@ import torch
 
 from vlp.platform.training.bf16_bookkeeping import use_flat_bookkeeping
 from vlp.platform.training.cpu_precision import check_cpu_precision
-from vlp.platform.training.device_step import use_device_step
+from vlp.platform.training.device_step import attach_schedule, use_device_step
 from vlp.platform.training.gpu_placement import deepspeed_args
 from vlp.platform.training.grad_exchange import use_overlapped_exchange
 from vlp.platform.training.loop_config import LoopConfig
@@ -315,7 +315,8 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
     # bf16 under ZeRO-1: the fp32 gradient accumulation, norm and clip on whole lists, and
     # the step (norm, clip, non-finite skip, fused AdamW) without a host sync
     if use_flat_bookkeeping(engine.optimizer):
-        use_device_step(engine.optimizer)
+        if use_device_step(engine.optimizer):
+            attach_schedule(engine.optimizer, engine.lr_scheduler)
         if cfg.train.grad_overlap:      # the all-reduce in buckets during the backward
             use_overlapped_exchange(
                 engine, cfg.train.grad_bucket_elements or zero_bucket_elements(n_params),

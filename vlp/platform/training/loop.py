@@ -240,7 +240,8 @@ class _Worker(WorkerSetup):
                                                         drain=drain):
             state.examples_seen += stats["examples"]
             state.input_units_seen += stats["input_units"]
-            if skipped:
+            if skipped:   # its schedule step undone: the update did not happen
+                self.engine.optimizer.read_skip(self.engine.lr_scheduler)
                 self.overflow_skips += 1
                 self._say(f"step {record['step']}: non-finite gradient norm, update skipped "
                           f"on the device ({self.overflow_skips} skipped so far)")

@@ -42,3 +42,22 @@ def schedule_for(optimizer: Any, stage_steps: int) -> WarmupLinearDecay:
     return WarmupLinearDecay(optimizer.warmup_steps, stage_steps, decay=kind == "linear",
                              milestones=tuple(optimizer.milestones) if kind == "step" else (),
                              factor=optimizer.decay_factor)
+
+
+def device_multiplier(schedule: WarmupLinearDecay, index: Any) -> Any:
+    """``schedule(index)`` for a 0-d float tensor ``index`` on the device, as tensor
+    operations (no value read back, so that it may be captured in a CUDA graph); equal to the
+    float one (tests/test_lr_schedule_device.py)."""
+    import torch
+
+    k = index + 1
+    step = torch.ones_like(index)
+    for m in getattr(schedule, "milestones", ()):
+        step = torch.where(index >= m, step * schedule.factor, step)
+    warm = k / schedule.warmup_steps if schedule.warmup_steps > 0 else torch.ones_like(k)
+    if schedule.decay:
+        after = ((schedule.total_steps - k + 1)
+                 / max(1, schedule.total_steps - schedule.warmup_steps)).clamp(min=0.0)
+    else:
+        after = torch.ones_like(k)
+    return step * torch.where(k <= schedule.warmup_steps, warm, after)

@@ -10,7 +10,7 @@ waits for nothing. ``drain`` reads everything (before a checkpoint and at the en
 there is no loss). On a CPU the copy is an ordinary one and there is no event.
 
 The buffers are plain numpy arrays over the tensors' memory, so the read takes no torch
-call (nothing the host-sync recorder, ``vlp.testing.host_syncs``, would count), and they are
+call (nothing the host-sync recorder, ``vlp.platform.training.host_syncs``, would count), and they are
 reused: ``lag + 1`` of them are in use at once.
 """
 
