@@ -39,7 +39,7 @@ class Stages:
         self.calls.append(("pretrain", rep.seed))
         rep.checkpoint, rep.steps, rep.pretrain_loss = f"/ckpt/{name}", 4, 1.0 + rep.seed
 
-    def finetune(self, ctx, point, name, trial_dir, run_id, bench, rep):
+    def finetune(self, ctx, point, name, trial_dir, run_id, bench, rep, group=None):
         if self.fail_at == (bench, rep.seed):
             self.fail_at = None
             raise RuntimeError("worker lost")

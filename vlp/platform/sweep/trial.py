@@ -40,6 +40,7 @@ from vlp.platform.cluster.run_storage import open_location
 from vlp.platform.sweep import trial_records as records
 from vlp.platform.sweep.trial_state import Replicate, log_attempt, resume_state, save_replicates
 from vlp.platform.sweep.trial_twin import finished_twin, replay_twin
+from vlp.platform.training.worker_group import WorkerGroup
 
 
 class NonFiniteScore(ValueError):
@@ -109,13 +110,16 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     if len(seeds) > 1:
         say(f"{len(seeds)} replicates (training seeds {', '.join(map(str, seeds))}); the "
             f"search and ASHA see their mean")
+    # the trial's finetunes, all stages and seeds, run on one kept worker group (started at
+    # the first, ended with the trial): a Ray Train run each would start its workers anew
+    group = WorkerGroup()
     try:
         for stage in range(state.done + 1, total + 1):
             for rep in state.replicates:
                 if rep.done >= stage:          # a finished replicate is never rerun
                     continue
                 _run_stage(ctx, point, name, trial_dir, run.run_id, benchmarks, stage, rep,
-                           len(seeds), say)
+                           len(seeds), say, group)
                 save_replicates(trial_dir, state)
             state.gather()
             if stage == 0:
@@ -129,11 +133,13 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     except Exception as e:    # not BaseException: a trial Tune stops is not a failure
         records.fail(run, e)
         raise
+    finally:
+        group.close()
 
 
 def _run_stage(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, run_id: str,
                benchmarks: list[str], stage: int, rep: Replicate, replicates: int,
-               say: Any) -> None:
+               say: Any, group: WorkerGroup | None = None) -> None:
     """One stage of one replicate: pretraining (stage 0) or one benchmark's finetune."""
     total = len(benchmarks)
     who = name if replicates == 1 else f"{name}-seed{rep.seed}"
@@ -149,7 +155,7 @@ def _run_stage(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, 
     else:
         bench = benchmarks[stage - 1]
         say(f"stage {stage}/{total}{of}: finetune + evaluate {bench}")
-        _finetune(ctx, point, who, trial_dir, run_id, bench, rep)
+        _finetune(ctx, point, who, trial_dir, run_id, bench, rep, group=group)
     rep.seconds += time.perf_counter() - t0
     rep.done = stage
 
@@ -175,13 +181,13 @@ def _pretrain(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, r
 
 
 def _finetune(ctx: TrialContext, point: TrialPoint, name: str, trial_dir: str, run_id: str,
-              bench: str, state: Replicate) -> None:
+              bench: str, state: Replicate, group: WorkerGroup | None = None) -> None:
     from vlp.platform.finetune import finetune_and_evaluate
     from vlp.platform.sweep.trial_configs import finetune_kwargs
 
     report = finetune_and_evaluate(**finetune_kwargs(
         ctx.cfg, point, state.checkpoint, bench, trial=name, trial_dir=trial_dir,
-        parent_run_id=run_id, seed=state.seed))
+        parent_run_id=run_id, seed=state.seed), group=group)
     state.steps += sum(b.steps for b in report.benchmarks.values())
     bad = {k: v for k, v in report.scores.items() if not math.isfinite(v)}
     if bad:    # never averaged into the search's objective: the trial fails, sorted last
