@@ -47,7 +47,7 @@ def counting(monkeypatch, calls, module, name):
 
 
 def fake_run_loop(runs):
-    def run_loop(loop, components, tracking, callbacks=None):
+    def run_loop(loop, components, tracking, callbacks=None, group=None):
         assert isinstance(loop, LoopConfig)
         runs.append((loop, components, tracking))
         step = loop.total_steps()

@@ -114,7 +114,8 @@ def test_each_part_is_computed_as_the_table_says(evaluated):
 
 def test_finetune_parts_trial_report_and_leaderboard_follow_the_table(evaluated):
     from vlp.platform.finetune.run import BenchmarkReport, meta_parts
-    from vlp.platform.sweep.trial import TrialState, result_metrics
+    from vlp.platform.sweep.trial_records import result_metrics
+    from vlp.platform.sweep.trial_state import TrialState
     from vlp.platform.tracking.leaderboard import PARTS as COLUMNS
 
     reports = {b: BenchmarkReport(b, m, 1, 0.0, "") for b, (m, _, _) in evaluated.items()}

@@ -107,7 +107,8 @@ def test_a_sweep_trial_with_a_nonfinite_part_fails(monkeypatch, tmp_path):
     import vlp.platform.sweep.trial_configs as trial_configs
     from vlp.platform.finetune.run import DownstreamReport
     from vlp.platform.sweep.point import TrialPoint
-    from vlp.platform.sweep.trial import NonFiniteScore, Replicate, _finetune
+    from vlp.platform.sweep.trial import NonFiniteScore, _finetune
+    from vlp.platform.sweep.trial_state import Replicate
 
     monkeypatch.setattr(trial_configs, "finetune_kwargs", lambda *a, **k: {})
     monkeypatch.setattr(finetune, "finetune_and_evaluate",

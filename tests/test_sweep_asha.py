@@ -50,7 +50,7 @@ def fake_pretrain(ctx, point, name, trial_dir, run_id, rep):
     rep.checkpoint, rep.steps, rep.pretrain_loss = f"/ckpt/{name}", 4, 1.0
 
 
-def fake_finetune(ctx, point, name, trial_dir, run_id, bench, rep):
+def fake_finetune(ctx, point, name, trial_dir, run_id, bench, rep, group=None):
     _record(trial_dir, bench)
     per_part = STAGE1[name]
     rep.scores.update({"ir": per_part, "tr": per_part} if bench == "retrieval"

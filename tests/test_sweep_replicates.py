@@ -39,7 +39,7 @@ class Stages:
         self.calls.append(("pretrain", rep.seed))
         rep.checkpoint, rep.steps, rep.pretrain_loss = f"/ckpt/{name}", 4, 1.0 + rep.seed
 
-    def finetune(self, ctx, point, name, trial_dir, run_id, bench, rep):
+    def finetune(self, ctx, point, name, trial_dir, run_id, bench, rep, group=None):
         if self.fail_at == (bench, rep.seed):
             self.fail_at = None
             raise RuntimeError("worker lost")
@@ -193,7 +193,7 @@ def test_a_checkpoint_from_before_replicates_resumes_as_one_replicate(setup, mon
         "steps": 6, "seconds": 1.0, "pretrain_loss": 1.0, "mlflow_run_id": None}))
     tune.checkpoint = ray.tune.Checkpoint.from_directory(str(old))
     stages = Stages()
-    stages.finetune = lambda ctx, point, name, trial_dir, run_id, bench, rep: (
+    stages.finetune = lambda ctx, point, name, trial_dir, run_id, bench, rep, group=None: (
         stages.calls.append((bench, rep.seed)), rep.scores.update({"vqa": 40.0}))
     run_with(stages, ctx, monkeypatch)
     assert stages.calls == [("vqa", 0)]

@@ -12,7 +12,8 @@ from vlp.platform.sweep import load_sweep_config
 from vlp.platform.sweep.preflight import SweepPlan
 from vlp.platform.sweep.replays import replay_lines
 from vlp.platform.sweep.run import _param_space, _tune_config, trial_cpus, trial_gpus
-from vlp.platform.sweep.trial import TrialState, result_metrics
+from vlp.platform.sweep.trial_records import result_metrics
+from vlp.platform.sweep.trial_state import TrialState
 
 CONFIGS = Path(__file__).resolve().parents[1] / "jobs" / "configs"
 

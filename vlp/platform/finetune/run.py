@@ -94,11 +94,13 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
                           output_dir: str = "runs", parent_run_id: str | None = None,
                           overrides: Iterable[str] = (), seed: int = 0,
                           num_workers: int = 1, tracking_uri: str = "",
-                          mlflow: bool = True, storage: str = "") -> DownstreamReport:
+                          mlflow: bool = True, storage: str = "",
+                          group: Any = None) -> DownstreamReport:
     """The sweep's entry point: finetune ``checkpoint`` (None = a fresh random init) on each
     of ``benchmarks`` and evaluate it; per-benchmark scores and Meta-Sum. ``overrides`` are
     ``key=value`` strings of :class:`FinetuneConfig` (``settings.vqa.steps=300``);
-    ``storage``: the runs' folder or URI ("" = ``output_dir``)."""
+    ``storage``: the runs' folder or URI ("" = ``output_dir``); ``group``: a kept
+    ``worker_group.WorkerGroup`` to run the finetunes on (None: a Ray Train run each)."""
     data = {"run": {"name": run_name, "output_dir": output_dir, "storage": storage or output_dir,
                     "seed": seed},
             "model": {"family": family, "init": "checkpoint" if checkpoint else "random",
@@ -107,11 +109,11 @@ def finetune_and_evaluate(checkpoint: str | None, benchmarks: Sequence[str], *, 
             "scaling": {"num_workers": num_workers},
             "mlflow": {"enabled": mlflow, "tracking_uri": tracking_uri,
                        "parent_run_id": parent_run_id or ""}}
-    return run_finetune(load_finetune_config(data=data, overrides=overrides))
+    return run_finetune(load_finetune_config(data=data, overrides=overrides), group=group)
 
 
-def run_finetune(cfg: FinetuneConfig, *,
-                 before_ray: Callable[[], None] | None = None) -> DownstreamReport:
+def run_finetune(cfg: FinetuneConfig, *, before_ray: Callable[[], None] | None = None,
+                 group: Any = None) -> DownstreamReport:
     """``before_ray``: called once every check has passed, just before Ray starts (the
     command names its Ray log file there)."""
     cfg = with_tracking_env(cfg.resolved_paths())
@@ -143,7 +145,7 @@ def run_finetune(cfg: FinetuneConfig, *,
         check_tracking_shared(parent.tracking_uri, nodes=span.nodes, why=span.why)
     reports = {}
     for name in cfg.benchmarks:
-        reports[name] = finetune_one(cfg, name, prepared, parent, storage.root)
+        reports[name] = finetune_one(cfg, name, prepared, parent, storage.root, group)
     scores = meta_parts(reports)
     total = meta_sum(scores) if complete(scores) else None
     if parent is not None:
@@ -161,14 +163,17 @@ def with_tracking_env(cfg: FinetuneConfig) -> FinetuneConfig:
 
 
 def finetune_one(cfg: FinetuneConfig, name: str, prepared: Prepared,
-                 parent: tracking.Parent | None, storage: str) -> BenchmarkReport:
-    """One benchmark's loop, its config resolved and checked by ``run_finetune``."""
+                 parent: tracking.Parent | None, storage: str,
+                 group: Any = None) -> BenchmarkReport:
+    """One benchmark's loop, its config resolved and checked by ``run_finetune``; on
+    ``group`` when given (a kept worker group), else a Ray Train run of its own."""
     steps, batch_size, lr, options = cfg.settings_for(name)
     components = components_for(cfg, name, prepared, batch_size, options)
     loop = loop_config(cfg, name, steps, lr, storage)
     start = time.perf_counter()
     result = launch.run_loop(loop, components, tracking_spec(cfg, loop, parent),
-                             callbacks=[ProgressPrinter(steps, [name], job="finetune")])
+                             callbacks=[ProgressPrinter(steps, [name], job="finetune")],
+                             group=group)
     after = result.return_value.get("after_training") or {}
     if not after:
         raise RuntimeError(f"finetune {name}: training stopped at step {result.final_step} of "

@@ -89,14 +89,18 @@ def resume_problem(loop: LoopConfig, reshardable: bool = False) -> str | None:
 
 
 def run_loop(loop: LoopConfig, components: Components, tracking: dict[str, Any], *,
-             callbacks: list[Any] | None = None) -> LoopResult:
-    """Run (or resume) ``loop`` on Ray Train workers. The caller has resolved and checked
-    its config (storage, tracking store, resume); ``callbacks`` are
-    ``ray.train.UserCallback``s (e.g. Tune's ``TuneReportCallback``)."""
+             callbacks: list[Any] | None = None, group: Any = None) -> LoopResult:
+    """Run (or resume) ``loop`` on Ray Train workers, or on ``group`` (a kept
+    ``worker_group.WorkerGroup`` of the same scaling, for a job without Ray Data datasets).
+    The caller has resolved and checked its config (storage, tracking store, resume);
+    ``callbacks`` are ``ray.train.UserCallback``s (e.g. Tune's ``TuneReportCallback``; on a
+    group, a ``ProgressPrinter``'s line is printed by rank 0)."""
     import ray.train
 
     storage = run_storage.open_location(loop.storage)
     run_dir = storage.uri(loop.name)
+    if group is not None:
+        return _run_on_group(loop, components, tracking, callbacks or [], group, storage)
     result = fit_once(dict(
         train_loop_per_worker=train_loop_per_worker,
         train_loop_config={"config": loop, "components": components, "tracking": tracking,
@@ -125,6 +129,37 @@ def run_loop(loop: LoopConfig, components: Components, tracking: dict[str, Any],
         metrics=dict(result.metrics or {}),
         return_value=value,
     )
+
+
+def _run_on_group(loop: LoopConfig, components: Components, tracking: dict[str, Any],
+                  callbacks: list[Any], group: Any, storage: Any) -> LoopResult:
+    from vlp.platform.training.failures import remove_if_empty
+    from vlp.platform.training.progress import ProgressPrinter
+
+    group.adopt(loop.scaling)
+    if components.datasets(loop):
+        raise ValueError(f"run {loop.name!r} reads Ray Data datasets: it needs a Ray Train "
+                         f"run of its own, not a kept worker group")
+    run_dir = storage.uri(loop.name)
+    printer = next((c for c in callbacks if isinstance(c, ProgressPrinter)), None)
+    progress = {"total_steps": printer.total_steps if printer else loop.total_steps(),
+                "stage_names": printer.stage_names if printer else [s.name for s in loop.stages],
+                "job": printer.job if printer else loop.job, "run": loop.name}
+    try:
+        value = group.run({"config": loop, "components": components, "tracking": tracking,
+                           "run_dir": run_dir}, progress, max_failures=loop.max_failures) or {}
+    except BaseException:
+        _mark_failed(tracking)
+        remove_if_empty(run_dir)
+        raise
+    meta = storage.latest_checkpoint_meta(loop.name)
+    return LoopResult(
+        run_dir=run_dir, checkpoint_path=meta["uri"] if meta else None,
+        final_step=int(value.get("final_step", 0)),
+        completed=bool(value.get("completed", False)),
+        history=list(value.get("history", [])), mlflow_run_id=value.get("mlflow_run_id"),
+        tracking_uri=tracking["tracking_uri"] if tracking["enabled"] else None,
+        metrics={}, return_value=value)
 
 
 def scaling_config(s: LoopScaling) -> Any:

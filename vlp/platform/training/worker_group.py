@@ -1,0 +1,186 @@
+"""A kept worker group: one Ray actor per rank and their torch.distributed process group,
+started once and running one training loop after another (each loop builds its own model
+and DeepSpeed engine and destroys it after; the processes, their imports, the process group
+and DeepSpeed's CPU comm op stay).
+
+    with WorkerGroup(loop.scaling) as group:
+        for loop, components, tracking in runs:
+            result = launch.run_loop(loop, components, tracking, group=group)
+
+A Ray Train run starts a controller and its workers (fresh processes importing torch,
+DeepSpeed and vlp), a process group and the comm op each time; a sweep trial runs 4-9 short
+finetunes, so it keeps one group for all of them (``sweep/trial.py``). Each run is still its
+own run: its folder and checkpoints in its storage (``group_context``), its MLflow run, its
+resume. Faults as under Ray Train's ``FailureConfig``: a set-up error (``failures``) is
+raised at once; any other failure restarts the group and the run, at most ``max_failures``
+times; a dead actor is a fault.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+from vlp.platform.training.failures import SetupError, setup_phase
+from vlp.platform.training.loop_config import LoopScaling
+
+
+class GroupWorker:
+    """One rank (a Ray actor: ``ray.remote(GroupWorker)``)."""
+
+    def __init__(self) -> None:
+        self.rank = self.world = self.local_rank = 0
+
+    def address(self) -> tuple[str, int, str]:
+        """(address, a free port, node id): rank 0's are the process group's rendezvous."""
+        import ray
+
+        from vlp.platform.training.group_context import free_port, node_address
+
+        return node_address(), free_port(), ray.get_runtime_context().get_node_id()
+
+    def join(self, rank: int, world: int, local_rank: int, local_world: int, address: str,
+             port: int, backend: str) -> int:
+        import torch.distributed as dist
+
+        from vlp.platform.training.gpu_placement import set_allocator
+
+        set_allocator()             # before this process's first CUDA allocation
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
+                          LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR=address,
+                          MASTER_PORT=str(port))
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        return os.getpid()
+
+    def run(self, loop_config: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
+        """One loop (``loop.train_loop_per_worker``'s body, with this group's context); its
+        engine is destroyed after, so the next run's finds the memory free."""
+        from vlp.platform.training.group_context import GroupContext
+        from vlp.platform.training.loop import _Worker
+        from vlp.platform.training.loop_config import LoopConfig
+
+        cfg = loop_config["config"]
+        worker = None
+        try:
+            with setup_phase("worker set-up"):      # an error here is not worth a retry
+                if not isinstance(cfg, LoopConfig):
+                    raise TypeError(f"loop_config['config'] is a {type(cfg).__name__}, "
+                                    f"expected a LoopConfig")
+                ctx = GroupContext(self.rank, self.world, self.local_rank, cfg.storage,
+                                   cfg.name, cfg.checkpoint_keep, progress)
+                worker = _Worker(cfg, {**loop_config, "context": ctx})
+            return worker.run()
+        finally:
+            if worker is not None and worker.engine is not None:
+                worker.engine.destroy()
+            del worker
+            gc.collect()
+
+
+class WorkerGroup:
+    """The driver's handle: ``start()`` (or the first ``run``) starts the actors in a
+    placement group of the scaling's bundles and strategy; ``close()`` ends them."""
+
+    def __init__(self, scaling: LoopScaling | None = None):
+        self.scaling = scaling        # None: the first run's
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self.starts = 0               # groups started so far (a restart after a fault adds one)
+        self._pg = None
+
+    def adopt(self, scaling: LoopScaling) -> None:
+        """A run of ``scaling`` is about to use the group: the group's own scaling when it
+        has none yet; a run of other workers or resources is refused."""
+        if self.scaling is None:
+            self.scaling = scaling
+        elif scaling != self.scaling:
+            raise ValueError(f"a run's scaling {scaling} is not the worker group's "
+                             f"{self.scaling}")
+
+    def start(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from vlp.platform.cluster.job_nodes import worker_resources
+
+        s = self.scaling
+        need = worker_resources(s.cpus_per_worker, s.use_gpu, s.accelerator_type)
+        self._pg = placement_group([dict(need)] * s.num_workers,
+                                   strategy=s.placement_strategy)
+        ray.get(self._pg.ready())
+        remote = ray.remote(GroupWorker)
+        extra = {k: v for k, v in need.items() if k not in ("CPU", "GPU")}
+        self.actors = [remote.options(
+            num_cpus=need["CPU"], num_gpus=need.get("GPU", 0), resources=extra or None,
+            max_concurrency=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._pg, placement_group_bundle_index=i)).remote()
+            for i in range(s.num_workers)]
+        addresses = ray.get([a.address.remote() for a in self.actors])
+        nodes = [node for _, _, node in addresses]
+        local = [nodes[:i].count(n) for i, n in enumerate(nodes)]
+        address, port, _ = addresses[0]
+        backend = "nccl" if s.use_gpu else "gloo"
+        self.pids = ray.get([a.join.remote(i, len(self.actors), local[i], nodes.count(nodes[i]),
+                                           address, port, backend)
+                             for i, a in enumerate(self.actors)])
+        self.starts += 1
+
+    def run(self, loop_config: dict[str, Any], progress: dict[str, Any],
+            max_failures: int = 0) -> dict[str, Any]:
+        """The loop on every rank; rank 0's return value. A fault restarts the group and the
+        run (which resumes from its last checkpoint) up to ``max_failures`` times (-1: no
+        limit); a set-up error is raised at once, as its one line."""
+        import ray
+
+        failures = 0
+        while True:
+            if not self.actors:
+                self.start()
+            try:
+                return ray.get([a.run.remote(loop_config, progress) for a in self.actors])[0]
+            except Exception as e:
+                cause = _setup_error(e)
+                self.close()
+                if cause is not None:
+                    raise cause from None
+                failures += 1
+                if 0 <= max_failures < failures:
+                    raise
+                print(f"[vlp] {loop_config['config'].name}: worker group failed "
+                      f"({type(e).__name__}); restarting it, attempt {failures + 1}",
+                      flush=True)
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass          # already gone
+        self.actors, self.pids = [], []
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:
+                pass
+            self._pg = None
+
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _setup_error(error: BaseException) -> SetupError | None:
+    """The ``SetupError`` a rank raised (Ray hands it over wrapped in a ``RayTaskError``,
+    the original as its ``cause``)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, SetupError):
+        return cause
+    return error if type(error) is SetupError else None
