@@ -25,8 +25,9 @@ demo: $(STAMP)
 # start-ups, servers and polls); each worker runs a file, or a file's xdist_group part, start
 # to end (its module fixtures, such as a 3-node cluster, start once), the longest first
 # (tests/longest_first.py). Each worker has its own session Ray, S3 and tracking servers.
-# docs/testing.md, "How make test is spread"; TEST_WORKERS=2 for a 2-worker run.
-TEST_WORKERS ?= 4
+# docs/testing.md, "How make test is spread": four workers overloaded two cores (Ray's
+# fixed 30 s raylet start wait ran out in 6 tests), so two by default.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
