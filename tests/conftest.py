@@ -122,11 +122,19 @@ def tiny_world(tmp_path_factory):
 
 @pytest.fixture
 def one_rank():
-    """A gloo process group of one rank in this process, for the test's length."""
+    """A gloo process group of one rank in this process, for the test's length. An in-process
+    local run (``local_runner.one_process_group``) keeps its one-rank group for the life of
+    the process by design; a test after it on the same xdist worker uses that group as is."""
     import socket
 
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        assert dist.get_world_size() == 1 and dist.get_backend() == "gloo", (
+            f"a process group of {dist.get_world_size()} ranks ({dist.get_backend()}) was left "
+            f"up in this test process")
+        yield
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
