@@ -7,7 +7,6 @@ bookkeeping around them."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from vlp.platform.sweep import trial as trial_mod
 from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.trial import TrialContext, run_trial
 from vlp.platform.tracking.mlflow_run import MlflowRun
+
+from tune_capture import FakeTune
 
 CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
 POINT = TrialPoint.of({"mlm": 1, "itm": 1})
@@ -47,25 +48,6 @@ class Stages:
         assert name.endswith(f"-seed{rep.seed}") and rep.checkpoint == f"/ckpt/{name}"
         rep.scores.update(fake_scores(bench, rep.seed))
         rep.steps += 2
-
-
-class FakeTune:
-    """ray.tune.report / get_checkpoint: keeps every report and its checkpoint's files."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.reports: list[dict] = []
-        self.checkpoint: ray.tune.Checkpoint | None = None
-
-    def report(self, metrics, checkpoint=None):
-        self.reports.append(dict(metrics))
-        kept = self.root / f"ckpt{len(self.reports)}"
-        with checkpoint.as_directory() as folder:
-            shutil.copytree(folder, kept)
-        self.checkpoint = ray.tune.Checkpoint.from_directory(str(kept))
-
-    def get_checkpoint(self):
-        return self.checkpoint
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ sweep's embedded store); only Tune's report is captured (a trial function outsid
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,27 +17,12 @@ from vlp.platform.sweep.point import TrialPoint
 from vlp.platform.sweep.trial import TrialContext, run_trial
 from vlp.platform.tracking.mlflow_run import MlflowRun
 
+from tune_capture import FakeTune
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
 CONFIG = Path(__file__).resolve().parents[1] / "jobs" / "configs" / "sweep-tiny.yaml"
 WORKER_CLASSES = ("RayTrainWorker", "GroupWorker")    # a Ray Train worker, a kept group's
-
-
-class CapturedTune:
-    """ray.tune.report / get_checkpoint of a trial run outside Tune."""
-
-    def __init__(self, root: Path):
-        self.root, self.reports, self.checkpoint = root, [], None
-
-    def report(self, metrics, checkpoint=None):
-        self.reports.append(dict(metrics))
-        kept = self.root / f"ckpt{len(self.reports)}"
-        with checkpoint.as_directory() as folder:
-            shutil.copytree(folder, kept)
-        self.checkpoint = ray.tune.Checkpoint.from_directory(str(kept))
-
-    def get_checkpoint(self):
-        return self.checkpoint
 
 
 def training_workers() -> dict[str, str]:
@@ -58,7 +42,7 @@ def test_a_trial_runs_its_finetunes_on_one_worker_group(ray_local, tiny_world, t
     parent = MlflowRun.open(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_name="s",
                             tags={"vlp.job": "sweep"})
     ctx = TrialContext(cfg, parent.run_id, "inst", str(tmp_path / "trials"))
-    tune = CapturedTune(tmp_path / "tune")
+    tune = FakeTune(tmp_path / "tune")
     monkeypatch.setattr(ray.tune, "report", tune.report)
     monkeypatch.setattr(ray.tune, "get_checkpoint", tune.get_checkpoint)
     before = training_workers()
