@@ -4,6 +4,7 @@ any world size; metric wiring of every benchmark's evaluate on a tiny model."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -54,14 +55,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def no_process_group_in_this_process():
+    """A forked rank inherits this process's default group, and its own init then fails
+    ("initialize the default process group twice"). An in-process local run earlier on this
+    xdist worker keeps a one-rank group up by design: it goes for the fork and a new one
+    comes back after, as the local runner would have made it."""
+    import torch.distributed as dist
+
+    from vlp.platform.training.local_runner import one_process_group
+
+    had = dist.is_initialized()
+    if had:
+        dist.destroy_process_group()
+    try:
+        yield
+    finally:
+        if had:
+            with one_process_group(use_gpu=False):
+                pass
+
+
 def test_two_rank_retrieval_scores_equal_one_process(tiny_world, tmp_path):
     from vlp.datasets.downstream.retrieval import RetrievalData
 
     out = str(tmp_path / "scores.npy")
-    # fork: the ranks inherit the imported modules (spawn re-imports torch: ~20 s here)
-    torch.multiprocessing.start_processes(_rank_main, args=(2, _free_port(), str(tiny_world),
-                                                            out), nprocs=2, join=True,
-                                          start_method="fork")
+    with no_process_group_in_this_process():
+        # fork: the ranks inherit the imported modules (spawn re-imports torch: ~20 s here)
+        torch.multiprocessing.start_processes(_rank_main, args=(2, _free_port(),
+                                                                str(tiny_world), out),
+                                              nprocs=2, join=True, start_method="fork")
     distributed = np.load(out)
     _, spec, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
     data = RetrievalData(data_config_for(spec, str(tiny_world)), "val")
