@@ -139,6 +139,8 @@ def test_asha_stops_the_trial_below_the_rung_and_records_it_as_stopped(sweep):
     assert stopped.data.metrics["score"] == 2 * STAGE1["t002"]
     assert "vlp.error" not in stopped.data.tags
     assert runs["t001"][0].info.status == "FINISHED"
+    # the trial closed its own run; the driver adds the view's outcome column to it
+    assert runs["t001"][0].data.tags["outcome"] == "completed"
     # each line says which family and downstream protocol its finetunes used; the header too
     from vlp.platform.tracking.leaderboard_protocols import protocol_header
     assert {(r.family, r.protocol) for r in second.leaderboard.rows} == {

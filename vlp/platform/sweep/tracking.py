@@ -73,13 +73,16 @@ def protocol_tags(cfg: SweepConfig) -> dict[str, str]:
 
 
 def close_trial_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, Any]) -> None:
-    """The driver closes runs of trials it stopped (ASHA) or that died without closing."""
+    """The driver closes runs of trials it stopped (ASHA) or that died without closing. A run
+    the trial closed keeps its status and its tags (its word stands) and gains the tags it
+    lacks: the leaderboard view's ``outcome`` column is set by the driver only."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     run = client.get_run(run_id)
-    if run.info.status != "RUNNING":
-        return              # the trial closed it (completed or failed): its word stands
+    running = run.info.status == "RUNNING"
     for k, v in tags.items():
-        client.set_tag(run_id, k, str(v))
-    client.set_terminated(run_id, status=status)
+        if running or k not in run.data.tags:
+            client.set_tag(run_id, k, str(v))
+    if running:
+        client.set_terminated(run_id, status=status)
