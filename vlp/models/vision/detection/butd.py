@@ -85,7 +85,7 @@ class ButdExtractor(Extractor):
         s = self.settings
         # given boxes (original pixels) → the resized image's pixels, as the RPN's are
         rois = None if given is None else [
-            torch.from_numpy(np.ascontiguousarray(b, np.float32)).to(batch.device) * scale
+            torch.from_numpy(np.array(b, np.float32)).to(batch.device) * scale
             for b, scale in zip(given, scales)]
         proposals, pooled, probs = self.detector(batch, self._autocast_dtype(batch.device),
                                                  resized, rois)
