@@ -43,6 +43,7 @@ SECONDS = {
     "tests/test_sweep_asha.py": 120,
     "tests/test_trimmed_ray.py": 95,
     "tests/test_extract_e2e.py": 90,
+    "tests/test_extract_given_boxes.py": 70,
     "tests/test_finetune_ray.py": 80,
     "tests/test_gpu_placement.py": 65,
     "tests/test_platform_train.py": 60,

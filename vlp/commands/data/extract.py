@@ -54,6 +54,13 @@ def register(sub) -> None:
                         "later) (default: train)")
     p.add_argument("--out", required=True, metavar="DATA_FOLDER",
                    help="the data folder (world) to write into; created if missing")
+    p.add_argument("--boxes", metavar="mattnet:DATASET|PARQUET",
+                   help="featurise these boxes instead of the model's own regions (detectors "
+                        "only: RoI pooling and head on them, no RPN, NMS or confidence "
+                        "filter; each image's boxes written in the given order): "
+                        "mattnet:refcoco+ (the detections `vlp data import mattnet-dets` put "
+                        "in --out), or a Parquet of image_id, boxes (x1, y1, x2, y2 in the "
+                        "original image's pixels); every image extracted needs boxes")
     p.add_argument("--min-boxes", type=int, default=d.min_boxes,
                    help=f"fewest regions per image (default: {d.min_boxes})")
     p.add_argument("--max-boxes", type=int, default=d.max_boxes,
@@ -96,7 +103,7 @@ def options_from(args: argparse.Namespace):
                           weights=args.weights, source=args.source, split=args.split,
                           out=args.out, settings=settings, batch_size=args.batch_size,
                           gpus=args.gpus, workers=args.workers,
-                          images_per_shard=args.images_per_shard)
+                          images_per_shard=args.images_per_shard, boxes=args.boxes)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,13 +14,14 @@ its detections in file order as ``boxes`` (x1, y1, x2, y2 pixels, flat), ``score
 ``det_ids`` and ``category_ids`` (−1 / NaN where the file has none), and lists it in the
 manifest as sidecar ``mattnet_dets.<dataset>``.
 
-These are boxes, not features: vlp's extractor finds its own regions and takes no given
-boxes, so the features of these boxes come from an extraction run on them elsewhere (e.g.
-bottom-up-attention's ``generate_tsv.py`` with the boxes given, the VOLTA route), imported
-as the world's ``downstream`` image source (``vlp data import butd-tsv``). The RefCOCO+
-benchmark with ``detections: mattnet`` then checks, image by image, that the regions it
-scores are these boxes before it labels its figure ``mattnet``
-(``vlp.datasets.downstream.refexp``).
+These are boxes, not features: their features come from vlp's extractor run on them,
+``vlp data extract --boxes mattnet:<dataset> --source downstream --out OUT`` (the detector's
+RoI pooling and head on these boxes, no RPN or NMS; docs/extract.md), which reads this
+sidecar from the same world. Features extracted elsewhere on the same boxes (e.g.
+bottom-up-attention's ``generate_tsv.py`` with the boxes given, imported with ``vlp data
+import butd-tsv``) serve too. The RefCOCO+ benchmark with ``detections: mattnet`` then
+checks, image by image, that the regions it scores are these boxes before it labels its
+figure ``mattnet`` (``vlp.datasets.downstream.refexp``).
 """
 
 from __future__ import annotations
@@ -141,9 +142,10 @@ def run(inputs: list[Path], out: Path, *, overwrite: bool, dataset: str | None) 
     update_world(out, change, log=import_record("mattnet-dets", inputs, counts,
                                                 {"dataset": dataset}, [rel]))
     return ImportReport("mattnet-dets", [target], counts,
-                        [f"boxes only: the RefCOCO+ benchmark's detections: mattnet needs the "
-                         f"downstream image source's regions to be these boxes (features "
-                         f"extracted on them), and checks it per image"])
+                        [f"boxes only: extract their features with vlp data extract --boxes "
+                         f"mattnet:{dataset} --source downstream --out {out}; the RefCOCO+ "
+                         f"benchmark's detections: mattnet checks per image that the regions "
+                         f"are these boxes"])
 
 
 register(Importer(
@@ -155,8 +157,8 @@ register(Importer(
     description="The detections the papers' RefCOCO+ detected-box scores rank (UNITER "
                 "footnote 9, VL-BERT §4.2.3). Written to OUT/detections/<dataset>_mattnet."
                 "parquet, one row per image, boxes as x1, y1, x2, y2 pixels. Boxes only: the "
-                "features of these boxes must be the world's downstream image source (an "
-                "extraction on the given boxes, imported with butd-tsv); finetune with "
+                "features of these boxes must be the world's downstream image source (vlp "
+                "data extract --boxes mattnet:<dataset> --source downstream); finetune with "
                 "settings.refcoco+.options.detections=mattnet, which checks that per image.",
     run=run, min_inputs=1, max_inputs=1,
     options=(Option("--dataset", "refcoco, refcoco+ or refcocog (default: the file's folder "

@@ -9,6 +9,10 @@ float32 CHW copy was 7.2 MB.
 An image that cannot be read or decoded becomes a row with ``error`` set (what is wrong with
 the file, one line) and an empty input: the model stage passes it through and the report
 lists it; the other images of its batch go on.
+
+With given boxes (``--boxes``) each row carries its image's boxes (``given_boxes``), passed
+on to the model stage; a box that does not fit the decoded image makes that image's error
+(naming the box), here, where the image's size is first known.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from vlp.models.vision.extractors.base import ExtractSettings
+from vlp.platform.extract.given_boxes import box_outside, decoded
 from vlp.platform.extract.image_files import BadImage, decode_rgb, read_image
 
 EMPTY_INPUT = np.zeros((1, 1, 3), np.uint8)
@@ -42,12 +47,16 @@ class PrepareImages:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, object]:
         extractor = _preparer(self.model, self.settings)
+        given = batch.get("given_boxes")
         inputs, scales, heights, widths, errors = [], [], [], [], []
-        for loc in batch["location"]:
+        for i, loc in enumerate(batch["location"]):
             try:
                 rgb = read_image(str(loc))
-                x, scale = extractor.prepare(rgb)
                 h, w = rgb.shape[:2]
+                outside = None if given is None else box_outside(decoded(given[i]), w, h)
+                if outside:     # the image's own fault: not worth its model time
+                    raise BadImage(outside)
+                x, scale = extractor.prepare(rgb)
                 error = ""
             except BadImage as e:
                 x, scale, h, w, error = EMPTY_INPUT, 0.0, 0, 0, str(e)
@@ -59,10 +68,13 @@ class PrepareImages:
             heights.append(h)
             widths.append(w)
             errors.append(error)
-        return {"image_id": batch["image_id"], "location": batch["location"],
-                "input": _ragged(inputs), "scale": np.asarray(scales, np.float64),
-                "height": np.asarray(heights, np.int32), "width": np.asarray(widths, np.int32),
-                "error": np.asarray(errors, dtype=object)}
+        out = {"image_id": batch["image_id"], "location": batch["location"],
+               "input": _ragged(inputs), "scale": np.asarray(scales, np.float64),
+               "height": np.asarray(heights, np.int32), "width": np.asarray(widths, np.int32),
+               "error": np.asarray(errors, dtype=object)}
+        if given is not None:
+            out["given_boxes"] = given
+        return out
 
 
 def _ragged(arrays: list[np.ndarray]) -> np.ndarray:

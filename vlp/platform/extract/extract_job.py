@@ -20,7 +20,8 @@ from vlp.contract.uri_files import is_uri
 from vlp.datasets.importers.data_folder import check_compatible, safe_name
 from vlp.datasets.storage.shard_format import SPLITS
 from vlp.models.vision.extractors.base import ExtractSettings
-from vlp.models.vision.extractors.registry import build_extractor, extractor_entry
+from vlp.models.vision.extractors.registry import EXTRACTORS, build_extractor, extractor_entry
+from vlp.platform.extract.given_boxes import GivenBoxes, check_listing, read_given_boxes
 from vlp.platform.extract.image_sources import ImageRef, image_refs, images_in, images_listed
 from vlp.platform.extract.shard_sink import (ExistingShards, ManifestCommit, extract_record,
                                              load_world)
@@ -44,6 +45,7 @@ class ExtractOptions:
     gpus: int = 0
     workers: int = 1
     images_per_shard: int = 1000
+    boxes: str | None = None    # given boxes: mattnet:<dataset> or a Parquet (given_boxes.py)
 
     @property
     def weights_file(self) -> str | None:
@@ -59,6 +61,7 @@ class ExtractPlan:
     feature_dim: int
     num_classes: int
     existing: ExistingShards
+    given: GivenBoxes | None = None
 
     def describe(self) -> str:
         o = self.options
@@ -67,7 +70,9 @@ class ExtractPlan:
         return (f"extract: {len(self.todo)} images to extract ({self.skipped} already in "
                 f"{images_location(o.out, o.source)}) with {o.model} "
                 f"[{self.metadata['extract_settings']}; weights "
-                f"{self.metadata['weights_sha256']}] → {self.feature_dim}-d features"
+                f"{self.metadata['weights_sha256']}]"
+                f"{f' on {self.given.describe()}' if self.given else ''} → "
+                f"{self.feature_dim}-d features"
                 f"{f', {self.num_classes} classes' if self.num_classes else ''}; "
                 f"batch {o.batch_size} on {pool}; shards "
                 f"{images_location(o.out, o.source)}/{o.split}-<token>-00000.parquet "
@@ -92,6 +97,12 @@ def _check_options(o: ExtractOptions) -> None:
                          f"workers ≥ 1")
     if o.weights_file and not is_uri(o.weights_file) and not Path(o.weights_file).is_file():
         raise ValueError(f"--weights {o.weights}: no such file (a path, a URI, or random)")
+    if o.boxes is not None and not extractor_entry(o.model).takes_boxes:
+        detectors = ", ".join(e.name for e in EXTRACTORS.values() if e.takes_boxes)
+        raise ValueError(f"--boxes {o.boxes}: {o.model} cannot take given boxes (a grid "
+                         f"model's regions are its G×G cells, pixels writes the image: there "
+                         f"is no box to pool); given boxes need a detector's RoI head: "
+                         f"{detectors}")
 
 
 def _probe(o: ExtractOptions) -> tuple[dict[str, str], int, int]:
@@ -117,7 +128,10 @@ def plan(o: ExtractOptions) -> ExtractPlan:
     _check_options(o)
     where = o.images or o.image_list
     refs = image_refs(images_in(o.images) if o.images else images_listed(o.image_list), where)
+    given = read_given_boxes(o.boxes, o.out) if o.boxes is not None else None
     meta, dim, classes = _probe(o)
+    if given is not None:
+        meta = {**meta, "given_boxes": given.identity}
     try:
         existing = ExistingShards(images_location(o.out, o.source))
         world = load_world(o.out)
@@ -129,7 +143,9 @@ def plan(o: ExtractOptions) -> ExtractPlan:
     check_compatible(world, o.source, feature_dim=dim,
                      num_classes=classes, feature_extractor=o.model)
     todo = [r for r in refs if r.image_id not in existing.ids]
-    return ExtractPlan(o, todo, len(refs) - len(todo), meta, dim, classes, existing)
+    if given is not None:
+        check_listing(given, todo)
+    return ExtractPlan(o, todo, len(refs) - len(todo), meta, dim, classes, existing, given)
 
 
 def build_dataset(p: ExtractPlan, writer_meta: dict[str, str] | None = None):
@@ -144,6 +160,8 @@ def build_dataset(p: ExtractPlan, writer_meta: dict[str, str] | None = None):
 
     o = p.options
     items = [{"image_id": r.image_id, "location": r.location} for r in p.todo]
+    if p.given is not None:     # each image's boxes travel in its own row
+        items = [{**item, "given_boxes": p.given.encoded(item["image_id"])} for item in items]
     # enough blocks that every decode task and actor has work from the start, few enough
     # that a million-image listing does not become a million scheduler entries
     blocks = max(1, min(MAX_BLOCKS, (len(items) + o.batch_size - 1) // o.batch_size))
@@ -273,7 +291,7 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
     commit.finish(extract_record([o.images or o.image_list], {
         "images": report.written, "skipped": report.skipped, "failed": len(report.failed)},
         {"model": o.model, "weights": o.weights, "source": o.source, "split": o.split,
-         **p.metadata}, [f"images/{o.source}"]))
+         "boxes": o.boxes, **p.metadata}, [f"images/{o.source}"]))
     report.shards = commit.shards_written
     return report
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import torch
 
 from vlp.models.vision.extractors.base import ExtractSettings
+from vlp.platform.extract.given_boxes import decoded
 
 RESULT_SCHEMA = pa.schema([
     ("image_id", pa.string()), ("location", pa.string()), ("error", pa.string()),
@@ -83,8 +84,11 @@ class RunExtractor:
         inputs = [self._to_device(batch["input"][i]) for i in idx]
         scales = [float(batch["scale"][i]) for i in idx]
         sizes = [(int(batch["height"][i]), int(batch["width"][i])) for i in idx]
+        # given boxes (--boxes): the image's regions are those, in original pixels
+        given = ({} if "given_boxes" not in batch else
+                 {"boxes": [decoded(batch["given_boxes"][i]) for i in idx]})
         try:
-            return dict(zip(idx, self.extractor.extract(inputs, scales, sizes)))
+            return dict(zip(idx, self.extractor.extract(inputs, scales, sizes, **given)))
         except Exception as e:
             if len(idx) == 1:
                 return {idx[0]: f"extractor failed: {type(e).__name__}: {e}"[:300]}

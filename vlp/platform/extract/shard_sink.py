@@ -21,7 +21,8 @@ from vlp.datasets.importers.data_folder import (IMPORT_LOG, check_compatible, de
 from vlp.datasets.importers.feature_import import class_names
 from vlp.datasets.storage.shards import list_shards, read_image_shard, shard_info
 
-IDENTITY_KEYS = ("extract_settings", "weights_sha256")
+# given boxes (--boxes) too: features of other boxes must not join a folder either
+IDENTITY_KEYS = ("extract_settings", "weights_sha256", "given_boxes")
 
 
 class ExistingShards:
@@ -44,9 +45,10 @@ class ExistingShards:
         have = self.info.extra or {}
         if self.info.feature_extractor != extractor or any(
                 have.get(k) != meta.get(k) for k in IDENTITY_KEYS):
+            keys = [k for k in IDENTITY_KEYS if have.get(k) or meta.get(k)]
             return (f"{self.folder} holds features of {self.info.feature_extractor!r} "
-                    f"({', '.join(f'{k} {have.get(k)}' for k in IDENTITY_KEYS)}); this run "
-                    f"is {extractor!r} ({', '.join(f'{k} {meta.get(k)}' for k in IDENTITY_KEYS)})"
+                    f"({', '.join(f'{k} {have.get(k)}' for k in keys)}); this run "
+                    f"is {extractor!r} ({', '.join(f'{k} {meta.get(k)}' for k in keys)})"
                     f": use another --source or --out")
         return None
 

@@ -12,6 +12,14 @@ normalisation, every conv and pool of the trunk and the RPN reads zeros outside 
 extent, anchors exist only over each image's own part of the C4 map, proposals are clipped to
 its own size and its RoIs pool from its own part: a batch's features equal those of its
 images run one at a time (a test checks it on mixed sizes and aspects).
+
+Given boxes (``extract(..., boxes=...)``, ``vlp data extract --boxes``: e.g. MAttNet's
+detections for RefCOCO+ val^d): each image's boxes, in its original pixels, are scaled with
+the image's resize (the one number its own boxes are divided by) and pooled in place of the
+RPN's proposals: no RPN, no NMS, no confidence filter, every box kept in its order. The head
+still gives the soft labels; a box's confidence is its highest object-class probability
+(BUTD's confidence without the per-class NMS). The written boxes are the given ones, as
+given.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ NAMES = {"base": "butd-r101-c4", "tiny": "butd-tiny"}
 
 
 class ButdExtractor(Extractor):
+    takes_boxes = True
+
     def __init__(self, detector: ButdDetector, settings: ExtractSettings, name: str,
                  weights_sha256: str | None):
         super().__init__()
@@ -58,26 +68,42 @@ class ButdExtractor(Extractor):
 
     @torch.no_grad()
     def extract(self, inputs: list[torch.Tensor], scales: list[float],
-                sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray | None]]:
+                sizes: list[tuple[int, int]], boxes: list[np.ndarray] | None = None
+                ) -> list[dict[str, np.ndarray | None]]:
         out: list[dict | None] = [None] * len(inputs)
         for idx in orientation_groups(inputs):
             images, resized = canvas([inputs[i] for i in idx], self._normalise)
+            given = None if boxes is None else [boxes[i] for i in idx]
             for i, result in zip(idx, self._detect(images, resized, [scales[i] for i in idx],
-                                                   [sizes[i] for i in idx])):
+                                                   [sizes[i] for i in idx], given)):
                 out[i] = result
         return out    # type: ignore[return-value]
 
     def _detect(self, batch: torch.Tensor, resized: list[tuple[int, int]], scales: list[float],
-                sizes: list[tuple[int, int]]) -> list[dict[str, np.ndarray]]:
+                sizes: list[tuple[int, int]], given: list[np.ndarray] | None = None
+                ) -> list[dict[str, np.ndarray]]:
         s = self.settings
+        # given boxes (original pixels) → the resized image's pixels, as the RPN's are
+        rois = None if given is None else [
+            torch.from_numpy(np.array(b, np.float32)).to(batch.device) * scale
+            for b, scale in zip(given, scales)]
         proposals, pooled, probs = self.detector(batch, self._autocast_dtype(batch.device),
-                                                 resized)
+                                                 resized, rois)
         results, row = [], 0
-        for boxes, scale, (h, w) in zip(proposals, scales, sizes):
+        for k, (boxes, scale, (h, w)) in enumerate(zip(proposals, scales, sizes)):
             n = boxes.shape[0]
             feats, p = pooled[row:row + n], probs[row:row + n]
             image_feature = pooled[row + n]
             row += n + 1
+            if given is not None:
+                results.append({
+                    "boxes": np.asarray(given[k], np.float32).reshape(n, 4),
+                    "confidences": p[:, 1:].amax(dim=1).float().cpu().numpy(),
+                    "features": feats.half().cpu().numpy(),
+                    "soft_labels": p.float().cpu().numpy(),
+                    "image_feature": image_feature.half().cpu().numpy(),
+                })
+                continue
             idx, conf = select_regions(boxes, p[:, 1:], s.nms_threshold, s.conf_threshold,
                                        s.min_boxes, s.max_boxes)
             kept = boxes[idx].float() / scale

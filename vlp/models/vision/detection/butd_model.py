@@ -91,21 +91,29 @@ class ButdDetector(nn.Module):
             init_random(self.roi_heads.res5)
 
     def forward(self, images: torch.Tensor, autocast_dtype: torch.dtype | None = None,
-                sizes: list[tuple[int, int]] | None = None
+                sizes: list[tuple[int, int]] | None = None,
+                given: list[torch.Tensor] | None = None
                 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """images (B, 3, H, W), normalised BGR: a padded canvas (padded_batch.py) whose
         images have the (h, w) ``sizes`` (default: each fills it) → (proposals per image
         (x1y1x2y2, input pixels), pooled features (B·(P+1), D) — each image's proposals
-        then one whole-image RoI — and class probabilities of the same rows)."""
+        then one whole-image RoI — and class probabilities of the same rows).
+
+        ``given``: per image, (P_i, 4) boxes in input pixels that stand in for the RPN's
+        proposals (the RPN does not run): the same RoI pooling and head, so a given box's
+        feature is the one the box gets when the RPN proposes it."""
         b, _, h, w = images.shape
         sizes = list(sizes) if sizes is not None else [(h, w)] * b
+        if given is not None and len(given) != b:
+            raise ValueError(f"given boxes for {len(given)} images, the batch has {b}")
         with torch.autocast(images.device.type, dtype=autocast_dtype or torch.float32,
                             enabled=autocast_dtype is not None), \
                 masked_extents([self.backbone, self.proposal_generator], sizes,
                                (h, w)) as extents:
             c4 = self.backbone(images)
             c4_hw = extents.at(c4)
-            proposals = self.proposal_generator(c4, sizes, c4_hw)
+            proposals = (self.proposal_generator(c4, sizes, c4_hw) if given is None
+                         else [g.float() for g in given])
             rois = [torch.cat([p.float(), p.new_tensor([[0.0, 0.0, float(iw), float(ih)]])
                                .float()])
                     for p, (ih, iw) in zip(proposals, sizes)]

@@ -86,8 +86,13 @@ class Extractor(torch.nn.Module):
     - ``features`` (N, D) float16, finite;
     - ``soft_labels`` (N, C) float32 rows summing to 1, or None;
     - ``image_feature`` (D,) float16 (one RoI covering the whole image) or None.
+
+    An extractor with ``takes_boxes`` also takes ``boxes=``: per image, (N, 4) float32 boxes
+    in original pixels that become its regions, in that order and count, instead of its own
+    (``vlp data extract --boxes``); the others have no boxes to take (grid cells, pixels).
     """
 
+    takes_boxes: bool = False
     name: str
     settings: ExtractSettings
     weights_sha256: str | None

@@ -20,6 +20,7 @@ class ExtractorEntry:
     builder: str          # "module:function" taking (weights, settings, size=...)
     size: str             # the size the builder is asked for
     summary: str
+    takes_boxes: bool = False   # featurises given boxes (``vlp data extract --boxes``)
 
     def build(self, weights: str | None, settings: ExtractSettings) -> Extractor:
         module, func = self.builder.split(":")
@@ -33,8 +34,10 @@ _PIXELS = "vlp.models.vision.extractors.pixels:build_pixels"
 
 EXTRACTORS: dict[str, ExtractorEntry] = {e.name: e for e in [
     ExtractorEntry("butd-r101-c4", _BUTD, "base",
-                   "Faster R-CNN, ResNet-101 C4, 1601 VG classes (BUTD): regions, soft labels"),
-    ExtractorEntry("butd-tiny", _BUTD, "tiny", "a tiny random BUTD detector (tests)"),
+                   "Faster R-CNN, ResNet-101 C4, 1601 VG classes (BUTD): regions, soft labels",
+                   takes_boxes=True),
+    ExtractorEntry("butd-tiny", _BUTD, "tiny", "a tiny random BUTD detector (tests)",
+                   takes_boxes=True),
     ExtractorEntry("grid-r50", _GRID, "r50", "ResNet-50 C5 map pooled to a G×G grid "
                                              "(\"In Defense of Grid Features\")"),
     ExtractorEntry("grid-r101", _GRID, "r101", "ResNet-101 C5 map pooled to a G×G grid"),
