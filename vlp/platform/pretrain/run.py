@@ -33,6 +33,9 @@ from vlp.platform.training.launch import LoopResult
 from vlp.platform.training.protocols import Components
 
 PretrainResult = LoopResult     # what a pretraining run returns (the loop's result)
+# the batch stream as a refusal to resume on another number of workers names it
+STREAM = ("this run's batch stream (data.stream: per_worker; a run started with "
+          "data.stream: global can move)")
 
 
 def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -120,7 +123,8 @@ def preflight(cfg: ExperimentConfig) -> None:
     """Checks that need no cluster: tracking reachable (short timeout), run storage
     writable, and a checkpoint that this run would resume fits the config. Raises with the
     cause named."""
-    problem = launch.resume_problem(loop_config(cfg), reshardable=reshardable(cfg))
+    problem = launch.resume_problem(loop_config(cfg), reshardable=reshardable(cfg),
+                                    source=STREAM)
     if problem:
         raise ValueError(problem)
     if cfg.mlflow.enabled:
