@@ -152,3 +152,19 @@ def test_task_draws_follow_the_global_index_on_any_world_that_divides_the_group(
     with pytest.raises(ValueError) as e:
         one.load_state_dict(TaskSampler(MIX, seed=3).state_dict())
     assert "\n" not in str(e.value) and "per_worker" in str(e.value)
+
+
+def test_a_per_worker_checkpoint_is_refused_on_another_world_before_any_worker_starts():
+    """The checkpoint's meta records its stream (``PretrainBatches.state_dict``): a
+    per-worker one is refused on another number of workers even where this run's config
+    streams globally (the driver's and every worker's ``resume_problem``)."""
+    from vlp.platform.training import checkpointing
+
+    meta = {"step": 2, "stage": 0, "tag": "step00000002", "stages": [["one", 4]],
+            "world_size": 2, "grad_accum": 1, "zero_stage": 1, "stream": "per_worker"}
+    problem = checkpointing.resume_problem(meta, [("one", 4)], 1, reshardable=True)
+    assert "\n" not in problem and "the checkpoint's batch stream (data.stream: per_worker)" \
+        in problem and "resume on 2 workers" in problem
+    assert checkpointing.resume_problem(meta, [("one", 4)], 2, reshardable=True) is None
+    assert checkpointing.resume_problem({**meta, "stream": "global"}, [("one", 4)], 1,
+                                        reshardable=True) is None

@@ -142,7 +142,10 @@ class PretrainBatches(BatchStream):
         batches were served. A Ray Data stream cannot seek: a restored loader reads that
         epoch from its start and passes over those batches (see the module docstring)."""
         state = {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
-                 "stats": dict(self.stats)}
+                 "stats": dict(self.stats),
+                 # the checkpoint's meta records it: a driver refuses a per-worker
+                 # position on another number of workers before any worker starts
+                 "stream": "global" if self.global_order else "per_worker"}
         if self.text is not None:
             state["text"] = self.text.state_dict()
         if self.window.shapes is not None:

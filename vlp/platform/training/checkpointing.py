@@ -140,6 +140,8 @@ def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
                 "stages": [[n, int(k)] for n, k in stages], "world_size": state.world_size,
                 "examples_seen": state.examples_seen, "grad_accum": grad_accum,
                 "zero_stage": int(engine.zero_optimization_stage())}
+        if "stream" in batch_source_state:   # a pretraining stream: per_worker or global
+            meta["stream"] = batch_source_state["stream"]
         (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return tag
 
@@ -250,6 +252,10 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
                 f"{', '.join(f'{n}: {s}' for n, s in old) or '?'}) does not fit this config's "
                 f"stages ({', '.join(f'{n}: {s}' for n, s in new)}): a re-run with the same "
                 f"run.name resumes that job; give a changed experiment a new run.name")
+    if meta["world_size"] != world_size and meta.get("stream") == "per_worker":
+        # the saved positions are per worker, whatever this run's stream
+        return stream_per_worker(meta["world_size"], world_size,
+                                 "the checkpoint's batch stream (data.stream: per_worker)")
     if meta["world_size"] != world_size and not reshardable:
         return stream_per_worker(meta["world_size"], world_size, source)
     _, problem = world_change(meta, world_size, grad_accum)
