@@ -168,3 +168,20 @@ def test_a_per_worker_checkpoint_is_refused_on_another_world_before_any_worker_s
     assert checkpointing.resume_problem(meta, [("one", 4)], 2, reshardable=True) is None
     assert checkpointing.resume_problem({**meta, "stream": "global"}, [("one", 4)], 1,
                                         reshardable=True) is None
+
+
+def test_a_builder_that_passes_over_batches_keeps_the_global_order(plan, one_worker):
+    """``train.batch_builders`` > 1: each builder builds every n-th batch of its rank and
+    passes over the others (``pass_over``): the batches it builds are still the rank's."""
+    b = stream(plan, 1, 2)          # rank 1 of 2: global indices 1, 3, 5, 7, ...
+    try:
+        built = []
+        for j in range(8):
+            g = 1 + 2 * j
+            if j % 2:
+                b.pass_over(task_of(g))
+            else:
+                built.append(batch_digest(b.next(task_of(g))))
+        assert built == one_worker[1:17:4]
+    finally:
+        b.close()
