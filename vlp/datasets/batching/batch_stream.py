@@ -17,6 +17,16 @@ in it; a restored loader reads that epoch again and skips those batches without 
 them (region windows are collated as they are cut, skipped batches included). It continues
 exactly when the stream is the same every time (the local reader; Ray Data with
 ``build_dataset(reshuffle_files=False)`` and ``preserve_order``).
+
+One global stream (``data.stream: global``): every rank reads the whole data in the same
+order and cuts the same batches as one worker would (seeded as rank 0 of 1), and rank r of W
+trains the batches of global index r, r + W, r + 2W, ... (index counted from the stage's
+start, across epochs), passing over the others without masking them (region windows collate
+only this rank's). No rank waits for another at an epoch's end, so there is no epoch sync
+and nothing is dropped. The position is the global index: ``load_resharded_state`` moves W
+saved ranks to another number of ranks, which continue at the index the W stopped at with
+no batch skipped or trained twice. Each rank reads and cuts all W ranks' batches, so this
+costs reading; masking and collation stay per rank.
 """
 
 from __future__ import annotations
@@ -44,10 +54,20 @@ class BatchStream:
     epochs (see the module docstring); ``PretrainBatches`` masks them for a task."""
 
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
-                 rank: int = 0, epoch_sync: Callable[[bool], bool] | None = None):
+                 rank: int = 0, epoch_sync: Callable[[bool], bool] | None = None,
+                 world_size: int = 1, global_order: bool = False):
         self.plan = plan
         self.cfg = plan.config
-        self.rank = rank
+        self.global_order = global_order
+        if global_order and epoch_sync is not None:
+            raise ValueError("a global stream has no epoch sync: every rank reads the whole "
+                             "stream and no rank waits for another at an epoch's end")
+        # the global stream is seeded as one worker's (rank 0): the same on any world
+        self.rank = 0 if global_order else rank
+        self.take_rank, self.take_world = rank, world_size
+        self._index = 0                # global: batches of the stream taken or passed over
+        self._next_own = rank          # global: the index of this rank's next batch
+        self._cut_index = 0            # global: the index the next batch cut will have
         self._blocks_fn = blocks
         self._sync = epoch_sync     # (this rank's epoch exhausted) → whether any rank's is
         self.window = ExampleWindow(plan, self._window_rng(0))
@@ -81,8 +101,17 @@ class BatchStream:
 
     def _take_synced(self) -> tuple[ExampleRefs, dict[int, ImageBlock], np.random.Generator,
                                     dict | None]:
-        """``_take`` after a restore's skipping and the ranks' epoch agreement."""
+        """``_take`` after a restore's skipping and the ranks' epoch agreement; in a global
+        stream, this rank's next batch (the others' passed over)."""
         self._skip_served()
+        if self.global_order:
+            while self._index < self._next_own:
+                self._take()
+                self._index += 1
+            taken = self._take()    # may cut a window: it collates from _next_own on
+            self._index += 1
+            self._next_own += self.take_world
+            return taken
         if self._sync is not None and self._sync(self._epoch_exhausted()):
             self.stats["epoch_tail_dropped"] += self._finish_epoch()
         return self._take()
@@ -216,12 +245,31 @@ class BatchStream:
         of its images once."""
         batches = self.window.cut_refs(self._live, final)
         plan = self.plan
-        collated = collate_window(self._live, batches, self.tok,
-                                  feature_dim=plan.feature_dim,
-                                  need_soft=plan.needs_soft_labels)
+        own = list(range(len(batches)))
+        if self.global_order:   # other ranks' batches are passed over: not collated
+            first = self._cut_index
+            self._cut_index += len(batches)
+            own = [i for i in own if first + i >= self._next_own
+                   and (first + i - self._next_own) % self.take_world == 0]
+        made = collate_window(self._live, [batches[i] for i in own], self.tok,
+                              feature_dim=plan.feature_dim, need_soft=plan.needs_soft_labels)
+        collated: list[dict | None] = [None] * len(batches)
+        for i, c in zip(own, made):
+            collated[i] = c
         self._ready.extend((b, c, self._reading_epoch) for b, c in zip(batches, collated))
         carried = self.window.referenced_blocks()
         self._live = {b: blk for b, blk in self._live.items() if b in carried}
+
+    # ---- the global stream's position ------------------------------------------------------
+
+    def _global_state(self) -> dict[str, int]:
+        return {"index": self._index, "next": self._next_own, "world": self.take_world}
+
+    def _load_global(self, state: dict, served_in_epoch: int) -> None:
+        """After the epoch position is restored: the global index and this rank's next; the
+        reader restarts at the epoch's first batch, which had index ``index - served``."""
+        self._index, self._next_own = int(state["index"]), int(state["next"])
+        self._cut_index = self._index - served_in_epoch
 
     def _end_epoch(self, epoch: int) -> None:
         if self._epoch_examples == 0:

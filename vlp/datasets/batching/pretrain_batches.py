@@ -45,11 +45,15 @@ from vlp.tasks import get_task, visual_problem
 class PretrainBatches(BatchStream):
     def __init__(self, plan: DataPlan, blocks: Callable[[int], Iterable[pa.Table]], *,
                  rank: int = 0, with_ids: bool = False,
-                 epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1):
+                 epoch_sync: Callable[[bool], bool] | None = None, world_size: int = 1,
+                 global_order: bool = False):
         self._with_ids = with_ids   # add example_image_key / example_text_key (evaluation, tests)
         self.tok = load_tokenizer(plan.tokenizer_path or None)
         self.ctx = mask_context(plan, self.tok)
-        super().__init__(plan, blocks, rank=rank, epoch_sync=epoch_sync)
+        # global_order: ``blocks`` is the whole stream, and this rank trains every
+        # world_size-th batch of it (``batch_stream``: resumable on another world)
+        super().__init__(plan, blocks, rank=rank, epoch_sync=epoch_sync,
+                         world_size=world_size, global_order=global_order)
         self.text: TextCorpusBatches | None = None   # mlm-text's own stream (VL-BERT)
         if any(get_task(t).text_only for t in plan.tasks):
             self.text = TextCorpusBatches(
@@ -138,16 +142,32 @@ class PretrainBatches(BatchStream):
         batches were served. A Ray Data stream cannot seek: a restored loader reads that
         epoch from its start and passes over those batches (see the module docstring)."""
         state = {"epoch": self.epoch, "served_in_epoch": self.served_in_epoch,
-                 "stats": dict(self.stats)}
+                 "stats": dict(self.stats),
+                 # the checkpoint's meta records it: a driver refuses a per-worker
+                 # position on another number of workers before any worker starts
+                 "stream": "global" if self.global_order else "per_worker"}
         if self.text is not None:
             state["text"] = self.text.state_dict()
         if self.window.shapes is not None:
             state["shapes"] = self.window.shapes.state_dict()
+        if self.global_order:
+            state["global"] = self._global_state()
         return state
+
+    @property
+    def reshardable(self) -> bool:
+        """Whether ``load_resharded_state`` can move the position to another world."""
+        return self.global_order
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self._reader is not None:
             raise RuntimeError("load_state_dict must come before the first next()")
+        if ("global" in state) != self.global_order:
+            saved, mine = [("global" if g else "per_worker") for g in
+                           ("global" in state, self.global_order)]
+            raise ValueError(f"the checkpoint's batch stream was data.stream: {saved}, this "
+                             f"run's is {mine}: resume with data.stream: {saved}, or start a "
+                             f"new run beside it with a new run.name (--name)")
         self.epoch = self._reading_epoch = int(state["epoch"])
         self._ended = self.epoch - 1
         self.served_in_epoch = 0
@@ -158,6 +178,26 @@ class PretrainBatches(BatchStream):
             self.window.shapes = ShapeSet.from_state(state["shapes"])
         if self.text is not None and "text" in state:
             self.text.load_state_dict(state["text"])
+        if self.global_order:
+            self._load_global(state["global"], self._skip)
+
+    def load_resharded_state(self, states: list[Mapping[str, Any]], saved_world: int) -> None:
+        """Continue a global stream saved by ``saved_world`` ranks (their states, by rank) on
+        this rank of another world: they stood at one cursor (rank r's next batch at cursor +
+        r, at a step boundary), so this rank's next is cursor + its rank; the stream is
+        restored at the earliest saved position (rank 0's) and passes over from there."""
+        if not self.global_order or any("global" not in s for s in states):
+            raise ValueError(f"the checkpoint's batch stream was written by {saved_world} "
+                             f"workers each batching its own share (data.stream: per_worker), "
+                             f"which cannot move to {self.take_world}: resume on {saved_world} "
+                             f"workers (scaling.num_workers={saved_world})")
+        cursors = {int(s["global"]["next"]) - r for r, s in enumerate(states)}
+        if len(states) != saved_world or len(cursors) != 1:
+            raise ValueError(f"the checkpoint's {len(states)} stream positions (next batches "
+                             f"{[s['global']['next'] for s in states]}) are not one position "
+                             f"of {saved_world} workers")
+        self.load_state_dict(min(states, key=lambda s: int(s["global"]["index"])))
+        self._next_own = cursors.pop() + self.take_rank
 
     def split_io(self) -> tuple[PretrainBatches, Callable[[int], Iterable[pa.Table]],
                                 Callable[[bool], bool] | None]:

@@ -151,6 +151,13 @@ class PipelineOptions(ConfigModel):
                                       # Ray stream hands over Ray Data's own blocks)
     prefetch_blocks: int = Field(8, ge=1)   # blocks queued ahead of the batcher (bounds host
                                             # memory)
+    # per_worker: each worker batches its own share of the data (Ray Data's streaming
+    # split); a resume must keep the number of workers. global: every worker reads the whole
+    # stream and cuts the same batches, worker r of W trains batches r, r + W, ...: the
+    # batch sequence and the saved position do not depend on W, so a run resumes on another
+    # number of workers (batching/batch_stream.py). Costs each worker the reading and cutting
+    # of all W workers' batches (not their masking)
+    stream: Literal["per_worker", "global"] = "per_worker"
 
     def validate(self) -> Iterator[tuple[str, str]]:
         bad = [w for w in self.object_words if not w.strip()]

@@ -141,6 +141,10 @@ def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],
             corpus_files(config.text_corpus)
         except TextCorpusError as e:
             problems.append(("text_corpus", str(e)))
+    if text_tasks and config.stream == "global":   # the text corpus is a stream per worker
+        problems.append(("stream", f"global: task {text_tasks[0]} reads text-only batches from "
+                         f"a corpus stream kept per worker, which cannot move to another "
+                         f"number of workers yet: expected per_worker with it"))
     object_words: tuple[str, ...] = ()
     if any(TASKS[t].object_words for t in active):
         object_words = config.object_words or world_class_names(config)

@@ -65,6 +65,11 @@ class LocalBlocks:
 
 def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1,
                   with_ids: bool = False) -> PretrainBatches:
-    """``PretrainBatches`` over this process's share of the shards, without Ray."""
+    """``PretrainBatches`` over this process's share of the shards, without Ray; under
+    ``data.stream: global`` over all of them, this rank taking every ``world_size``-th
+    batch."""
+    if plan.config.stream == "global":
+        return PretrainBatches(plan, local_blocks(plan), rank=rank, with_ids=with_ids,
+                               world_size=world_size, global_order=True)
     return PretrainBatches(plan, local_blocks(plan, rank, world_size), rank=rank,
                            with_ids=with_ids, world_size=world_size)

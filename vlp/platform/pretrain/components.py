@@ -17,7 +17,9 @@ Ray numbers executions from 0 again. Per-epoch randomness is worker-side (window
 and source resampling seeded by epoch, masking by the batch's place in its epoch). Ranks end
 each epoch at the same step (an all-reduce before every batch; the ranks with batches left
 drop them, see ``PretrainBatches``), so no rank ever waits at the next epoch's barrier while
-another waits for it in a collective. A checkpoint records (epoch, batches served); a
+another waits for it in a collective. Under ``data.stream: global`` the stage's dataset is not
+split: every rank reads all of it and trains every W-th batch (``batch_stream``), with no
+epoch barrier and a position that moves to another number of workers. A checkpoint records (epoch, batches served); a
 restored worker re-reads that epoch and passes over the served batches without collating
 them.
 """
@@ -80,11 +82,14 @@ class PretrainComponents:
 
     def dataset_config(self, cfg: LoopConfig) -> Any:
         """Ray Train's ingest options: ``preserve_order`` makes the streaming split hand
-        each rank the same blocks in every execution (see the module docstring)."""
+        each rank the same blocks in every execution (see the module docstring); a stage
+        under ``data.stream: global`` is not split: every rank reads all of it."""
         import ray.train
         from ray.data import ExecutionOptions
 
-        return ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
+        split = [s.dataset for s in self.setup.stages if s.plan.config.stream != "global"]
+        return ray.train.DataConfig(datasets_to_split=split,
+                                    execution_options=ExecutionOptions(preserve_order=True))
 
     def _check_stages(self, cfg: LoopConfig) -> None:
         names = [s.name for s in cfg.stages]
@@ -118,6 +123,9 @@ class PretrainComponents:
 
         data = self.setup.stages[stage_index]
         shard = ray.train.get_dataset_shard(data.dataset)
+        if data.plan.config.stream == "global":   # the whole dataset (not split): no sync
+            return PretrainBatches(data.plan, shard_blocks(shard, data.plan), rank=worker.rank,
+                                   world_size=worker.world_size, global_order=True)
         sync = AnyRank(worker.device) if worker.world_size > 1 else None
         return PretrainBatches(data.plan, shard_blocks(shard, data.plan), rank=worker.rank,
                                epoch_sync=sync, world_size=worker.world_size)

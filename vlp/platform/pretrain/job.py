@@ -77,14 +77,15 @@ def finished_run(cfg: ExperimentConfig) -> str | None:
     checkpoint and stop); None otherwise: no checkpoint, one before the last step, or one
     that does not fit the config (the preflight then names why). The MLflow run is found by
     its key, as a resumed job re-attaches to it; nothing is written."""
-    from vlp.platform.pretrain.run import loop_config
+    from vlp.platform.pretrain.run import STREAM, loop_config, reshardable
     from vlp.platform.training import launch
 
     cfg = resolved(cfg)
     loop = loop_config(cfg)
     storage = run_storage.open_location(cfg.run.storage)
     meta = storage.latest_checkpoint_meta(cfg.run.name)
-    if meta is None or meta["step"] < cfg.total_steps() or launch.resume_problem(loop):
+    if meta is None or meta["step"] < cfg.total_steps() or launch.resume_problem(
+            loop, reshardable=reshardable(cfg), source=STREAM):
         return None
     run_id = "off"
     if cfg.mlflow.enabled:

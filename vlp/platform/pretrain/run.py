@@ -33,6 +33,9 @@ from vlp.platform.training.launch import LoopResult
 from vlp.platform.training.protocols import Components
 
 PretrainResult = LoopResult     # what a pretraining run returns (the loop's result)
+# the batch stream as a refusal to resume on another number of workers names it
+STREAM = ("this run's batch stream (data.stream: per_worker; a run started with "
+          "data.stream: global can move)")
 
 
 def resolve(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -100,6 +103,12 @@ def loop_config(cfg: ExperimentConfig) -> LoopConfig:
         scaling=project(LoopScaling, cfg.scaling))
 
 
+def reshardable(cfg: ExperimentConfig) -> bool:
+    """Whether a checkpoint of this run resumes on another number of workers: its batch
+    stream is global (``data.stream: global``), else each worker's position is its own."""
+    return cfg.data.stream == "global"
+
+
 def tracking_spec(cfg: ExperimentConfig, parent_run_id: str | None = None) -> dict[str, Any]:
     """How rank 0 finds its MLflow run (``launch.tracking_spec``); its params are the
     flattened experiment config."""
@@ -114,7 +123,8 @@ def preflight(cfg: ExperimentConfig) -> None:
     """Checks that need no cluster: tracking reachable (short timeout), run storage
     writable, and a checkpoint that this run would resume fits the config. Raises with the
     cause named."""
-    problem = launch.resume_problem(loop_config(cfg))
+    problem = launch.resume_problem(loop_config(cfg), reshardable=reshardable(cfg),
+                                    source=STREAM)
     if problem:
         raise ValueError(problem)
     if cfg.mlflow.enabled:

@@ -140,6 +140,8 @@ def save(engine: Any, folder: str | Path, state: TrainerState, rank: int,
                 "stages": [[n, int(k)] for n, k in stages], "world_size": state.world_size,
                 "examples_seen": state.examples_seen, "grad_accum": grad_accum,
                 "zero_stage": int(engine.zero_optimization_stage())}
+        if "stream" in batch_source_state:   # a pretraining stream: per_worker or global
+            meta["stream"] = batch_source_state["stream"]
         (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return tag
 
@@ -227,7 +229,8 @@ def follow_checkpoint(cfg: LoopConfig, meta: dict[str, Any], world_size: int | N
 
 def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_size: int,
                    zero_stage: str | int = "auto", grad_accum: int = 1,
-                   reshardable: bool = True) -> str | None:
+                   reshardable: bool = True, source: str = "this run's batch stream"
+                   ) -> str | None:
     """Why the checkpoint described by ``meta`` cannot continue a run with these stages
     (name, steps) on ``world_size`` workers with ``train.zero_stage`` = ``zero_stage``; None
     if it can. Ray resumes every re-run with the same run name, so a changed experiment must
@@ -237,7 +240,8 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
     an engine without ZeRO or the reverse (a traceback from inside its loader), so that is
     refused here, naming the setting that resumes. Another worker count resumes where the
     checkpoint's global batch divides over it (``world_change``) and the batch source can move
-    its position there (``reshardable``: the caller knows its source)."""
+    its position there (``reshardable``: the caller knows its ``source``, named in the
+    refusal)."""
     k, step = meta["stage"], meta["step"]
     old = [tuple(s) for s in meta.get("stages", [])]
     new = [tuple(s) for s in stages]
@@ -248,8 +252,12 @@ def resume_problem(meta: dict[str, Any], stages: list[tuple[str, int]], world_si
                 f"{', '.join(f'{n}: {s}' for n, s in old) or '?'}) does not fit this config's "
                 f"stages ({', '.join(f'{n}: {s}' for n, s in new)}): a re-run with the same "
                 f"run.name resumes that job; give a changed experiment a new run.name")
+    if meta["world_size"] != world_size and meta.get("stream") == "per_worker":
+        # the saved positions are per worker, whatever this run's stream
+        return stream_per_worker(meta["world_size"], world_size,
+                                 "the checkpoint's batch stream (data.stream: per_worker)")
     if meta["world_size"] != world_size and not reshardable:
-        return stream_per_worker(meta["world_size"], world_size, "this run's batch stream")
+        return stream_per_worker(meta["world_size"], world_size, source)
     _, problem = world_change(meta, world_size, grad_accum)
     if problem:
         return problem

@@ -69,13 +69,14 @@ def tracking_spec(loop: LoopConfig, *, enabled: bool, tracking_uri: str, experim
     }
 
 
-def resume_problem(loop: LoopConfig, reshardable: bool = False) -> str | None:
+def resume_problem(loop: LoopConfig, reshardable: bool = False,
+                   source: str = "this run's batch stream") -> str | None:
     """Why the checkpoint this run would resume from does not fit ``loop`` (other stages,
     a worker count its global batch does not divide over, a ZeRO stage that cannot load its
     optimizer state), or None (no checkpoint, or one that fits): on the driver, before any
     worker starts. ``reshardable``: the run's batch source can move its position to another
-    number of workers (``load_resharded_state``); the pretraining and finetuning streams
-    cannot."""
+    number of workers (``load_resharded_state``: pretraining's ``data.stream: global``; the
+    per-worker streams and finetuning's cannot), ``source`` names it in the refusal."""
     storage = run_storage.open_location(loop.storage)
     meta = storage.latest_checkpoint_meta(loop.name)
     if meta is None:
@@ -84,7 +85,7 @@ def resume_problem(loop: LoopConfig, reshardable: bool = False) -> str | None:
         meta, run_storage.open_location(meta["uri"]).exists)
     problem = checkpointing.resume_problem(meta, loop.stage_steps(), loop.scaling.num_workers,
                                            loop.train.zero_stage, loop.train.grad_accum,
-                                           reshardable)
+                                           reshardable, source)
     return f"run {loop.name!r} in {storage.root}: {problem}" if problem else None
 
 

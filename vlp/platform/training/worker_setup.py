@@ -21,6 +21,7 @@ from vlp.platform.training.device_peaks import device_name, peak_flops
 from vlp.platform.training.device_step import uses_device_step
 from vlp.platform.training.engine import build_engine, compute_dtype, resolve_precision
 from vlp.platform.training.failures import SetupError
+from vlp.platform.training.global_draws import GlobalDraws
 from vlp.platform.training.loop_config import LoopConfig
 from vlp.platform.training.prefetch import Prefetcher
 from vlp.platform.training.protocols import WorkerInfo
@@ -61,7 +62,10 @@ class WorkerSetup:
 
     # ---- set-up ---------------------------------------------------------------------------
 
-    def _build_stage(self, model: torch.nn.Module, k: int) -> None:
+    def _build_stage(self, model: torch.nn.Module, k: int, task_group: int | None = None
+                     ) -> None:
+        """Stage ``k``'s engine, sampler, source and prefetch; ``task_group``: a global
+        stream's draw group (``global_draws``; None: this world, a run's start)."""
         stage = self.plan[k]
         self.engine = build_engine(model, self.cfg, stage.steps, self.world, self.info.device,
                                    stage_index=k)
@@ -79,6 +83,8 @@ class WorkerSetup:
                                                self.cfg.train.objective,
                                                self.cfg.train.forward_groups)
         self.source = self.components.build_batch_source(self.cfg, stage, k, self.info)
+        if getattr(self.source, "global_order", False):   # draws by global micro-batch index
+            self.sampler = GlobalDraws(self.sampler, self.world, task_group)
         # started at its first next(), after a resume has loaded the sampler and the source
         self.prefetch = Prefetcher(self.sampler, self.source, depth=self.cfg.train.prefetch_batches,
                                    device=self.info.device, dtype=self.dtype,
@@ -92,7 +98,7 @@ class WorkerSetup:
         self.engine = None
         self._close_source()
         state.stage += 1
-        self._build_stage(module, state.stage)
+        self._build_stage(module, state.stage, getattr(self.sampler, "group", None))
         state.sampler = self.prefetch.state_dict()["sampler"]
         self._say(f"stage {state.stage} '{self.plan[state.stage].name}' starts at step "
                   f"{state.step} from the weights of stage '{self.plan[state.stage - 1].name}'")
@@ -108,12 +114,15 @@ class WorkerSetup:
     def _check_source_reshardable(self, meta: dict[str, Any]) -> None:
         """On another number of workers than the checkpoint's, the batch source must map the
         saved workers' positions to its own (``load_resharded_state``); refused otherwise."""
-        if meta["world_size"] == self.world or callable(
-                getattr(self.source, "load_resharded_state", None)):
+        reshardable = getattr(self.source, "reshardable",
+                              callable(getattr(self.source, "load_resharded_state", None)))
+        if meta["world_size"] == self.world or reshardable:
             return
+        why = ("data.stream: per_worker" if hasattr(self.source, "reshardable")
+               else "no load_resharded_state")
         raise SetupError(checkpointing.stream_per_worker(
             meta["world_size"], self.world, f"its batch source ({type(self.source).__name__}, "
-            f"no load_resharded_state)"))
+            f"{why})"))
 
     def _close_source(self) -> None:
         """The prefetch thread first (it may be inside ``source.next``), then the source:
