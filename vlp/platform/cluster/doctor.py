@@ -18,6 +18,7 @@ The doctor's files in the storage are deleted at the end.
 from __future__ import annotations
 
 import posixpath
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -89,12 +90,24 @@ def run_doctor(opts: DoctorOptions, say: Callable[[str], None] = print) -> Docto
     say(f"vlp doctor: {sum(len(n.actors) for n in nodes)} rank(s) on {len(nodes)} node(s) …")
     _shared(opts, len(nodes), report)
     session = uuid.uuid4().hex[:12]
+    clock = time.perf_counter()
+
+    def done(what: str) -> None:      # each phase's seconds: a slow one shows where
+        nonlocal clock
+        now = time.perf_counter()
+        say(f"vlp doctor: {what} in {now - clock:.1f} s")
+        clock = now
+
     try:
         nodes = _placed(nodes, report, opts.timeout_s)
+        done("ranks placed")
         _node_checks(nodes, report, opts, session)
+        done("storage, tracking and DeepSpeed ops checked")
         _all_reduces(nodes, report, opts)
+        done("all-reduces timed")
         if opts.step:
             _steps(nodes, report, opts)
+            done("training step(s) timed")
     finally:
         for n in nodes:
             for a in n.actors:
@@ -129,20 +142,23 @@ def _shown(uri: str) -> str:
 
 
 def _placed(nodes: list[_Node], report: DoctorReport, timeout_s: float) -> list[_Node]:
-    """The nodes whose every rank started (their devices read); the others are failures."""
+    """The nodes whose every rank started, each rank seeing the GPUs of all the node's ranks
+    (``DoctorRank.devices``); the others are failures."""
     import ray
 
-    calls = {n.result.label: [a.devices.remote() for a in n.actors] for n in nodes}
+    calls = {n.result.label: [a.gpu_ids.remote() for a in n.actors] for n in nodes}
     pending = [c for cs in calls.values() for c in cs]
     ready, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
     ready = set(ready)
     kept = []
     for n in nodes:
         if all(c in ready for c in calls[n.result.label]):
-            facts = ray.get(calls[n.result.label][0])
+            ids = [i for c in calls[n.result.label] for i in ray.get(c)]
+            visible = sorted(set(ids), key=lambda i: (len(i), i))
+            facts = ray.get([a.devices.remote(visible) for a in n.actors])[0]
             n.result.gpus, n.result.gpu_name = facts["gpus"], facts["gpu_name"]
             n.result.instance_type = facts["instance_type"]
-            if n.result.accelerator in ("GPU",) and facts["gpu_name"]:
+            if n.result.accelerator == "GPU" and facts["gpu_name"]:
                 n.result.accelerator = facts["gpu_name"]
             kept.append(n)
             continue

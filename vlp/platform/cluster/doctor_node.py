@@ -13,15 +13,16 @@ import time
 from typing import Any
 
 
-def devices() -> dict[str, Any]:
-    """This process's view of the node: host, GPUs torch sees and their name."""
+def devices(index: int = 0) -> dict[str, Any]:
+    """This process's view of the node: host, the GPUs torch sees and the name of the one at
+    ``index``."""
     import torch
 
     out: dict[str, Any] = {"host": socket.gethostname(), "torch": torch.__version__,
                            "gpus": 0, "gpu_name": None}
     if torch.cuda.is_available():
         out["gpus"] = torch.cuda.device_count()
-        out["gpu_name"] = torch.cuda.get_device_name(0)
+        out["gpu_name"] = torch.cuda.get_device_name(index)
     from vlp.platform.cluster.instance_type import instance_type
 
     out["instance_type"] = instance_type()

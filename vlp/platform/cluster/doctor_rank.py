@@ -16,6 +16,35 @@ class DoctorRank:
         self.node = node
         self.groups: list[Any] = []
         self.rank = -1
+        self.index = 0          # this rank's CUDA device among those it sees
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return (torch.device("cuda", self.index) if torch.cuda.is_available()
+                else torch.device("cpu"))
+
+    # ---- placement: the GPUs of a node shared as Ray Train shares them -----------------
+
+    def gpu_ids(self) -> list[str]:
+        """The GPU Ray gave this actor (none on a CPU node); touches no CUDA."""
+        import ray
+
+        return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+    def devices(self, visible: list[str]) -> dict[str, Any]:
+        """The node's facts, once this rank sees ``visible`` (the GPUs of every doctor rank
+        on the node, as Ray Train sets ``CUDA_VISIBLE_DEVICES`` for a node's workers: NCCL
+        then uses peer-to-peer between them) and computes on its own one among them.
+        Called before CUDA starts in this process."""
+        import os
+
+        mine = self.gpu_ids()
+        if visible and mine:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+            self.index = visible.index(mine[0])
+        return doctor_node.devices(self.index)
 
     # ---- the process group -----------------------------------------------------------
 
@@ -39,7 +68,7 @@ class DoctorRank:
 
         gpu = torch.cuda.is_available()
         if gpu:
-            torch.cuda.set_device(0)       # Ray gave this actor one GPU: it is device 0 here
+            torch.cuda.set_device(self.index)
         backend = "nccl" if gpu else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}",
                                 rank=rank, world_size=world,
@@ -50,12 +79,9 @@ class DoctorRank:
 
     def all_reduce(self, index: int, nbytes: int) -> float:
         """Seconds of one timed all-reduce over group ``index`` (its members call it)."""
-        import torch
-
         from vlp.platform.cluster.bus_bandwidth import timed_all_reduce
 
-        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        return timed_all_reduce(nbytes, device, self.groups[index])
+        return timed_all_reduce(nbytes, self.device, self.groups[index])
 
     def leave(self) -> None:
         import torch.distributed as dist
@@ -64,9 +90,6 @@ class DoctorRank:
             dist.destroy_process_group()
 
     # ---- the node's checks --------------------------------------------------------------
-
-    def devices(self) -> dict[str, Any]:
-        return doctor_node.devices()
 
     def storage_write(self, root: str, key: str, nbytes: int) -> dict[str, Any]:
         return doctor_node.storage_write(root, key, nbytes)
@@ -82,7 +105,7 @@ class DoctorRank:
 
     def training_step(self, family: str) -> dict[str, Any]:
         try:
-            return {"ok": True, **doctor_step.training_step(family)}
+            return {"ok": True, **doctor_step.training_step(family, device=self.device)}
         except Exception as e:  # noqa: BLE001 - the step failing on this node is the finding
             return {"ok": False, "error": f"the training step failed: {type(e).__name__}: "
                                           f"{str(e)[:300]}",

@@ -60,24 +60,27 @@ def mlm_batch(spec, examples: int, text: int, regions: int, seed: int = 0
     return to_torch(batch)
 
 
-def training_step(family: str = "", *, warm: int = 2, timed: int = 3) -> dict[str, Any]:
-    """The step on this process's device (CUDA device 0 when there is one): its seconds
-    (median of ``timed``), model TFLOP/s and MFU (None on a CPU or an unknown GPU)."""
+def training_step(family: str = "", *, device: Any = None, warm: int = 2, timed: int = 3
+                  ) -> dict[str, Any]:
+    """The step on ``device`` (default: CUDA device 0 when there is one, else the CPU): its
+    seconds (median of ``timed``), model TFLOP/s and MFU (None on a CPU or an unknown
+    GPU)."""
     import torch
 
     from vlp.models.factory import create_model
     from vlp.models.flops import encoder_shape
     from vlp.platform.training.device_peaks import device_name, peak_flops
 
-    gpu = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    if device is None:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    gpu = device.type == "cuda"
     default, examples, text, regions = GPU_STEP if gpu else CPU_STEP
     family = family or default
     bundle = create_model(family, tasks=["mlm"], init="random")
     model = bundle.model.to(device).train()
     batch = {k: v.to(device) for k, v in mlm_batch(bundle.preprocess, examples, text,
                                                     regions).items()}
-    precision = "bf16" if gpu and torch.cuda.is_bf16_supported() else "fp32"
+    precision = "bf16" if gpu and torch.cuda.get_device_capability(device)[0] >= 8 else "fp32"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **({"fused": True} if gpu else {}))
 
     def step() -> float:
