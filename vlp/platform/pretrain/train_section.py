@@ -43,7 +43,7 @@ class TrainSection(ConfigModel):
     # warning when well below (vlp/platform/cluster/bus_bandwidth.py). auto: GPU runs of
     # more than one worker; true also runs it on CPU workers (gloo). interconnect_mb: the
     # buffer, 0 = 256 MiB on GPUs, 16 MiB on CPUs
-    interconnect_check: bool | Literal["auto"] = "auto"
+    interconnect_check: Literal["auto", True, False] = "auto"
     interconnect_mb: int = Field(0, ge=0)
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
     # torch.compile the model with static shapes, fullgraph (opt-in: with dynamic shapes the
