@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-import pytest
-
 from engine_subprocess import free_port
 from vlp.platform.cluster import doctor_node, link_speeds
 from vlp.platform.cluster.bus_bandwidth import Measurement

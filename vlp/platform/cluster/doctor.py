@@ -103,7 +103,13 @@ def run_doctor(opts: DoctorOptions, say: Callable[[str], None] = print) -> Docto
         done("ranks placed")
         _node_checks(nodes, report, opts, session)
         done("storage, tracking and DeepSpeed ops checked")
-        _all_reduces(nodes, report, opts)
+        try:
+            _all_reduces(nodes, report, opts)
+        except ray.exceptions.RayError as e:    # a rank died or a collective timed out
+            report.fail("all nodes", f"the all-reduce failed: {_first_line(e)}",
+                        "rerun with NCCL_DEBUG=INFO (GPUs) or GLOO_DEBUG (CPUs) set in the "
+                        "nodes' environment; check that the nodes reach each other on all "
+                        "ports (security group)")
         done("all-reduces timed")
         if opts.step:
             _steps(nodes, report, opts)
@@ -133,6 +139,13 @@ def _shared(opts: DoctorOptions, nodes: int, report: DoctorReport) -> None:
             check_tracking_shared(opts.tracking_uri, nodes)
     except TrackingUnreachable as e:
         report.fail("all nodes", str(e), "jobs on this cluster would be refused the same way")
+
+
+def _first_line(e: BaseException) -> str:
+    """The cause's last line (a Ray error carries the remote traceback before it)."""
+    cause = getattr(e, "cause", None) or e
+    text = f"{type(cause).__name__}: {cause}".strip().splitlines()
+    return text[-1][:300] if text else type(e).__name__
 
 
 def _shown(uri: str) -> str:
@@ -280,7 +293,13 @@ def _steps(nodes: list[_Node], report: DoctorReport, opts: DoctorOptions) -> Non
         firsts[kind] = n
         calls.append((n, n.actors[0].training_step.remote(opts.family)))
     for n, call in calls:
-        n.result.step = ray.get(call)
+        try:
+            n.result.step = ray.get(call)
+        except ray.exceptions.RayError as e:     # the rank died: out of memory, a crash
+            n.result.step = {"ok": False, "error": f"the training step's rank died: "
+                                                   f"{_first_line(e)}",
+                             "fix": "look at the node's raylet log (out of memory?); "
+                                    "`make gpu-check` on this node type"}
 
 
 def _clean(storage: str, session: str) -> None:
