@@ -7,7 +7,9 @@ The nodes' environment is what cluster.yaml writes into every node's ~/.bashrc
 (VLP_STORAGE=s3://$VLP_BUCKET/runs, the head's MLFLOW_TRACKING_URI) plus the S3 endpoint and
 test keys (what an instance profile gives a cloud node).
 
-One pretraining job — the shipped GPU config uniter-base-indomain.yaml as it stands, sizes
+First `vlp doctor` checks the three nodes (devices, all-reduce within and between them,
+the S3 storage written and read back across nodes, the tracking server, DeepSpeed's ops, a
+training step). One pretraining job — the shipped GPU config uniter-base-indomain.yaml as it stands, sizes
 overridden (tiny family, the tiny world in the bucket, 2 CPU workers spread over the nodes),
 storage and tracking from the nodes' environment alone — loses a worker node (`kill -9` of
 its raylet) after its first checkpoint and must resume from the S3 checkpoint on the
