@@ -71,6 +71,7 @@ def test_the_error_is_one_line_per_problem_and_names_the_file(tmp_path):
     assert str(e.value) == (f"invalid config ({path}): train.precison: unknown key (known: "
                             "steps, grad_accum, objective, forward_groups, precision, zero_stage, "
                             "grad_overlap, grad_bucket_elements, grad_wire_dtype, "
+                            "interconnect_check, interconnect_mb, "
                             "activation_checkpointing, compile, cuda_graphs, prefetch_batches, "
                             "batch_builder, batch_builders, peak_tflops, log_every, on_nonfinite, "
                             "max_nonfinite_skips, stop_after, extensions_dir) "

@@ -7,7 +7,9 @@ The nodes' environment is what cluster.yaml writes into every node's ~/.bashrc
 (VLP_STORAGE=s3://$VLP_BUCKET/runs, the head's MLFLOW_TRACKING_URI) plus the S3 endpoint and
 test keys (what an instance profile gives a cloud node).
 
-One pretraining job — the shipped GPU config uniter-base-indomain.yaml as it stands, sizes
+First `vlp doctor` checks the three nodes (devices, all-reduce within and between them,
+the S3 storage written and read back across nodes, the tracking server, DeepSpeed's ops, a
+training step). One pretraining job — the shipped GPU config uniter-base-indomain.yaml as it stands, sizes
 overridden (tiny family, the tiny world in the bucket, 2 CPU workers spread over the nodes),
 storage and tracking from the nodes' environment alone — loses a worker node (`kill -9` of
 its raylet) after its first checkpoint and must resume from the S3 checkpoint on the
@@ -185,7 +187,9 @@ def pretrain_entry() -> list[str]:
     sizes = size_overrides(raw) + [   # a later override of the same key wins
         f"train.steps={STEPS}", "train.log_every=2", f"checkpoint.interval={INTERVAL}",
         "checkpoint.keep=2", "scaling.num_workers=2", "scaling.placement_strategy=SPREAD",
-        "run.max_failures=2", "mlflow.metric_window=1"]    # a row per step, to count
+        "run.max_failures=2", "mlflow.metric_window=1",    # a row per step, to count
+        # the start-of-run interconnect check, on CPU workers too (gloo), a small buffer
+        "train.interconnect_check=true", "train.interconnect_mb=4"]
     return ["jobs/pretrain.py", "--config", f"jobs/configs/{PRETRAIN_CONFIG}",
             *[a for s in sizes for a in ("--set", s)]]
 
@@ -263,12 +267,54 @@ def mlflow_runs(uri: str, name: str):
 
 
 @pytest.mark.xdist_group("multinode-pretrain")
+def test_vlp_doctor_checks_every_node_of_the_cluster(cluster, s3, mlflow_server, workdir,
+                                                     tmp_path):
+    """`vlp doctor` submitted as users submit it, before the pretraining job (the cluster
+    still has its three nodes), with the shipped GPU config's storage and tracking as the
+    nodes' environment gives them: one table, a row per node (2 gloo ranks each: the
+    all-reduce within it; the storage written, read back, and another node's file read; the
+    tracking server answered; DeepSpeed's CPU comm op), one training step for the one node
+    type, the all-reduce between the three nodes; exit 0; nothing left in the bucket."""
+    job_id = f"vlp-mn-doctor-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    proc = cluster.submit(workdir, job_id, [
+        "-m", "vlp.cli", "doctor", "--config", f"jobs/configs/{PRETRAIN_CONFIG}",
+        "--storage-mb", "2", "--allreduce-mb", "4"], {}, tmp_path / "doctor.log")
+    out = finish(proc, tmp_path / "doctor.log", cluster, job_id)
+    print(f"doctor job took {time.monotonic() - t0:.0f} s")
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    print("\n".join(line for line in out.splitlines() if line.startswith(("| ", "vlp doctor"))))
+    assert (f"vlp doctor: 3 node(s); run storage s3://{BUCKET}/runs; tracking {mlflow_server}"
+            in out), out[-4000:]
+    assert len(table) == 2 + 3 + 1, table
+    nodes = table[2:5]
+    assert nodes[0].split(" | ")[0].endswith("(head)")
+    for row in nodes:
+        cells = row.strip("| ").split(" | ")
+        assert cells[1] == "CPU" and "(2 gloo ranks, 4 MiB)" in cells[2], row
+        assert re.fullmatch(r"[\d,.]+ / [\d,.]+ MB/s", cells[3]), row
+        assert cells[4].startswith("ok (") and cells[5].startswith("ok ("), row
+        assert cells[6].startswith("deepspeed_shm_comm: "), row
+    step = nodes[0].strip("| ").split(" | ")[7]
+    assert step.startswith("uniter-tiny, 208 units, fp32: ") and "MFU n/a (CPU" in step
+    assert all("(same type)" in row for row in nodes[1:])
+    assert "(3 gloo ranks, 4 MiB)" in table[5] and table[5].startswith("| between nodes (3)")
+    assert "vlp doctor: every check passed" in out and "FAIL" not in out
+    assert not [p for p in s3_files(s3, "runs") if "/.vlp-doctor/" in p]
+
+
+@pytest.mark.xdist_group("multinode-pretrain")
 def test_a_lost_worker_node_resumes_from_s3_and_ends_at_the_configured_step(
         killed_job, s3, mlflow_server, cluster):
     out = killed_job["out"]
     print(f"killed {killed_job['killed']} at {killed_job['killed_at_s']:.0f} s; job took "
           f"{killed_job['duration_s']:.0f} s")
     resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", out)]
+    # rank 0's interconnect line at each start (2 workers: on two nodes, or one after the
+    # kill); no instance type here, so no expected figure
+    assert re.search(r"\[vlp pretrain\] interconnect (between nodes|within a node): all-reduce "
+                     r"of 4 MiB over 2 ranks \(gloo\) in [\d.]+ ms: bus bandwidth [\d.]+ GB/s; "
+                     r"expected: unknown", out), out[-4000:]
     assert resumed and resumed[0] >= INTERVAL and resumed[0] % INTERVAL == 0, out[-4000:]
     assert f"final_step {STEPS}" in out and "completed True" in out
     assert f"checkpoint s3://{BUCKET}/runs/{RUN}/checkpoint_step{STEPS:08d}" in out

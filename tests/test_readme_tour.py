@@ -28,6 +28,9 @@ NOT_RUN = {
     "make test": "is the suite this test belongs to",
     "vlp ui --run-dir runs/demo": "serves the MLflow UI until stopped: tests/test_ui*.py "
                                   "start it and screenshot it",
+    "vlp doctor --config jobs/configs/uniter-base-indomain.yaml":
+        "checks a Ray cluster's nodes: tests/test_multinode_cluster.py runs it on the local "
+        "3-node cluster with S3 (its checks without Ray: tests/test_doctor_table.py)",
     "vlp data extract --images photos/ --model grid-r50 --weights resnet50.pth --source mine "
     "--out data/mine": "needs a user's photos/ and resnet50.pth weights, which a fresh clone "
                        "has not: tests/test_extract_e2e.py runs it on generated images",

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "leaderboard",  # vlp leaderboard
     "steps",        # vlp steps
     "ui",           # vlp ui
+    "doctor",       # vlp doctor
     "demo",         # vlp demo
 ]
 

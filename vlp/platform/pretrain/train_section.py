@@ -38,6 +38,13 @@ class TrainSection(ConfigModel):
     grad_overlap: bool = True
     grad_bucket_elements: int = Field(0, ge=0)
     grad_wire_dtype: Literal["fp32", "bf16"] = "fp32"
+    # rank 0 times one all-reduce over the run's workers at start and prints its bus
+    # bandwidth beside what the GPU's link / the instance's network should give, with a
+    # warning when well below (vlp/platform/cluster/bus_bandwidth.py). auto: GPU runs of
+    # more than one worker; true also runs it on CPU workers (gloo). interconnect_mb: the
+    # buffer, 0 = 256 MiB on GPUs, 16 MiB on CPUs
+    interconnect_check: Literal["auto", True, False] = "auto"
+    interconnect_mb: int = Field(0, ge=0)
     activation_checkpointing: bool = False   # recompute encoder layers in the backward
     # torch.compile the model with static shapes, fullgraph (opt-in: with dynamic shapes the
     # encoder compiled took minutes and ran no faster on an H200, docs/gpu-check.md)

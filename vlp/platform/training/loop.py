@@ -89,6 +89,7 @@ class _Worker(WorkerSetup):
             self._announce(fresh=state.step == 0)
         self._say(f"set-up {t1 - t0:.1f} s (model, engine, checkpoint), tracking "
                   f"{time.perf_counter() - t1:.1f} s")
+        self._check_interconnect()
         window = ReportWindow(self.peak, self.world)
         self.reporter = Reporter(self.context.report)
         self._step_end = step_clock()
@@ -315,6 +316,14 @@ class _Worker(WorkerSetup):
                  n_params=self.n_params, n_trainable=self.n_trainable, total=self.total,
                  task_names=list(self.task_ids), precision=self.precision,
                  device=self.info.device, peak=self.peak)
+
+    def _check_interconnect(self) -> None:
+        """Every rank: one all-reduce timed (train.interconnect_check); rank 0 says it."""
+        from vlp.platform.cluster.bus_bandwidth import start_of_run
+
+        t = self.cfg.train
+        start_of_run(t.interconnect_check, t.interconnect_mb, use_gpu=self.cfg.scaling.use_gpu,
+                     world=self.world, rank=self.rank, device=self.info.device, say=self._say)
 
     def _announce_measured(self, record: dict[str, Any]) -> None:
         announce_measured(record, self.tracker, self._say)

@@ -42,6 +42,10 @@ class LoopTrain:
     grad_overlap: bool = True
     grad_bucket_elements: int = 0
     grad_wire_dtype: Literal["fp32", "bf16"] = "fp32"
+    # one all-reduce timed at start, its bus bandwidth beside the link's (bus_bandwidth.py);
+    # auto: GPU runs of more than one worker. interconnect_mb: 0 = 256 on GPUs, 16 on CPUs
+    interconnect_check: Literal["auto", True, False] = "auto"
+    interconnect_mb: int = 0
     activation_checkpointing: bool = False
     compile: bool = False                 # torch.compile, fullgraph, static shapes
     cuda_graphs: bool = False             # the whole step as a CUDA graph per batch shape
