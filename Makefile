@@ -21,12 +21,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vlp demo
 
-# four pytest-xdist workers on two cores (most of a test file's time is waiting on cluster
+# two pytest-xdist workers on two cores (much of a test file's time is waiting on cluster
 # start-ups, servers and polls); each worker runs a file, or a file's xdist_group part, start
 # to end (its module fixtures, such as a 3-node cluster, start once), the longest first
 # (tests/longest_first.py). Each worker has its own session Ray, S3 and tracking servers.
 # docs/testing.md, "How make test is spread": four workers overloaded two cores (Ray's
-# fixed 30 s raylet start wait ran out in 6 tests), so two by default.
+# fixed 30 s raylet start wait ran out in 6 tests); TEST_WORKERS=4 still runs four.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadgroup --durations=15

@@ -64,6 +64,41 @@ def test_iter_torch_batches_with_task_collate(dataset, world):
     assert sum(int(b[K.NUM_EXAMPLES]) for b in batches) == pairs   # every pair, once
 
 
+def footer_reader_actors() -> set[str]:
+    """Every Parquet ``FooterReader`` actor this Ray has started (alive or dead)."""
+    import ray
+    from ray.util.state import list_actors
+
+    found = list_actors(address=ray.get_runtime_context().gcs_address, limit=10_000,
+                        raise_on_missing_output=False)
+    return {a.actor_id for a in found if a.class_name == "FooterReader"}
+
+
+def test_the_read_lists_its_few_shards_with_one_footer_actor_per_listing(dataset, world,
+                                                                          monkeypatch):
+    """Ray Data lists a Parquet read's files through a pool of FooterReader actors (32 by
+    default, a Python process each) at the schema sample and again when the read runs; a
+    plan of 5 shards gets one actor per listing (``footer_readers``), and the user's
+    RAY_DATA_PARQUET_FOOTER_NUM_ACTORS stands."""
+    import os
+
+    from vlp.datasets.stream.footer_readers import ENV, footer_readers, sized_footer_pool
+    from vlp.datasets.stream.pipeline import build_dataset
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert (footer_readers(1), footer_readers(256), footer_readers(257),
+            footer_readers(10**6)) == (1, 1, 2, 32)
+    before = footer_reader_actors()
+    ds = build_dataset(world[2], reshuffle_files=False)
+    assert sum(1 for _ in ds.iter_batches(batch_size=64, batch_format="pyarrow")) > 0
+    started = footer_reader_actors() - before
+    assert 1 <= len(started) <= 2, started          # Ray's default would start up to 2 x 32
+    assert ENV not in os.environ                    # set for the read only
+    monkeypatch.setenv(ENV, "3")
+    with sized_footer_pool(5):
+        assert os.environ[ENV] == "3"
+
+
 def _train_loop(config):
     """A stand-in for the platform's loop: draw the task, take the batch, record what it saw."""
     import ray.train

@@ -36,6 +36,7 @@ from ray.data.collate_fn import ArrowBatchCollateFn
 
 from vlp.datasets.batching.collate import ExampleRefs
 from vlp.datasets.stream.data_plan import DataPlan
+from vlp.datasets.stream.footer_readers import sized_footer_pool
 from vlp.datasets.batching.image_block import ImageBlock
 from vlp.contract.uri_files import filesystem, is_uri, open_input
 from vlp.datasets.stream.image_rows import PATH_COLUMN, ImageRowTransform
@@ -67,7 +68,8 @@ def build_dataset(plan: DataPlan, *, reshuffle_files: bool = True) -> ray.data.D
     if files and is_uri(files[0]):   # s3://...: our filesystem (endpoint from the environment)
         fs, _ = filesystem(files[0])
         files = [filesystem(f)[1] for f in files]
-    ds = ray.data.read_parquet(files, include_paths=True, shuffle=shuffle, filesystem=fs)
+    with sized_footer_pool(len(files)):     # Ray's 32 footer actors: a process start each
+        ds = ray.data.read_parquet(files, include_paths=True, shuffle=shuffle, filesystem=fs)
     # projection is pushed down into the Parquet read: unused columns (pixels) are not read
     ds = ds.select_columns([*plan.read_columns, PATH_COLUMN])
     ds = ds.map_batches(ImageRowTransform(plan), batch_format="pyarrow", batch_size=None,
