@@ -58,8 +58,9 @@ def segments(attention_mask: torch.Tensor, dense_dtype: torch.dtype | None = Non
     eager attention (``attention.py``)."""
     b, w = attention_mask.shape
     real = attention_mask.bool()
-    lengths = real.sum(1)
-    starts = torch.arange(b, device=real.device) * w
+    # int32: the kernels' cu_seqlens as they are (no conversion in every layer)
+    lengths = real.sum(1, dtype=torch.int32)
+    starts = torch.arange(b, dtype=torch.int32, device=real.device) * w
     offsets = torch.cat((torch.stack((starts, starts + lengths), 1).flatten(),
                          starts.new_full((1,), b * w)))
     dense = None
