@@ -124,6 +124,13 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     # variable-length attention on the same rows: a CPU runs its segments as a dense mask
     assert result["sdpa"]["varlen_kernel"] == "dense_mask" and result["sdpa"]["varlen_ms"] > 0
     assert result["batcher"]["batcher_over_step_consumption"] > 0
+    # the peer ratio: with the official UNITER code at hand (make gpu-wheels UNITER_REPO=...
+    # or $UNITER_REPO; test_gpu_check_peer.py checks it), else one line saying why not
+    peer = result["peer"]
+    if "skipped" in peer:
+        assert "gpu-check: peer ratio skipped: no UNITER checkout" in proc.stdout, peer
+    else:
+        assert peer["vlp_over_reference"] > 0 and peer["family"] == "uniter-tiny", peer
     # issue 43: the extractor alone on photos of mixed sizes against the same photos at one
     # size (butd-tiny here; butd-r101-c4 at 600/1000 on the GPU), the passes alternated
     extract = result["extract"]

@@ -119,6 +119,25 @@ def test_the_nested_path_cuda_runs_equals_the_dense_path_on_a_cpu():
     torch.testing.assert_close(g_nested, g_padded)
 
 
+def test_a_row_without_real_tokens_keeps_every_segment_non_empty():
+    """A fixed-shape batch's padding row (data.fixed_shapes: zero masks) has no real token;
+    its first segment is one token all the same, so the fused kernels' condition holds and
+    the row's values stay finite; the other rows are untouched."""
+    mask = _mask([0, 7, 15], 16)
+    seg = varlen_attention.segments(mask)
+    assert seg.offsets.tolist() == [0, 1, 16, 23, 32, 47, 48]
+    buf, (q, k, v) = _qkv(b=3, w=16)
+    nested = varlen_attention.nested_attention(q, k, v, seg, 0.25, 0.0)
+    dense = varlen_attention.dense_attention(
+        None, q, k, v, varlen_attention.segments(mask, torch.bool), 0.25, 0.0)
+    assert torch.isfinite(nested).all()
+    torch.testing.assert_close(dense, nested)
+    real = mask.bool()
+    padded = torch.nn.functional.scaled_dot_product_attention(
+        q[1:], k[1:], v[1:], attn_mask=real[1:, None, None, :], scale=0.25).transpose(1, 2)
+    torch.testing.assert_close(nested[1:][real[1:]], padded[real[1:]])
+
+
 def _dropout_share(out: torch.Tensor, lengths: list[int], p: float):
     """With q = k = 0 and v the identity over positions, ``out[b, i, h, j]`` is query i's
     weight on key j after dropout: 1 / (n (1 - p)) or 0 inside i's segment of length n, 0

@@ -57,15 +57,17 @@ def segments(attention_mask: torch.Tensor, dense_dtype: torch.dtype | None = Non
     mask for the padded layout as well — boolean for SDPA, or additive in this dtype for
     eager attention (``attention.py``)."""
     b, w = attention_mask.shape
-    real = attention_mask.bool()
-    # int32: the kernels' cu_seqlens as they are (no conversion in every layer)
-    lengths = real.sum(1, dtype=torch.int32)
-    starts = torch.arange(b, dtype=torch.int32, device=real.device) * w
+    # int32: the kernels' cu_seqlens as they are (no conversion in every layer). A row with
+    # no real token (a fixed-shape batch's padding row, data.fixed_shapes) gets a first
+    # segment of one token all the same: no segment is empty, and nothing reads that row
+    lengths = attention_mask.sum(1, dtype=torch.int32).clamp_(min=1)
+    starts = torch.arange(b, dtype=torch.int32, device=attention_mask.device) * w
     offsets = torch.cat((torch.stack((starts, starts + lengths), 1).flatten(),
                          starts.new_full((1,), b * w)))
     dense = None
     if dense_dtype is not None:
-        same = real[:, None, :, None] == real[:, None, None, :]
+        first = torch.arange(w, device=attention_mask.device)[None] < lengths[:, None]
+        same = first[:, None, :, None] == first[:, None, None, :]
         dense = same if dense_dtype == torch.bool else torch.zeros(
             same.shape, dtype=dense_dtype, device=same.device).masked_fill(
             ~same, torch.finfo(dense_dtype).min)
