@@ -273,3 +273,42 @@ def test_the_experiment_config_names_the_layout():
 
     kwargs = model_kwargs(ModelSection(attention="varlen"), Setup())
     assert kwargs["overrides"]["transformer.attention"] == "varlen"
+
+
+def test_activation_checkpointing_recomputes_through_varlen(pair):
+    """The backward's recompute (``train.activation_checkpointing``) runs after the forward
+    returned: the layers still read varlen's implementation from the shared config."""
+    _, varlen, spec = pair
+    batch = _batch(spec, "mlm", host_ints=True)
+    model = _no_dropout(varlen.train())
+    loss, _, grads = _step(model, batch, "mlm")
+    model.backbone.set_activation_checkpointing(True)
+    try:
+        loss_c, _, grads_c = _step(model, batch, "mlm")
+    finally:
+        model.backbone.set_activation_checkpointing(False)
+    torch.testing.assert_close(loss_c, loss)
+    for name, g in grads.items():
+        torch.testing.assert_close(grads_c[name], g, msg=name)
+
+
+def test_the_gpu_checks_varlen_variant_puts_padded_back():
+    """The GPU check's steady variant (vlp/platform/gpu_check/timing.py) switches the
+    model's backbone to varlen for its pass and back after it, an error included."""
+    from vlp.platform.gpu_check import timing
+
+    model, _, _ = create_model("uniter-tiny", ["mlm"])
+    backbones = timing._padded_backbones(model)
+    assert backbones == [model.backbone]
+
+    def during():
+        assert model.backbone.attention_layout == "varlen"
+        assert model.backbone.bert_config._attn_implementation == varlen_attention.NAME
+        raise RuntimeError("a failed pass")
+
+    with pytest.raises(RuntimeError, match="a failed pass"):
+        timing._with_varlen(backbones, during)
+    assert model.backbone.attention_layout == "padded"
+    assert model.backbone.bert_config._attn_implementation == "sdpa"
+    model.backbone.set_attention_layout("varlen")
+    assert timing._padded_backbones(model) == []   # configured varlen: no such variant
