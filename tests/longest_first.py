@@ -49,7 +49,8 @@ SECONDS = {
     "tests/test_loop_bf16_resume.py": 60,
     "tests/test_soho_recipe_engine.py": 50,
     "tests/test_ray_gpu_check.py": 45,
-    "tests/test_compile_static.py": 45,
+    "tests/test_compile_static.py": 55,
+    "tests/test_gpu_check_peer.py": 40,
     "tests/test_sweep_ray.py": 40,
 }
 
