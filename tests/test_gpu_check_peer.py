@@ -86,7 +86,10 @@ def test_the_reference_gets_the_same_masked_targets(checkout):
 def test_the_peer_ratio_on_a_cpu(checkout):
     q = sizes(True, False)
     assert sizes(False, True)["peer"]["batch"] * (28 + 36) == 10240   # UNITER's micro-batch
-    out = peer.peer_ratio(checkout, q["family"], torch.device("cpu"), autocast=None,
+    from vlp.testing.example_batches import example_batch
+
+    out = peer.peer_ratio(checkout, q["family"], torch.device("cpu"), example_batch,
+                          autocast=None,
                           feat_dim=q["world"]["feature_dim"],
                           num_classes=q["world"]["num_classes"], **q["peer"])
     assert out["input_units"] == 8 * 22 and out["family"] == "uniter-tiny"

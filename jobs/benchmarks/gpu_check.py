@@ -72,10 +72,11 @@ def main(argv=None) -> int:
     # imported once a device is there (vlp, transformers, DeepSpeed, ...)
     from vlp.platform.gpu_check.check import Check, figure_lines
     from vlp.platform.training.local_runner import one_process_group
+    from vlp.testing.example_batches import example_batch
 
     path = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu_check.json")
     with one_process_group(args.device == "cuda"):
-        check = Check(args, path)
+        check = Check(args, path, make_batch=example_batch)
         out = check.run_all()
     check.save()
     print("\n".join(figure_lines(out)))

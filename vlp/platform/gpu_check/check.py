@@ -51,8 +51,9 @@ def sizes(quick: bool, gpu: bool) -> dict:
 
 
 class Check:
-    def __init__(self, args, path: Path):
+    def __init__(self, args, path: Path, make_batch=None):
         self.args, self.t0, self.path = args, time.perf_counter(), path
+        self.make_batch = make_batch   # the peer ratio's batches (vlp.testing's example_batch)
         self.gpu = args.device == "cuda"
         self.device = torch.device("cuda", 0) if self.gpu else torch.device("cpu")
         self.size = sizes(args.quick, self.gpu)
@@ -279,11 +280,13 @@ class Check:
         from vlp.platform.gpu_check import peer
 
         repo, why = peer.find_reference(getattr(self.args, "uniter_repo", None), ROOT)
+        if repo is not None and self.make_batch is None:
+            repo, why = None, "no batch maker handed to Check (make_batch=example_batch)"
         if repo is None:
             print(f"gpu-check: peer ratio skipped: {why}", flush=True)
             return {"skipped": why}
         w = self.size["world"]
-        return peer.peer_ratio(repo, self.size["family"], self.device,
+        return peer.peer_ratio(repo, self.size["family"], self.device, self.make_batch,
                                autocast=torch.bfloat16 if self.gpu else None,
                                feat_dim=w["feature_dim"], num_classes=w["num_classes"],
                                **self.size["peer"])

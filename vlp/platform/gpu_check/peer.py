@@ -10,7 +10,7 @@ says; nothing else is changed. Both models are built at the same size (the famil
 the same feature width and class count, and each step is forward, backward and the same
 optimizer (torch's AdamW, fused on CUDA) over fp32 weights, under bf16 autocast on CUDA.
 
-Batches: ``example_batch``'s, every sequence full length (the reference's ``gather_index``
+Batches: ``vlp.testing``'s ``example_batch`` (handed in by the entry script), every sequence full length (the reference's ``gather_index``
 is then the identity), vlp's masking; the reference gets the same tensors in its own keys
 (``txt_labels`` -1 where vlp has -100, ``img_masks`` / ``img_mask_tgt`` from vlp's masked
 regions, the masked rows' feature and soft-label targets; ITM without the optional OT
@@ -123,15 +123,15 @@ def build_pair(repo: Path, family: str, feat_dim: int, num_classes: int) -> tupl
     return ours, spec, ref
 
 
-def peer_ratio(repo: Path, family: str, device: torch.device, *, batch: int, text_len: int,
-               regions: int, feat_dim: int, num_classes: int, steps: int, rounds: int,
-               autocast: torch.dtype | None) -> dict[str, Any]:
+def peer_ratio(repo: Path, family: str, device: torch.device, make_batch: Callable, *,
+               batch: int, text_len: int, regions: int, feat_dim: int, num_classes: int,
+               steps: int, rounds: int, autocast: torch.dtype | None) -> dict[str, Any]:
     """Per task of UNITER's mix: seconds per input unit of each model's step, ``steps``
     steps a sample, the two models alternating ``rounds`` times (the order flipped every
     round) after two untimed steps each; the median sample of each; ``vlp_over_reference``
-    is the reference's time over vlp's (> 1: vlp faster), for each task and for the mix."""
-    from vlp.testing.example_batches import example_batch
-
+    is the reference's time over vlp's (> 1: vlp faster), for each task and for the mix.
+    ``make_batch``: ``vlp.testing.example_batches.example_batch`` (a layer above this one:
+    the entry script hands it over)."""
     ours, spec, ref = build_pair(repo, family, feat_dim, num_classes)
     ours.to(device).train()
     ref.to(device).train()
@@ -146,7 +146,7 @@ def peer_ratio(repo: Path, family: str, device: torch.device, *, batch: int, tex
         "optimizer": "torch AdamW" + (" (fused)" if fused else "")}
     per_unit: dict[str, dict[str, float]] = {}
     for task in MIX:
-        raw = {k: torch.as_tensor(v).to(device) for k, v in example_batch(
+        raw = {k: torch.as_tensor(v).to(device) for k, v in make_batch(
             spec, task, batch_size=batch, text_len=text_len, num_regions=regions,
             full_length=True, seed=1).items()}
         theirs = reference_batch(raw, task, text_len, regions)
