@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean gpu-check gpu-wheels gpu-install
+.PHONY: demo test install clean gpu-check gpu-wheels gpu-install gpu-reference
 
 # torch==2.13.0 goes in first so that pip takes the local CPU wheel on CPU-only machines
 # (and the matching CUDA build elsewhere); the project's torch range then installs nothing.
@@ -72,7 +72,24 @@ gpu-wheels: $(STAMP)
 	$(PY) -m pip download --quiet --no-deps $(CP312) -d $(WHEELS)/ray-wheel ray==$(RAY_VERSION)
 	$(PY) jobs/trim_ray.py --wheel $(WHEELS)/ray-wheel/ray-$(RAY_VERSION)-*.whl \
 	    --out $(WHEELS)/ray-$(RAY_VERSION)-cp312-trimmed.tar.xz && rm -rf $(WHEELS)/ray-wheel
+	$(MAKE) --no-print-directory gpu-reference
 	du -sh $(WHEELS)
+
+# the peer ratio's reference (vlp/platform/gpu_check/peer.py): the four files of the official
+# UNITER code it imports, from a checkout named by UNITER_REPO, with its licence and commit
+UNITER_REPO ?=
+UNITER_FILES := model/model.py model/layer.py model/pretrain.py model/ot.py
+gpu-reference:
+	@if [ -z "$(UNITER_REPO)" ]; then \
+	    echo "gpu-reference: no UNITER_REPO=<checkout of github.com/ChenRocks/UNITER>: the GPU check will skip the peer ratio"; \
+	else \
+	    rm -rf $(WHEELS)/uniter-reference && mkdir -p $(WHEELS)/uniter-reference/model && \
+	    for f in $(UNITER_FILES); do cp "$(UNITER_REPO)/$$f" $(WHEELS)/uniter-reference/$$f || exit 1; done && \
+	    cp "$(UNITER_REPO)/LICENSE" $(WHEELS)/uniter-reference/ && \
+	    { if [ -e "$(UNITER_REPO)/.git" ]; then git -C "$(UNITER_REPO)" rev-parse HEAD; \
+	      else cat "$(UNITER_REPO)/COMMIT" 2>/dev/null || echo; fi; } > $(WHEELS)/uniter-reference/COMMIT && \
+	    echo "gpu-reference: $(WHEELS)/uniter-reference from $(UNITER_REPO) at $$(cat $(WHEELS)/uniter-reference/COMMIT)"; \
+	fi
 
 # there, offline: install .whl/ into $(GPU_SITE) (the sdist builds with the machine's
 # setuptools: --no-build-isolation, nothing fetched), unpack the trimmed Ray beside, and a

@@ -43,6 +43,7 @@ SECONDS = {
     "tests/test_pretrain_resume_world_ray.py": 90,
     "tests/test_extract_given_boxes.py": 70,
     "tests/test_pretrain_resume_world.py": 50,
+    "tests/test_gpu_check_peer.py": 40,
     "tests/test_finetune_ray.py": 88,
     "tests/test_compile_static.py": 86,
     "tests/test_extract_e2e.py": 72,

@@ -65,9 +65,21 @@ def _batches(name, tiny_world, corpus, rounds):
 
 @pytest.mark.parametrize("name", TINY)
 def test_every_task_compiles_to_one_graph_per_shape_equal_to_eager(name, tiny_world, corpus):
+    _compiles_per_shape(name, tiny_world, corpus, "padded")
+
+
+def test_varlen_attention_compiles_to_one_graph_per_shape_equal_to_eager(tiny_world, corpus):
+    """``transformer.attention: varlen`` (varlen_attention.py): its segments a fixed-shape
+    input like the padding mask (on a CPU their dense mask; CUDA's nested path is the GPU
+    check's)."""
+    _compiles_per_shape("uniter-tiny", tiny_world, corpus, "varlen")
+
+
+def _compiles_per_shape(name, tiny_world, corpus, layout):
     import torch._dynamo as dynamo
 
     model, items = _batches(name, tiny_world, corpus, rounds=2)
+    model.backbone.set_attention_layout(layout)
     tasks = list(dict.fromkeys(i.task for i in items))
     # every task once; the first task's second batch too (another shape, or the same again)
     items = items[:len(tasks)] + items[len(tasks):len(tasks) + 1]

@@ -98,7 +98,8 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
                 "deepspeed_step_s_per_input_unit", "device_step_over_deepspeed_step",
                 "separate_qkv_s_per_input_unit", "fused_over_separate_qkv",
                 "beside_batcher_thread_over_alone", "beside_batcher_process_over_alone",
-                "beside_batcher_process_batches_per_s", "order_drift"):
+                "beside_batcher_process_batches_per_s", "order_drift",
+                "varlen_attention_s_per_input_unit", "varlen_over_padded_attention"):
         assert steady[key] > 0, steady
     # the variants took turns, twice each (A B C A B C)
     assert len(steady["cudnn_sdpa_rounds"]) == steady["rounds"] == 2
@@ -120,7 +121,16 @@ def test_quick_cpu_run_writes_every_figure(tmp_path):
     assert result["resume"]["next_step_loss_equal"] and result["resume"]["all_after_equal"]
     assert result["sdpa"]["default_kernel"] in ("math", "flash", "mem_efficient", "cudnn")
     assert result["sdpa"]["math_ms"] > 0
+    # variable-length attention on the same rows: a CPU runs its segments as a dense mask
+    assert result["sdpa"]["varlen_kernel"] == "dense_mask" and result["sdpa"]["varlen_ms"] > 0
     assert result["batcher"]["batcher_over_step_consumption"] > 0
+    # the peer ratio: with the official UNITER code at hand (make gpu-wheels UNITER_REPO=...
+    # or $UNITER_REPO; test_gpu_check_peer.py checks it), else one line saying why not
+    peer = result["peer"]
+    if "skipped" in peer:
+        assert "gpu-check: peer ratio skipped: no UNITER checkout" in proc.stdout, peer
+    else:
+        assert peer["vlp_over_reference"] > 0 and peer["family"] == "uniter-tiny", peer
     # issue 43: the extractor alone on photos of mixed sizes against the same photos at one
     # size (butd-tiny here; butd-r101-c4 at 600/1000 on the GPU), the passes alternated
     extract = result["extract"]

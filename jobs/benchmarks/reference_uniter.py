@@ -3,6 +3,8 @@
     git clone https://github.com/ChenRocks/UNITER /tmp/UNITER        # not bundled: MIT code
     python jobs/benchmarks/reference_uniter.py --uniter-repo /tmp/UNITER --threads 2
 
+The GPU check runs the same comparison on the GPU, bf16, with an optimizer step
+(``vlp/platform/gpu_check/peer.py``, which this script shares its import and batches with).
 The reference is imported from the checkout (its ``model`` package: ``UniterForPretraining``
 at BERT-base size, vocabulary 30,522, D = 2048, C = 1601). Its apex ``FusedLayerNorm`` is
 replaced by ``torch.nn.LayerNorm`` (apex needs a CUDA build); nothing else is changed.
@@ -28,7 +30,6 @@ import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -37,47 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_throughput import MIX, encoder_gemm_roofline, gemm_roofline, train_flops  # noqa: E402
 
 from vlp.models import create_model  # noqa: E402
+from vlp.platform.gpu_check.peer import FILES, import_reference, reference_batch  # noqa: E402
 from vlp.testing.example_batches import example_batch  # noqa: E402
 
 TASKS = list(MIX)
-
-
-def import_reference(repo: Path):
-    """``UniterConfig`` and ``UniterForPretraining`` from a checkout of the official code."""
-    if not (repo / "model" / "pretrain.py").is_file():
-        raise SystemExit(f"--uniter-repo {repo}: no model/pretrain.py there; expected a "
-                         "checkout of https://github.com/ChenRocks/UNITER")
-    fused = types.ModuleType("apex.normalization.fused_layer_norm")
-    fused.FusedLayerNorm = torch.nn.LayerNorm
-    sys.modules.update({"apex": types.ModuleType("apex"),
-                        "apex.normalization": types.ModuleType("apex.normalization"),
-                        "apex.normalization.fused_layer_norm": fused})
-    sys.path.insert(0, str(repo))
-    from model.model import UniterConfig
-    from model.pretrain import UniterForPretraining
-    return UniterConfig, UniterForPretraining
-
-
-def reference_batch(batch: dict, task: str, text_len: int, regions: int) -> dict:
-    """vlp's batch in the reference's keys (every sequence full length: no gather padding)."""
-    b = batch["input_ids"].shape[0]
-    out = {"input_ids": batch["input_ids"], "position_ids": torch.arange(text_len)[None],
-           "img_feat": batch["region_feats"], "img_pos_feat": batch["region_loc"],
-           "attn_masks": torch.ones(b, text_len + regions, dtype=torch.long),
-           "gather_index": torch.arange(text_len + regions)[None].expand(b, -1).contiguous()}
-    if task == "mlm":
-        out["txt_labels"] = batch["mlm_labels"].masked_fill(batch["mlm_labels"] == -100, -1)
-    elif task == "itm":
-        out["targets"] = batch["positive"].long()
-    else:
-        masked = batch["region_masked"]
-        out["img_masks"] = masked
-        out["img_mask_tgt"] = torch.cat([torch.zeros(b, text_len, dtype=torch.bool), masked], 1)
-        if task == "mrfr":
-            out["feat_targets"] = batch["region_feat_targets"][masked]
-        else:
-            out["label_targets"] = batch["region_soft_labels"][masked]
-    return out
 
 
 def main() -> int:
@@ -90,6 +54,9 @@ def main() -> int:
     p.add_argument("--text-len", type=int, default=20)
     p.add_argument("--regions", type=int, default=36)
     args = p.parse_args()
+    if not all((args.uniter_repo / f).is_file() for f in FILES):
+        raise SystemExit(f"--uniter-repo {args.uniter_repo}: no {FILES[2]} there; expected a "
+                         "checkout of https://github.com/ChenRocks/UNITER")
     UniterConfig, UniterForPretraining = import_reference(args.uniter_repo)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -110,8 +77,9 @@ def main() -> int:
         img_dim=2048, img_label_dim=1601)
     ours.train()
     ref.train()
-    batches = {t: example_batch(spec, t, batch_size=args.batch, text_len=args.text_len,
-                                num_regions=args.regions, full_length=True) for t in TASKS}
+    batches = {t: {k: torch.as_tensor(v) for k, v in example_batch(
+        spec, t, batch_size=args.batch, text_len=args.text_len, num_regions=args.regions,
+        full_length=True).items()} for t in TASKS}
     ref_batches = {t: reference_batch(batches[t], t, args.text_len, args.regions)
                    for t in TASKS}
 

@@ -24,7 +24,7 @@ from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
 
 from vlp.contract import batch_spec as bs
 from vlp.contract.encoder_output import EncoderOutput
-from vlp.models import attention
+from vlp.models import attention, varlen_attention
 from vlp.models.family_config import FamilyConfig
 from vlp.models.embeddings import EMBEDDERS
 from vlp.models.embeddings.embedded_inputs import EmbeddedInputs
@@ -45,6 +45,9 @@ class VLBackbone(nn.Module):
         if cfg.fused_qkv:
             fuse_qkv(self.encoder)
         self.pooler = BertPooler(self.bert_config)
+        self.attention_layout = "padded"
+        self._padded_implementation = self.bert_config._attn_implementation
+        self.set_attention_layout(cfg.attention)
         self.token_type_layout = ""   # the downstream layout its type table was extended for
         self.activation_checkpointing = False
 
@@ -61,6 +64,25 @@ class VLBackbone(nn.Module):
             layer.gradient_checkpointing = on
             layer._gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint,
                                                          use_reentrant=False)
+
+    def set_attention_layout(self, layout: str) -> None:
+        """``transformer.attention``: "padded" (the configured implementation with a padding
+        mask) or "varlen" (each row's real tokens only: varlen_attention.py). The layers
+        read the implementation from the shared config; varlen's stays there for the
+        backward's recompute under activation checkpointing."""
+        if layout == self.attention_layout:
+            return
+        if layout == "varlen":
+            if self.bert_config._attn_implementation != "sdpa":
+                raise ValueError(f"transformer.attention='varlen' cannot be combined with "
+                                 f"attn_implementation="
+                                 f"{self.bert_config._attn_implementation!r}: leave it 'sdpa'")
+            self.bert_config._attn_implementation = varlen_attention.NAME
+        elif layout == "padded":
+            self.bert_config._attn_implementation = self._padded_implementation
+        else:
+            raise ValueError(f"transformer.attention={layout!r}: expected 'padded' or 'varlen'")
+        self.attention_layout = layout
 
     def _attention_for(self, x: torch.Tensor, configured: str) -> str:
         """"sdpa" runs fused kernels on CUDA (dropout included) and on CPU without dropout;
@@ -80,8 +102,13 @@ class VLBackbone(nn.Module):
                 visual_masking: bool = False) -> EncoderOutput:
         inputs = self.visual(batch, self.text_embeddings, visual_masking=visual_masking)
         layout = host_layout(batch, inputs)
+        varlen = self.attention_layout == "varlen"
         rows = pack(inputs.text, inputs.text_mask, inputs.visual, inputs.visual_mask,
-                    None if layout is None else layout[0])
+                    None if layout is None else layout[0],
+                    spare=varlen_attention.SPARE_SLOTS if varlen else 0)
+        if varlen:
+            sequence = self._encode(rows.embeddings, self._segments(rows))
+            return self._output(inputs, rows, sequence, pool)
         configured = self.bert_config._attn_implementation
         attention = self._attention_for(rows.embeddings, configured)
         try:   # the layers read the implementation from the shared config at call time
@@ -96,6 +123,21 @@ class VLBackbone(nn.Module):
             sequence = self._encode(rows.embeddings, mask)
         finally:
             self.bert_config._attn_implementation = configured
+        return self._output(inputs, rows, sequence, pool)
+
+    def _segments(self, rows) -> varlen_attention.Segments:
+        """Variable-length attention's segments; off CUDA with their dense mask for the
+        padded layout: additive for eager attention where the padded path would run it (CPU
+        training with attention dropout, ``_attention_for``), boolean for SDPA otherwise."""
+        x = rows.embeddings
+        dense = None
+        if x.device.type != "cuda":
+            eager = self._attention_for(x, "sdpa") == attention.NAME
+            dense = x.dtype if eager else torch.bool
+        return varlen_attention.segments(rows.attention_mask, dense)
+
+    def _output(self, inputs: EmbeddedInputs, rows, sequence: torch.Tensor,
+                pool: bool) -> EncoderOutput:
         n = inputs.num_regions
         return EncoderOutput(
             sequence_output=sequence,

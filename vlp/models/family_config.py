@@ -20,6 +20,7 @@ from vlp.tasks.mrfr import REDUCTIONS as MRFR_REDUCTIONS
 from vlp.tasks.registry import family_tasks
 
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+ATTENTION_LAYOUTS = ("padded", "varlen")   # transformer.attention (varlen_attention.py)
 OBJECTIVES = ("sampled", "summed")   # how a family's pretraining combines its tasks
 TOP_LEVEL_KEYS = ("mrfr_reduction",)    # FamilyConfig fields an override may name
 
@@ -42,6 +43,9 @@ class TransformerConfig:
     attn_implementation: str = "sdpa"
     # the query, key and value projections as one product (fused_qkv.py); the same weights
     fused_qkv: bool = True
+    # padded: attention over whole packed rows with a padding mask; varlen: over each row's
+    # real tokens only (varlen_attention.py: CUDA's variable-length kernels, dropout kept)
+    attention: str = "padded"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -50,6 +54,14 @@ class TransformerConfig:
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ValueError(f"transformer.attn_implementation={self.attn_implementation!r}: "
                              f"expected one of {ATTN_IMPLEMENTATIONS}")
+        if self.attention not in ATTENTION_LAYOUTS:
+            raise ValueError(f"transformer.attention={self.attention!r}: expected one of "
+                             f"{ATTENTION_LAYOUTS}")
+        if self.attention == "varlen" and self.attn_implementation != "sdpa":
+            raise ValueError(f"transformer.attention='varlen' runs its own kernels (SDPA on "
+                             f"nested jagged tensors) and cannot be combined with "
+                             f"transformer.attn_implementation={self.attn_implementation!r}: "
+                             f"leave it 'sdpa'")
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"transformer.{name}={getattr(self, name)} is not in [0, 1)")

@@ -22,9 +22,11 @@ class PackedRows:
 
 
 def pack(text: torch.Tensor, text_mask: torch.Tensor, visual: torch.Tensor,
-         visual_mask: torch.Tensor, width: int | None = None) -> PackedRows:
+         visual_mask: torch.Tensor, width: int | None = None, spare: int = 0) -> PackedRows:
     """``width``: the longest row (text + visual tokens), a host integer the batch carries
-    (``batch_spec.ROW_LENGTH``); without it the device is asked, and the host waits."""
+    (``batch_spec.ROW_LENGTH``); without it the device is asked, and the host waits.
+    ``spare``: padding slots added to every row beyond the longest (variable-length
+    attention keeps a row's padding segment non-empty: varlen_attention.py)."""
     b, t, hidden = text.shape
     v = visual.shape[1]
     text_mask, visual_mask = text_mask.bool(), visual_mask.bool()
@@ -32,6 +34,7 @@ def pack(text: torch.Tensor, text_mask: torch.Tensor, visual: torch.Tensor,
     lengths = text_len + visual_mask.sum(1)
     if width is None:
         width = int(lengths.max())   # a host sync: batches built outside the pretraining collate
+    width += spare
     # packed slot of every source token; padding goes to a spill slot (index `width`)
     text_slot = torch.where(text_mask, text_mask.cumsum(1) - 1, width)
     visual_slot = torch.where(visual_mask, text_len[:, None] + visual_mask.cumsum(1) - 1, width)

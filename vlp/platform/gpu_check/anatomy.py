@@ -184,6 +184,9 @@ def sdpa_kernels(device: torch.device, dtype: torch.dtype, batch: int, length: i
     picked = ("cudnn" if "cudnn" in names else "flash" if "flash" in names
               else "mem_efficient" if "efficient" in names or "fmha" in names else "math")
     out["default_kernel"] = picked
+    out.update(_varlen_kernel(device, q, k, v, lengths, dropout))
+    if out.get("varlen_ms"):
+        out["varlen_over_default"] = out["varlen_ms"] / out["default_ms"]
     for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
         if not hasattr(SDPBackend, backend):
             continue
@@ -194,3 +197,51 @@ def sdpa_kernels(device: torch.device, dtype: torch.dtype, batch: int, length: i
             out[f"{backend.lower()}_ms"] = None
             out[f"{backend.lower()}_refused"] = str(e).splitlines()[0][:160]
     return out
+
+
+def _varlen_kernel(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   lengths: torch.Tensor, dropout: float) -> dict[str, Any]:
+    """The same rows through variable-length attention (``transformer.attention: varlen``,
+    varlen_attention.py; the longest row keeps its one spare slot): the kernel SDPA on
+    nested jagged tensors picks (on CUDA; a CPU runs the segments as a dense mask) and its
+    forward+backward time against the padded kernel's default."""
+    from vlp.models import varlen_attention as va
+
+    length = q.shape[2]
+    real = (torch.arange(length)[None] < lengths.clamp(max=length - 1)[:, None]).long()
+    seg = va.segments(real.to(device), None if device.type == "cuda" else torch.bool)
+    module = torch.nn.Module().train()
+    out: dict[str, Any] = {}
+    if device.type == "cuda":
+        try:   # the backend SDPA on nested tensors picks (torch's own selection)
+            from torch.nested._internal.sdpa import _select_sdp_backend
+
+            nested = [va._jagged(x, seg, contiguous=False) for x in (q, k, v)]
+            out["varlen_kernel"] = _select_sdp_backend(*nested, None, dropout, False,
+                                                       False).name.lower()
+        except Exception as e:   # noqa: BLE001 - a private function of torch's: say so
+            out["varlen_kernel"] = f"unknown ({type(e).__name__}: {str(e)[:120]})"
+    else:
+        out["varlen_kernel"] = "dense_mask"
+
+    def once():
+        o, _ = va.vlp_varlen_attention(module, q, k, v, seg, dropout=dropout)
+        o.sum().backward()
+
+    try:
+        out["varlen_ms"] = timed_fn(once, device) * 1e3
+    except Exception as e:   # noqa: BLE001 - no kernel takes these rows here: said, not fatal
+        out["varlen_ms"] = None
+        out["varlen_refused"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return out
+
+
+def timed_fn(once, device: torch.device, reps: int = 20) -> float:
+    """Seconds per call of ``once`` after one untimed call, the device's work included."""
+    once()
+    device_sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        once()
+    device_sync(device)
+    return (time.perf_counter() - t0) / reps

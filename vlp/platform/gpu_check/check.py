@@ -20,7 +20,9 @@ from vlp.platform.gpu_check import anatomy, batcher_load, runs, timing
 
 GOALS = {"mfu_real_uniter_base_bf16": ">= 0.50 (H100)", "loop_overhead": "<= 1.05",
          "bf16_vs_fp32_max_rel_diff": "<= 0.01", "host_syncs_forward_backward": "0",
-         "extract.ratio_mixed_over_uniform": ">= 0.9"}
+         "extract.ratio_mixed_over_uniform": ">= 0.9",
+         "peer.vlp_over_reference": ">= 3 (uniter-base, bf16, per input unit)"}
+ROOT = Path(__file__).resolve().parents[3]   # the repository (make gpu-wheels' .whl/)
 
 
 def sizes(quick: bool, gpu: bool) -> dict:
@@ -32,6 +34,7 @@ def sizes(quick: bool, gpu: bool) -> dict:
                     batcher=10,
                     sdpa=(8, 2, 64, 32), world=dict(images=60, feature_dim=64, num_classes=21),
                     sweep=(2,), sweep_steps=2,
+                    peer=dict(batch=8, text_len=12, regions=10, steps=2, rounds=2),
                     extract=dict(model="butd-tiny", images=6, batch=3, short_side=96,
                                  long_side=160, rounds=2))
     return dict(family="uniter-base", large="uniter-large", units=10240, steps=80, skip=20,
@@ -40,14 +43,17 @@ def sizes(quick: bool, gpu: bool) -> dict:
                 sdpa=(96, 12, 110, 64),
                 world=dict(images=3000, feature_dim=2048, num_classes=1601),
                 sweep=(2, 4), sweep_steps=12,
+                # UNITER's 10,240 input units a micro-batch: 160 pairs × (28 + 36)
+                peer=dict(batch=160, text_len=28, regions=36, steps=5, rounds=3),
                 # BUTD's settings (Anderson et al.): shorter side 600, longer at most 1000
                 extract=dict(model="butd-r101-c4", images=48, batch=8, short_side=600,
                              long_side=1000, rounds=2))
 
 
 class Check:
-    def __init__(self, args, path: Path):
+    def __init__(self, args, path: Path, make_batch=None):
         self.args, self.t0, self.path = args, time.perf_counter(), path
+        self.make_batch = make_batch   # the peer ratio's batches (vlp.testing's example_batch)
         self.gpu = args.device == "cuda"
         self.device = torch.device("cuda", 0) if self.gpu else torch.device("cpu")
         self.size = sizes(args.quick, self.gpu)
@@ -154,6 +160,9 @@ class Check:
             if "configured" in steady:   # MFU of the steady pass as the run is configured
                 steady["mfu_real"] = (per_unit / steady[f"{steady['configured']}_s_per_input_"
                                                          f"unit"] / peak)
+            if "varlen_attention_s_per_input_unit" in steady:   # the same real tokens
+                steady["varlen_attention_mfu_real"] = (
+                    per_unit / steady["varlen_attention_s_per_input_unit"] / peak)
         figures["host_syncs"] = kept.pop("syncs", {})
         figures["host_ops"] = kept.pop("ops", {})
         if figures["host_ops"]:   # the bare step over its ops: the host cost per op, if host-bound
@@ -266,6 +275,22 @@ class Check:
         dtype = torch.bfloat16 if self.gpu else torch.float32
         return anatomy.sdpa_kernels(self.device, dtype, b, length, h, d)
 
+    def peer(self) -> dict:
+        """vlp's model against the official UNITER model on the same batches (peer.py)."""
+        from vlp.platform.gpu_check import peer
+
+        repo, why = peer.find_reference(getattr(self.args, "uniter_repo", None), ROOT)
+        if repo is not None and self.make_batch is None:
+            repo, why = None, "no batch maker handed to Check (make_batch=example_batch)"
+        if repo is None:
+            print(f"gpu-check: peer ratio skipped: {why}", flush=True)
+            return {"skipped": why}
+        w = self.size["world"]
+        return peer.peer_ratio(repo, self.size["family"], self.device, self.make_batch,
+                               autocast=torch.bfloat16 if self.gpu else None,
+                               feat_dim=w["feature_dim"], num_classes=w["num_classes"],
+                               **self.size["peer"])
+
     def batcher(self, steps: dict | None) -> dict:
         out = batcher_load.batcher_rate(self.cfg("batcher"), self.size["batcher"],
                                  warm=self.size["batcher"] // 3)
@@ -310,6 +335,7 @@ class Check:
         self.section("precision", self.precision_compare)
         self.section("resume", self.resume)
         self.section("sdpa", self.sdpa)
+        self.section("peer", self.peer)
         main = self.out.get("pretrain_" + s["family"].replace("-", "_"))
         self.section("batcher", lambda: self.batcher(main))
         if self.args.parts and "compile" in self.args.parts.split(","):

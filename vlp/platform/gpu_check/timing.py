@@ -103,7 +103,9 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
     cuDNN kernel allowed and refused (the memory-efficient kernel then takes vlp's mask);
     for a bf16 ZeRO-1 engine, DeepSpeed's own per-parameter optimizer bookkeeping in place
     of vlp's flat one (bf16_bookkeeping.py); ``transformers``' three query, key and value
-    projections in place of vlp's one (fused_qkv.py); with ``batcher_cfg``'s batches built beside it,
+    projections in place of vlp's one (fused_qkv.py); attention over each row's real tokens
+    (``transformer.attention: varlen``, varlen_attention.py: one spare slot a row) in place of
+    the padded kernel; with ``batcher_cfg``'s batches built beside it,
     on a thread (the prefetcher's way: the GIL shared with the dispatching thread) and in a
     separate process. The variants take turns, ``rounds`` times (A B C A B C): a pass can
     run slower than the same pass before it, and ``order_drift`` (the last round over the
@@ -132,6 +134,9 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
             no_graphs = f"capture failed: {type(e).__name__}: {str(e).strip()[:300]}"
     if any(isinstance(m, FusedQKVSelfAttention) for m in engine.module.modules()):
         variants["separate_qkv"] = lambda: _with_separate_qkv(engine.module, timed)
+    backbones = _padded_backbones(engine.module)
+    if backbones:   # attention over each row's real tokens (varlen_attention.py)
+        variants["varlen_attention"] = lambda: _with_varlen(backbones, timed)
     rates: dict[str, list[float]] = {}
     for where in ("thread", "process") if batcher_cfg is not None else ():
         def beside(where: str = where) -> float:
@@ -166,6 +171,8 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
             alone / out["deepspeed_step_s_per_input_unit"]
     if "separate_qkv" in times:
         out["fused_over_separate_qkv"] = alone / out["separate_qkv_s_per_input_unit"]
+    if "varlen_attention" in times:
+        out["varlen_over_padded_attention"] = out["varlen_attention_s_per_input_unit"] / alone
     return out
 
 
@@ -184,6 +191,23 @@ def _with_separate_qkv(model: torch.nn.Module, fn: Callable[[], float]) -> float
         return fn()
     finally:
         fuse_qkv(model)
+
+
+def _padded_backbones(model: torch.nn.Module) -> list:
+    from vlp.models.backbone import VLBackbone
+
+    found = [m for m in model.modules() if isinstance(m, VLBackbone)]
+    return found if found and all(m.attention_layout == "padded" for m in found) else []
+
+
+def _with_varlen(backbones: list, fn: Callable[[], float]) -> float:
+    for b in backbones:
+        b.set_attention_layout("varlen")
+    try:
+        return fn()
+    finally:
+        for b in backbones:
+            b.set_attention_layout("padded")
 
 
 def _with_class(obj: Any, cls: type, fn: Callable[[], float]) -> float:

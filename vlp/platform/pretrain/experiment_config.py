@@ -77,6 +77,10 @@ class ModelSection(ConfigModel):
     # weights and results, fewer host operations: vlp/models/fused_qkv.py); false runs
     # transformers' own three
     fused_qkv: bool = True
+    # the encoder's self-attention over whole packed rows with a padding mask (padded) or
+    # over each row's real tokens only (varlen: CUDA's variable-length kernels, attention
+    # dropout kept; vlp/models/varlen_attention.py)
+    attention: Literal["padded", "varlen"] = "padded"
     # MRFR's loss: "" = the family's (sum-features, the papers' Σ over the feature width per
     # masked region, UNITER §3.2 / ImageBERT §4.3); mean-elements = the reference code's mean
     # over regions × width (vlp/tasks/mrfr.py)

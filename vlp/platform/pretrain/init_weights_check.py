@@ -33,7 +33,8 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
         init = f"{model.init}:{local_weights(model.init_path)}"
     overrides: dict[str, Any] = {"transformer.hidden_dropout": p,
                                  "transformer.attention_dropout": p,
-                                 "transformer.fused_qkv": model.fused_qkv}
+                                 "transformer.fused_qkv": model.fused_qkv,
+                                 "transformer.attention": model.attention}
     if model.dictionary_init:
         overrides["visual.dictionary_init"] = model.dictionary_init
     if model.mrfr_reduction:
