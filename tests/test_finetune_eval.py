@@ -4,7 +4,6 @@ any world size; metric wiring of every benchmark's evaluate on a tiny model."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 
@@ -29,11 +28,31 @@ def retrieval_model() -> DownstreamModel:
                                                      hidden=64, itm_head=base.heads["itm"]))
 
 
+_INHERITED: list = []
+
+
+def _forget_inherited_group() -> None:
+    """A forked rank inherits this test process's default group when an in-process local run
+    earlier on the same xdist worker left its one-rank group up (by design: DeepSpeed keeps
+    its handle, so the parent's group must stay as it is). The child starts torch.distributed
+    afresh: a new world and an empty group registry. The inherited objects are kept
+    referenced and never shut down here: their gloo threads live in the parent only."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not c10d.is_initialized():
+        return
+    _INHERITED.append(c10d._world)
+    c10d._world = c10d._World()
+    c10d._unregister_all_process_groups()
+    torch._C._distributed_c10d._set_global_rank(-1)
+
+
 def _rank_main(rank: int, world: int, port: int, world_dir: str, out: str) -> None:
     import torch.distributed as dist
 
     from vlp.datasets.downstream.retrieval import RetrievalData
 
+    _forget_inherited_group()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -55,36 +74,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def no_process_group_in_this_process():
-    """A forked rank inherits this process's default group, and its own init then fails
-    ("initialize the default process group twice"). An in-process local run earlier on this
-    xdist worker keeps a one-rank group up by design: it goes for the fork and a new one
-    comes back after, as the local runner would have made it."""
-    import torch.distributed as dist
-
-    from vlp.platform.training.local_runner import one_process_group
-
-    had = dist.is_initialized()
-    if had:
-        dist.destroy_process_group()
-    try:
-        yield
-    finally:
-        if had:
-            with one_process_group(use_gpu=False):
-                pass
-
-
 def test_two_rank_retrieval_scores_equal_one_process(tiny_world, tmp_path):
     from vlp.datasets.downstream.retrieval import RetrievalData
 
     out = str(tmp_path / "scores.npy")
-    with no_process_group_in_this_process():
-        # fork: the ranks inherit the imported modules (spawn re-imports torch: ~20 s here)
-        torch.multiprocessing.start_processes(_rank_main, args=(2, _free_port(),
-                                                                str(tiny_world), out),
-                                              nprocs=2, join=True, start_method="fork")
+    # fork: the ranks inherit the imported modules (spawn re-imports torch: ~20 s here)
+    torch.multiprocessing.start_processes(_rank_main, args=(2, _free_port(), str(tiny_world),
+                                                            out), nprocs=2, join=True,
+                                          start_method="fork")
     distributed = np.load(out)
     _, spec, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
     data = RetrievalData(data_config_for(spec, str(tiny_world)), "val")
