@@ -16,24 +16,10 @@ from vlp.models.vision.detection.butd import build_butd
 from vlp.models.vision.detection.butd_config import butd_config
 from vlp.models.vision.detection.butd_convert import check_butd_weights, weights_problems
 from vlp.models.vision.detection.region_select import select_regions
-from vlp.models.vision.extractors.base import ExtractSettings
+from butd_images import SETTINGS, synthetic_image as _image
 
 # tiny convs: one thread beats two threads fighting the other tests for 2 cores
 torch.set_num_threads(1)
-
-SETTINGS = ExtractSettings(min_boxes=10, max_boxes=20, short_side=96, long_side=160)
-
-
-def _image(h: int, w: int, seed: int) -> np.ndarray:
-    """A gradient with a few flat rectangles: edges for the RPN to find."""
-    rng = np.random.default_rng(seed)
-    img = np.zeros((h, w, 3), np.uint8)
-    img[:] = (np.linspace(0, 200, w)[None, :, None] + rng.integers(0, 40, 3)).astype(np.uint8)
-    for _ in range(4):
-        y0, x0 = rng.integers(0, h - 10), rng.integers(0, w - 10)
-        img[y0:y0 + rng.integers(5, h // 2), x0:x0 + rng.integers(5, w // 2)] = \
-            rng.integers(0, 255, 3)
-    return img
 
 
 def _run(extractor, images):

@@ -37,8 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_throughput import MIX, encoder_gemm_roofline, gemm_roofline, train_flops  # noqa: E402
 
-from vlp.models import create_model  # noqa: E402
-from vlp.platform.gpu_check.peer import FILES, import_reference, reference_batch  # noqa: E402
+from vlp.platform.gpu_check.peer import FILES, build_pair, reference_batch  # noqa: E402
 from vlp.testing.example_batches import example_batch  # noqa: E402
 
 TASKS = list(MIX)
@@ -57,24 +56,10 @@ def main() -> int:
     if not all((args.uniter_repo / f).is_file() for f in FILES):
         raise SystemExit(f"--uniter-repo {args.uniter_repo}: no {FILES[2]} there; expected a "
                          "checkout of https://github.com/ChenRocks/UNITER")
-    UniterConfig, UniterForPretraining = import_reference(args.uniter_repo)
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-
-    ours, spec, _ = create_model("uniter-base", tasks=TASKS, region_feat_dim=2048,
-                                 num_classes=1601)
-    cfg = ours.backbone.bert_config
-    ref = UniterForPretraining(
-        UniterConfig(vocab_size_or_config_json_file=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                     num_hidden_layers=cfg.num_hidden_layers,
-                     num_attention_heads=cfg.num_attention_heads,
-                     intermediate_size=cfg.intermediate_size, hidden_act="gelu",
-                     hidden_dropout_prob=cfg.hidden_dropout_prob,
-                     attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-                     max_position_embeddings=cfg.max_position_embeddings,
-                     type_vocab_size=cfg.type_vocab_size, initializer_range=0.02),
-        img_dim=2048, img_label_dim=1601)
+    # the same pair the GPU check times: vlp's uniter-base and the reference at its size
+    ours, spec, ref = build_pair(args.uniter_repo, "uniter-base", 2048, 1601)
     ours.train()
     ref.train()
     batches = {t: {k: torch.as_tensor(v) for k, v in example_batch(
