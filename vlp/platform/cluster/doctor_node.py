@@ -12,6 +12,8 @@ import socket
 import time
 from typing import Any
 
+from vlp.platform.training.deepspeed_import import load_deepspeed
+
 
 def devices(index: int = 0) -> dict[str, Any]:
     """This process's view of the node: host, the GPUs torch sees and the name of the one at
@@ -108,6 +110,7 @@ def deepspeed_ops(extensions_dir: str = "", build: bool = False) -> dict[str, An
     except Exception as e:  # noqa: BLE001 - DeepSpeed itself failing to import is the finding
         return _fail(f"DeepSpeed does not load: {type(e).__name__}: {e}",
                      "install the DeepSpeed of pyproject.toml into this node's environment")
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 

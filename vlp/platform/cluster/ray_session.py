@@ -22,7 +22,7 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 LOCAL = "local"

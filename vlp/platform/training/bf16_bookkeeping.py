@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from vlp.platform.training.deepspeed_import import load_deepspeed
+
 log = logging.getLogger(__name__)
 
 # what the subclass reads of BF16_Optimizer's state (checked, so that a DeepSpeed release
@@ -40,6 +42,7 @@ _STATE = ("bf16_groups", "fp32_groups_gradients", "fp32_groups_gradients_flat",
 
 @functools.cache
 def _flat_class() -> type:
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
     class FlatBookkeepingBF16Optimizer(BF16_Optimizer):
@@ -115,6 +118,7 @@ def use_flat_bookkeeping(optimizer: Any) -> bool:
     """Switch a ``BF16_Optimizer`` to the flat bookkeeping where it applies; True if it did.
     Any other optimizer is left alone (False)."""
     try:
+        load_deepspeed()   # before any deepspeed import: deepspeed_import.py
         from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     except ImportError:
         return False

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from vlp.platform.training.deepspeed_import import load_deepspeed
 from vlp.platform.training.loop_config import LoopConfig
 
 META_FILE = "vlp_trainer.json"
@@ -338,6 +339,7 @@ def to_universal(tag_folder: Path, out: Path) -> None:
     (``inject_missing_state``); one extract worker (it runs beside training's workers). Its
     progress lines go to a buffer, shown only if it fails. Measured on CPU: a 2-rank ZeRO-1
     fp32 checkpoint loads on 1 rank with the same fp32 weights, Adam moments and step."""
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     from deepspeed.checkpoint import ds_to_universal
 
     args = argparse.Namespace(input_folder=str(tag_folder), output_folder=str(out),

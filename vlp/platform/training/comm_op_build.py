@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from vlp.platform.training.deepspeed_import import load_deepspeed
 from vlp.platform.training.engine import use_extensions_dir
 
 OP_BUILDER = "ShareMemCommBuilder"
@@ -23,6 +24,7 @@ def comm_op_builder() -> Any | None:
     """DeepSpeed's builder of the op that ``deepspeed.initialize`` will load here, or None:
     another accelerator (CUDA has none), an op this machine cannot build (DeepSpeed then
     skips it too), or one installed prebuilt with DeepSpeed."""
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops

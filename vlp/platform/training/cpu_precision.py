@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from vlp.platform.training.deepspeed_import import load_deepspeed
+
 # torch's CPU kernel levels below AVX-512 (``torch.backends.cpu.get_cpu_capability()``)
 BELOW_AVX512 = ("DEFAULT", "AVX2", "NO AVX")
 
@@ -26,6 +28,7 @@ def cpu_fp16_supported() -> bool:
     """DeepSpeed's CPU accelerator's answer, absent where torch runs below AVX-512 kernels."""
     if torch.backends.cpu.get_cpu_capability() in BELOW_AVX512:
         return False
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
     return bool(CPU_Accelerator().is_fp16_supported())

@@ -18,6 +18,7 @@ import torch
 
 from vlp.platform.training.bf16_bookkeeping import use_flat_bookkeeping
 from vlp.platform.training.cpu_precision import check_cpu_precision
+from vlp.platform.training.deepspeed_import import load_deepspeed
 from vlp.platform.training.device_step import attach_schedule, use_device_step
 from vlp.platform.training.gpu_placement import deepspeed_args
 from vlp.platform.training.grad_exchange import use_overlapped_exchange
@@ -66,6 +67,7 @@ def prebuild_comm_op(configured: str = "") -> None:
     """Build (or load from cache) DeepSpeed's CPU shared-memory comm op once, in this
     process, so that workers starting together find it cached."""
     use_extensions_dir(configured)
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
@@ -288,6 +290,7 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
                  stage_index: int = 0) -> Any:
     """``deepspeed.initialize`` for one stage of ``stage_steps`` optimizer steps."""
     use_extensions_dir(cfg.train.extensions_dir)
+    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
     import deepspeed
     from deepspeed.utils import logger as ds_logger
 
