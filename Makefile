@@ -57,6 +57,11 @@ gpu-check:
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PY) jobs/benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PY) \
 	    jobs/benchmarks/ray_gpu_check.py $(RAY_CHECK_ARGS)
+	@# the overlapped gradient exchange on gloo ranks with cores to spare (the GPU host's
+	@# CPUs; this 2-core box has none): CUDA hidden, so DeepSpeed takes its CPU accelerator
+	@if $(GPU_PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+	    CUDA_VISIBLE_DEVICES= PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PY) \
+	    jobs/benchmarks/grad_exchange_overlap.py --worlds 2 4 --wire-steps 0; fi
 
 # here, with network: DeepSpeed's sdist (pure Python, no op built at install or at run
 # time: the optimizer is torch's fused AdamW), pydantic with its cp312 core, and the text

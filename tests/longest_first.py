@@ -28,35 +28,33 @@ from xdist.scheduler.loadscope import LoadScopeScheduling
 CACHE_KEY = "vlp/scope_seconds"
 
 # Worker seconds per scope (setup + call + teardown of its tests) on a quiet 2-core machine,
-# from `make test`'s two-worker longest-first run (1,014 passed in 23:10, 2,720 worker seconds
+# from `make test`'s two-worker longest-first run (1,071 passed in 21:28, 2,537 worker seconds
 # in all; pytest's cache, vlp/scope_seconds). Only scopes over ~40 s matter for the order; the
 # cache replaces these after each run.
 SECONDS = {
-    "tests/test_multinode_cluster.py@multinode-sweep": 289,
-    "tests/test_multinode_cluster.py@multinode-pretrain": 320,   # + vlp doctor (~40 s)
-    "tests/test_pretrain_train.py": 215,
-    "tests/test_tracking_cluster.py": 197,
-    "tests/test_readme_tour.py": 192,
-    "tests/test_tracking_cluster.py@tracking-restart": 187,
-    "tests/test_extract_cluster.py": 121,
-    # new files, estimated from their time under load
-    "tests/test_pretrain_resume_world_ray.py": 90,
-    "tests/test_extract_given_boxes.py": 70,
-    "tests/test_pretrain_resume_world.py": 50,
-    "tests/test_gpu_check_peer.py": 40,
-    "tests/test_finetune_ray.py": 88,
-    "tests/test_compile_static.py": 86,
-    "tests/test_extract_e2e.py": 72,
-    "tests/test_gpu_check.py": 60,
-    "tests/test_extract_job.py": 56,
-    "tests/test_gpu_placement.py": 52,
-    "tests/test_ray_gpu_check.py": 48,
-    "tests/test_pipeline_ray.py": 47,
-    "tests/test_extract_gpu_refusals.py": 47,
-    "tests/test_sweep_worker_group.py": 45,
-    "tests/test_trimmed_ray.py": 44,
-    "tests/test_platform_train.py": 41,
-    "tests/test_resume_world_size.py": 40,
+    "tests/test_multinode_cluster.py@multinode-pretrain": 303,
+    "tests/test_multinode_cluster.py@multinode-sweep": 238,
+    "tests/test_tracking_cluster.py": 192,
+    "tests/test_readme_tour.py": 155,
+    "tests/test_pretrain_train.py": 137,
+    "tests/test_tracking_cluster.py@tracking-restart": 123,
+    "tests/test_compile_static.py": 103,
+    "tests/test_extract_e2e.py": 91,
+    "tests/test_finetune_ray.py": 79,
+    "tests/test_extract_cluster.py": 71,
+    "tests/test_gpu_check.py": 64,
+    "tests/test_trimmed_ray.py": 61,
+    "tests/test_sweep_worker_group.py": 57,
+    "tests/test_gpu_placement.py": 56,
+    "tests/test_ray_gpu_check.py": 54,
+    "tests/test_pretrain_resume_world_ray.py": 51,
+    "tests/test_extract_job.py": 48,
+    "tests/test_platform_train.py": 35,
+    "tests/test_sweep_asha.py": 35,
+    "tests/test_resume_world_size.py": 34,
+    "tests/test_extract_gpu_refusals.py": 33,
+    "tests/test_batch_process.py": 30,
+    "tests/test_pipeline_ray.py": 27,
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray.train
 
 from vlp.platform.pretrain.components import PretrainComponents
 from vlp.platform.pretrain.job import finished_run, load_pretrain_config, pretrain
@@ -130,7 +131,7 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("pretrain-runs")
 
 
-def run(world, root, name, *overrides, components=None):
+def run(world, root, name, *overrides, components=None, callbacks=None):
     from vlp.platform.pretrain.run import run_pretraining
     from vlp.platform.pretrain.data import prepare
     from vlp.platform.pretrain.job import resolved
@@ -139,7 +140,19 @@ def run(world, root, name, *overrides, components=None):
     if components is None:
         return pretrain(cfg, progress=False, say=lambda line: None)
     cfg = resolved(cfg)
-    return run_pretraining(cfg, components(prepare(cfg)))
+    return run_pretraining(cfg, components(prepare(cfg)), callbacks=callbacks)
+
+
+class ControllerModules(ray.train.UserCallback):
+    """Runs in the Train controller: writes which heavy modules it has imported."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def after_report(self, run_context, metrics, checkpoint):
+        with open(self.path, "w") as f:
+            json.dump(sorted(m for m in sys.modules if m.split(".")[0] in
+                             ("vlp", "transformers", "torch", "tokenizers", "deepspeed")), f)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +160,19 @@ def straight(ray_local, tiny_world, root):
     folder = root / "drawn-tasks"
     folder.mkdir()
     return run(tiny_world, root, "straight",
-               components=lambda setup: RecordingComponents(setup, folder=str(folder)))
+               components=lambda setup: RecordingComponents(setup, folder=str(folder)),
+               callbacks=[ControllerModules(str(root / "controller-modules.json"))])
+
+
+def test_the_controller_does_not_import_the_jobs_components(straight, root):
+    """The loop's config reaches the workers sealed (sealed_config.py): the Train controller
+    never unpickles the components, so it imports neither the model families nor
+    transformers (it did, ~2 s of CPU per run)."""
+    modules = json.loads((root / "controller-modules.json").read_text())
+    assert "vlp.platform.training.sealed_config" in modules     # the entry point it holds
+    assert not [m for m in modules if m.startswith(("transformers", "vlp.models",
+                                                    "vlp.platform.pretrain.components",
+                                                    "deepspeed"))], modules
 
 
 def mlflow_runs(root: Path, name: str):

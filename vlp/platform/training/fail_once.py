@@ -5,6 +5,9 @@ Ray 2.60 offers no public hook for the failure policy: ``TorchTrainer.fit`` buil
 ``DefaultFailurePolicy(failure_config)`` and passes it to ``_initialize_and_run_controller
 (**kwargs)`` as ``failure_policy`` (ray/train/v2/api/data_parallel_trainer.py); that keyword
 is the seam used here. tests/test_pretrain_fail_once.py fails if it moves.
+
+The loop and its config travel sealed (``sealed_config.py``): the controller does not
+unpickle the job's components.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 
 from vlp.platform.training.failures import setup_error_of
+from vlp.platform.training.sealed_config import seal
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,13 @@ class SetupErrorsFailOnce(DefaultFailurePolicy):
 
 
 class FailOnceTorchTrainer(TorchTrainer):
-    """``TorchTrainer`` whose controller runs ``SetupErrorsFailOnce``."""
+    """``TorchTrainer`` whose controller runs ``SetupErrorsFailOnce``, with the loop and its
+    config sealed."""
+
+    def __init__(self, train_loop_per_worker: Any, *, train_loop_config: dict | None = None,
+                 **kwargs: Any):
+        loop, config = seal(train_loop_per_worker, train_loop_config)
+        super().__init__(loop, train_loop_config=config, **kwargs)
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
         controller_init_kwargs["failure_policy"] = SetupErrorsFailOnce(
