@@ -372,6 +372,9 @@ def test_an_interrupted_sweep_in_s3_completes_with_tuner_restore(restored_sweep,
     else:                    # its stage had ended (graceful stop): nothing is recomputed
         assert "t001 resumes after stage" not in second and \
             "t001-ft-retrieval step" not in second, second[-4000:]
+    # done either way, never "stopped by ASHA" (its restored last result was stage 0's)
+    assert "[sweep] t001 done: Meta-Sum" in second and "t001 stopped by" not in second, \
+        second[-4000:]
     assert any(p.startswith(f"{root}tune/") for p in files)             # Tune's state
     for t in ("t001", "t002"):
         assert any(p.startswith(f"{tdir}/{t}/{t}-ft-retrieval/predictions/retrieval-")

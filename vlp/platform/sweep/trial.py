@@ -96,6 +96,9 @@ def run_trial(config: dict[str, Any], ctx: TrialContext) -> None:
     say = lambda text: print(f"[sweep] {name} {text}", flush=True)  # noqa: E731
     if state.done >= total:     # interrupted between its last stage and Tune noting it
         records.finish(run, state, benchmarks)
+        # the last stage's result, reported again: Tune's last result is otherwise the one
+        # restored (an earlier stage), and the sweep would call the trial stopped by ASHA
+        records.report(state, total, total, benchmarks)
         return
     seeds = [r.seed for r in state.replicates]
     if state.done >= 0 or any(r.done >= 0 for r in state.replicates):
