@@ -110,8 +110,7 @@ def deepspeed_ops(extensions_dir: str = "", build: bool = False) -> dict[str, An
     except Exception as e:  # noqa: BLE001 - DeepSpeed itself failing to import is the finding
         return _fail(f"DeepSpeed does not load: {type(e).__name__}: {e}",
                      "install the DeepSpeed of pyproject.toml into this node's environment")
-    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
-    import deepspeed
+    deepspeed = load_deepspeed()   # loaded by comm_op_builder already
     from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()._name

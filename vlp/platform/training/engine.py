@@ -290,8 +290,7 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
                  stage_index: int = 0) -> Any:
     """``deepspeed.initialize`` for one stage of ``stage_steps`` optimizer steps."""
     use_extensions_dir(cfg.train.extensions_dir)
-    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
-    import deepspeed
+    deepspeed = load_deepspeed()   # before any other deepspeed import: deepspeed_import.py
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)

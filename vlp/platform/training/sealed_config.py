@@ -6,7 +6,7 @@ controller actor (and the controller's callbacks) unpickle although they never r
 config holds the job's components (model factory, batch source, tracking spec), whose modules
 import transformers, the model families and the tasks: measured in a pretraining run's
 controller, transformers with ``torch._dynamo`` and scipy.optimize, every ``vlp.models``
-module, ~2 s of CPU per run (tests/test_sealed_config.py checks what the controller
+module, ~2 s of CPU per run (test_pretrain_train.py checks what the controller
 imports). Sealed, the context holds an ``ObjectRef`` (as Ray seals the loop function itself,
 ``ObjectRefWrapper``); the workers get it through Ray's own serialization, and the ref lives
 as long as the driver's trainer holds it: the whole ``fit``, retries included.
