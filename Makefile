@@ -62,6 +62,11 @@ gpu-check:
 	@if $(GPU_PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
 	    CUDA_VISIBLE_DEVICES= PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PY) \
 	    jobs/benchmarks/grad_exchange_overlap.py --worlds 2 4 --wire-steps 0; fi
+	@# builder processes on the host's cores (here one builder already takes 1.3 of 2):
+	@# the rate and CPU per input unit of 1, 2 and 4 (docs/benchmarks.md, "builder pool")
+	@if $(GPU_PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+	    CUDA_VISIBLE_DEVICES= PYTHONPATH=$(GPU_SITE):$(CURDIR) $(GPU_PY) \
+	    jobs/benchmarks/batcher_rate.py --images 1500 --processes 1 2 4 --batches 200; fi
 
 # here, with network: DeepSpeed's sdist (pure Python, no op built at install or at run
 # time: the optimizer is torch's fused AdamW), pydantic with its cp312 core, and the text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,6 +176,60 @@ def test_two_builder_processes_each_build_half_the_batches(plan):
         pool.close()
     assert owners == [0, 1] * 6
     assert built == {0: 6, 1: 6}
+
+
+def test_a_pool_shares_out_the_reading_and_builds_the_batches_of_one(plan, tmp_path):
+    """Over the local reader (which reads anywhere), a pool of three: each epoch's files are
+    dealt out, member k reading files k, k + 3, … and sharing each block with the others in
+    shared memory, so every file is read once an epoch in the pool instead of once per member
+    (docs/benchmarks.md: the CPU it saves); the batches are still the synchronous ones, in
+    order, past two epochs' ends."""
+    from collections import Counter
+
+    from vlp.testing.read_log import LoggedReads, read_lines
+
+    log = tmp_path / "reads.log"
+    want = take(Prefetcher(InOrderSampler(TASKS), local_batches(plan), depth=0, device=CPU), 24)
+    built = Prefetcher(InOrderSampler(TASKS),
+                       PretrainBatches(plan, LoggedReads(local_blocks(plan), log)),
+                       depth=2, device=CPU, builder="process", builders=3)
+    try:
+        got = take(built, 24)
+        pids = [m._proc.pid for m in built._process.members]
+    finally:
+        built.close()
+    same(got, want)
+    reads = read_lines(log)
+    files = len(local_blocks(plan).parts(0))
+    assert files == 2   # the tiny world's coco shards
+    epochs = {e for _, e, _ in reads}
+    assert {0, 1, 2} <= epochs
+    assert set(Counter((e, f) for _, e, f in reads).values()) == {1}   # once in the pool
+    for pid, epoch, name in reads:   # by the member dealt the file
+        order = [Path(f).name for f, _ in local_blocks(plan).parts(epoch)]
+        assert pid == pids[order.index(name) % 3]
+
+
+def test_a_file_that_fails_in_one_member_fails_the_pool_with_its_cause(plan, tmp_path):
+    """Member 1 fails reading its file: member 0, which needs that file's blocks, fails too,
+    and the loop gets the reading error with the file and the member named (not a refused
+    connection: a failed builder waits for the stop before it exits, so the batch it sent
+    just before can still be taken)."""
+    from vlp.testing.read_log import LoggedReads
+
+    second = Path(local_blocks(plan).parts(0)[1][0]).name   # member 1's to read
+    built = Prefetcher(InOrderSampler(TASKS),
+                       PretrainBatches(plan, LoggedReads(local_blocks(plan), tmp_path / "log",
+                                                         fail=second)),
+                       depth=2, device=CPU, builder="process", builders=2)
+    try:
+        with pytest.raises(RuntimeError, match="prefetch process failed") as info:
+            take(built, 24)
+    finally:
+        built.close()
+    text = str(info.value.__cause__)   # the member that failed named, and why
+    assert f"{second} (part 1 of epoch 0) failed in builder process 1" in text
+    assert "column 'features' missing" in text
 
 
 def test_builders_are_added_while_the_loop_waits_on_data(plan):

@@ -16,9 +16,13 @@ across commits mean the batches did not change. ``--world`` reuses shards writte
 written to a temporary folder otherwise, ~1 GB).
 
 ``--processes 1 2 4`` measures builder processes instead (``train.batch_builders``: a
-``BuilderPool`` of N, each building every N-th batch): input units/s received per count, over
-``--batches`` batches after ``4 × N`` warm-up ones (the processes' start and first windows),
-and the ratio to N × the first count's rate (1.0: linear).
+``BuilderPool`` of N, each building every N-th batch and reading 1/N of the files): input
+units/s received per count, over ``--batches`` batches after ``4 × N`` warm-up ones (the
+processes' start and first windows), with the loop's look-ahead (the prefetcher's target) and
+the batches only looked at, not copied (the builders are timed, not the consumer), and the
+ratio to N × the first count's rate (1.0: linear); and input units per CPU second of the
+builders' processes (``/proc``) with its ratio to the first count's (``cpu_efficiency``: 1.0,
+nothing done twice), a figure that does not need a core per builder to be read.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import cProfile
 import hashlib
 import io
+import os
 import pstats
 import resource
 import sys
@@ -100,8 +105,20 @@ def measure(sampler, source, n: int, digest=None) -> dict[str, float]:
     return out
 
 
-def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int) -> float:
-    """Input units/s a pool of ``count`` builder processes delivers."""
+def process_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])   # utime, stime
+    return total / tick
+
+
+def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int
+              ) -> tuple[float, float]:
+    """Input units/s a pool of ``count`` builder processes delivers, and input units per CPU
+    second of its processes (their own work, whatever the machine's cores)."""
     from vlp.platform.training.builder_pool import builder
     from vlp.platform.training.packed_batch import unpack
 
@@ -109,22 +126,29 @@ def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int) -> fl
     pool = builder(sampler, source, count)   # one process, or a pool
     pool.start()
     warm = 4 * count
+    members = getattr(pool, "members", [pool])
+    ahead = max(2, count)   # as the loop's prefetcher: each active builder one batch ahead
+    received = 0
 
     def take(n: int) -> int:
+        nonlocal received
         units = 0
         for _ in range(n):
+            pool.set_target(received + 1 + ahead)
             task, buffer, slot, layout, _ = pool.receive()
-            units += int(unpack(buffer.clone(), layout)["input_units"])
+            units += int(unpack(buffer, layout)["input_units"])   # no copy: the builders timed
             pool.release(slot)
+            received += 1
         return units
 
     try:
-        pool.set_target(warm)
         take(warm)
-        pool.set_target(warm + batches)   # every member may run ahead: only the rate counts
+        pids = [m._proc.pid for m in members]
+        cpu0 = process_cpu_s(pids)
         t0 = time.perf_counter()
         units = take(batches)
-        return units / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        return units / wall, units / (process_cpu_s(pids) - cpu0)
     finally:
         pool.close()
 
@@ -151,10 +175,12 @@ def main(argv=None) -> int:
     if args.processes:
         first = None
         for n in args.processes:
-            rate = pool_rate(world, tmp, default_tokenizer(), n, args.batches)
-            first = first or (rate, n)
+            rate, per_cpu = pool_rate(world, tmp, default_tokenizer(), n, args.batches)
+            first = first or (rate, n, per_cpu)
             print(f"builders{n}_input_units_per_s {rate:.4g}")
             print(f"builders{n}_ratio_to_linear {rate / (first[0] * n / first[1]):.3f}")
+            print(f"builders{n}_input_units_per_cpu_s {per_cpu:.4g}")
+            print(f"builders{n}_cpu_efficiency {per_cpu / first[2]:.3f}")
         return 0
     sampler, source = build(world, tmp, default_tokenizer())
     prof = cProfile.Profile() if args.profile else None

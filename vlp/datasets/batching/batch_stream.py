@@ -86,6 +86,11 @@ class BatchStream:
         self._warned_sources: set = set()
         self._batch_key: list[int] = []   # the last batch's generator key (_take)
 
+    @property
+    def block_source(self) -> Callable[[int], Iterable[pa.Table]]:
+        """``blocks(epoch)``, the stream this reads."""
+        return self._blocks_fn
+
     def _start(self) -> None:
         plan = self.plan
 

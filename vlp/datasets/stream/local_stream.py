@@ -45,22 +45,38 @@ class LocalBlocks:
         return {**self.__dict__, "_transform": None}
 
     def __call__(self, epoch: int) -> Iterator[pa.Table]:
-        cfg, plan = self.plan.config, self.plan
-        if self._transform is None:
-            self._transform = ImageRowTransform(plan)
+        for part in self.parts(epoch):
+            yield from self.read_part(part)
+
+    def parts(self, epoch: int) -> list[tuple[str, tuple[int, ...]]]:
+        """The epoch's reads in order: (file, the starts of this shard's chunks of it), one
+        file read each. ``__call__`` is ``read_part`` over them; a pool of builder processes
+        shares them out (``training.shared_reads``), each part read by one member."""
+        cfg = self.plan.config
         rng = np.random.default_rng([cfg.seed, epoch, 0xF11E])
         mine = [self.chunks[i] for i in rng.permutation(len(self.chunks))
                 ][self.shard_index::self.num_shards]
         by_file: dict[str, list[int]] = {}
         for f, start in mine:
             by_file.setdefault(f, []).append(start)
-        for f in sorted(by_file, key=lambda f: rng.random()):
-            table = pq.read_table(open_input(f), columns=list(plan.read_columns))
-            for start in by_file[f]:
-                out = self._transform(table.slice(start, cfg.read_rows),
-                                      source_index=self.source_of[f])
-                if out.num_rows:
-                    yield out
+        return [(f, tuple(by_file[f])) for f in sorted(by_file, key=lambda f: rng.random())]
+
+    @staticmethod
+    def part_name(part: tuple[str, tuple[int, ...]]) -> str:
+        return str(part[0])
+
+    def read_part(self, part: tuple[str, tuple[int, ...]]) -> Iterator[pa.Table]:
+        """The transformed blocks of one part of ``parts`` (empty chunks left out)."""
+        cfg, plan = self.plan.config, self.plan
+        if self._transform is None:
+            self._transform = ImageRowTransform(plan)
+        f, starts = part
+        table = pq.read_table(open_input(f), columns=list(plan.read_columns))
+        for start in starts:
+            out = self._transform(table.slice(start, cfg.read_rows),
+                                  source_index=self.source_of[f])
+            if out.num_rows:
+                yield out
 
 
 def local_batches(plan: DataPlan, *, rank: int = 0, world_size: int = 1,

@@ -31,6 +31,7 @@ import multiprocessing as mp
 import os
 import pickle
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
@@ -40,7 +41,9 @@ import pyarrow as pa
 import torch
 import torch.multiprocessing  # noqa: F401  (tensors then pickle as shared memory, not bytes)
 
+from vlp.platform.training.ipc_tables import from_ipc, to_ipc
 from vlp.platform.training.packed_batch import Packing
+from vlp.platform.training.shared_reads import SharedReads
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +57,14 @@ class BuilderProcess:
     ``release(slot)`` per batch, ``close()``."""
 
     def __init__(self, sampler: Any, source: Any, *, part: tuple[int, int] = (0, 1),
-                 pooled: tuple[bool, bool] | None = None):
+                 pooled: tuple[bool, bool] | None = None,
+                 peers: tuple[dict[int, Connection], dict[int, Connection]] | None = None):
         """``part`` = (k, n): build the batches k, k + n, … and pass over the others (a
         ``BuilderPool``'s member); ``pooled``: the member's source is already split, and
         whether it reads blocks and syncs epochs through the pool (which serves them: the
-        member's ends are ``blocks_conn`` and ``sync_conn``)."""
+        member's ends are ``blocks_conn`` and ``sync_conn``); ``peers``: the member's pipes
+        to and from the others when they share out the reading of a stream that reads
+        anywhere (``shared_reads``)."""
         blocks, sync = None, None
         if pooled is not None:
             has_blocks, has_sync = pooled
@@ -68,7 +74,7 @@ class BuilderProcess:
                 source, blocks, sync = split()
             has_blocks, has_sync = blocks is not None, sync is not None
         self._payload = (sampler, source, has_blocks, has_sync,
-                         logging.getLogger().getEffectiveLevel(), part)
+                         logging.getLogger().getEffectiveLevel(), part, peers)
         self._blocks, self._sync = blocks, sync
         self._pooled = pooled
         self.blocks_conn: Connection | None = None
@@ -133,7 +139,10 @@ class BuilderProcess:
 
     def _send(self, msg: tuple) -> None:
         with self._send_lock:   # the consumer's targets and the relay's releases
-            self._control.send(msg)
+            try:
+                self._control.send(msg)
+            except (BrokenPipeError, ConnectionResetError):
+                pass   # the builder has stopped: ``receive`` raises why (its error or exit)
 
     def receive(self) -> tuple[Any, torch.Tensor, int, dict[str, Any], dict[str, Any]] | None:
         """The next built batch: ``(task, buffer, slot, layout, state_after)``; hand the slot
@@ -249,25 +258,44 @@ class RemoteSync:
 
 def _builder_main(payload: tuple, items: Connection, control: Connection,
                   blocks: Connection, sync: Connection) -> None:
-    sampler, source, has_blocks, has_sync, log_level, part = payload
+    sampler, source, has_blocks, has_sync, log_level, part, peers = payload
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s "
                         "(batch builder): %(message)s")
     torch.set_num_threads(1)   # one core: the training process keeps the others
     try:
-        if has_blocks or has_sync:
-            source.attach_io(RemoteBlocks(blocks) if has_blocks else None,
-                             RemoteSync(sync) if has_sync else None)
+        if peers is not None:   # the pool's members share out the reading
+            blocks_here = SharedReads(source.block_source, *part, *peers)
+        else:
+            blocks_here = RemoteBlocks(blocks) if has_blocks else None
+        if blocks_here is not None or has_sync:
+            source.attach_io(blocks_here, RemoteSync(sync) if has_sync else None)
         _build_until_stopped(sampler, source, items, control, part)
     except BaseException as e:
         try:
             items.send((ERROR, _picklable(e), traceback.format_exc()))
         except OSError:
             pass
+        else:
+            _until_stopped(control)
     finally:
         close = getattr(source, "close", None)
         if callable(close):
             close()
         os._exit(0)   # no atexit hook or finaliser may hold the exit (reader threads, pipes)
+
+
+def _until_stopped(control: Connection, timeout: float = 120.0) -> None:
+    """After a failure: wait for the training process's stop (or its end) before exiting.
+    A batch sent just before carries a fresh buffer whose file descriptor the training process
+    fetches from this process when it takes the batch; exiting at once would refuse it, and
+    the training process would report a refused connection instead of the failure."""
+    deadline = time.monotonic() + timeout
+    try:
+        while control.poll(max(0.0, deadline - time.monotonic())):
+            if control.recv()[0] == STOP:
+                return
+    except (EOFError, OSError):
+        return
 
 
 def _build_until_stopped(sampler: Any, source: Any, items: Connection,
@@ -343,17 +371,6 @@ class _Slots:
 # ---- helpers ----------------------------------------------------------------------------------
 
 
-def to_ipc(table: pa.Table) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
 def _unsendable(source: Any, error: BaseException) -> str:
     return (f"train.batch_builder: process: the task sampler or batch source "
             f"({type(source).__name__}) cannot be sent to another process ({error}); use "
@@ -373,4 +390,4 @@ def _daemon(target: Callable[[Connection], None], conn: Connection, name: str) -
     threading.Thread(target=target, args=(conn,), name=name, daemon=True).start()
 
 
-__all__ = ["BuilderProcess", "RemoteBlocks", "RemoteSync", "from_ipc", "to_ipc"]
+__all__ = ["BuilderProcess", "RemoteBlocks", "RemoteSync"]

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from vlp.platform.training.batch_process import (END, ERROR, OWN, TABLE, BuilderProcess,
-                                                 _daemon, _picklable, to_ipc)
+                                                 _daemon, _picklable)
+from vlp.platform.training.ipc_tables import to_ipc
+from vlp.platform.training.shared_reads import PeerPipes, shares_reads
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +27,13 @@ class BuilderPool:
     k, k + count, … and passes over the others, and ``receive`` takes the members' batches in
     turn, so the batches are those of one builder, in order, built ``count`` at a time.
 
-    Every member reads the whole stream (its windows are cut from every block: a batch's
-    examples depend on all the windows before it). A stream that stays in this process (a
-    Ray Data shard) is read once and each block sent to every member (``_tee_blocks``); an
-    epoch sync runs once per batch, for whichever member asks first, and its answer goes to
-    every member (they ask the same questions in the same order)."""
+    Every member takes the whole stream (its windows are cut from every block: a batch's
+    examples depend on all the windows before it), read once in all: a stream that stays in
+    this process (a Ray Data shard) is read here and each block sent to every member
+    (``_tee_blocks``); one that reads anywhere (the local reader) is read by the members, each
+    its share of every epoch's files, sent to the others (``shared_reads``). An epoch sync
+    runs once per batch, for whichever member asks first, and its answer goes to every member
+    (they ask the same questions in the same order)."""
 
     def __init__(self, sampler: Any, source: Any, count: int, *, active: int | None = None):
         """``active``: the members that build at first (the others pass over every batch
@@ -42,8 +46,11 @@ class BuilderPool:
             source, blocks, sync = split()
         self.count = count
         self._blocks, self._sync = blocks, sync
+        self._peers = (PeerPipes(count) if blocks is None
+                       and shares_reads(getattr(source, "block_source", None)) else None)
         self.members = [BuilderProcess(sampler, source, part=(k, count),
-                                       pooled=(blocks is not None, sync is not None))
+                                       pooled=(blocks is not None, sync is not None),
+                                       peers=self._peers.ends(k) if self._peers else None)
                         for k in range(count)]
         self.active = count if active is None else max(1, min(active, count))
         self._owners: collections.deque[int] = collections.deque()   # of batches not received
@@ -59,6 +66,8 @@ class BuilderPool:
     def start(self) -> None:
         for m in self.members:
             m.start()
+        if self._peers is not None:
+            self._peers.close()   # the members hold their ends
         if self._blocks is not None:
             threading.Thread(target=self._tee_blocks, args=([m.blocks_conn for m in
                                                              self.members],),

@@ -1,0 +1,193 @@
+"""The reading of a stream shared out among a pool's builder processes.
+
+Every member of a ``BuilderPool`` needs every block of the stream (a batch's examples depend on
+all the windows before it), and a stream that reads anywhere (the local reader) was read by
+each member whole: Parquet decoding and the row transform are 60–70% of one builder's CPU,
+done n times over. Here the epoch's reads (``parts(epoch)``: one file each) are dealt out: member k
+reads parts k, k + n, …, and shares each block with the other members; it takes the other
+parts from their readers. Every member still sees every block, in the same order, so the
+batches are the batches of one builder; each part is read once in the pool.
+
+A block travels as one copy into shared memory: the reader writes it in Arrow's IPC format
+into an anonymous shared-memory file (``memfd``) and passes the file's descriptor over a Unix
+socket of its own to each peer, which maps it and reads the table in place. Nothing is named,
+so nothing is left behind: the memory goes when the last peer drops the block. (Sending the
+bytes down pipes cost the members as much CPU as the reading it saved: four copies of every
+block and a fresh allocation for each.)
+
+It cannot deadlock: a member sends a part to every peer before it reads its next one, and
+every member takes the parts in order, so the earliest part any member waits for has been read
+(or is being sent) by its reader, and the peer it is being sent to first is taking it (a
+member with its queue full has taken every part the others still need: they all cut the same
+windows from the same blocks).
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import queue
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+TABLE, PART_END, FAILED = "table", "part_end", "failed"
+
+
+def shares_reads(blocks: Any) -> bool:
+    """Whether a pool's members can share out the reading of ``blocks``: it reads anywhere
+    and lists an epoch's reads (``parts``, ``read_part``)."""
+    return (getattr(blocks, "reads_anywhere", False) and callable(getattr(blocks, "parts", None))
+            and callable(getattr(blocks, "read_part", None)))
+
+
+class PeerPipes:
+    """One Unix socket pair for each ordered pair of a pool's ``count`` members, made before
+    they start (file descriptors travel over sockets, not pipes); ``ends(k)`` are member k's
+    (sends to each peer, receives from each), ``close`` drops the pool's copies once the
+    members hold theirs (a member that exits then breaks its sockets)."""
+
+    def __init__(self, count: int):
+        ctx = mp.get_context("spawn")
+        self.count = count
+        self._pipes: dict[tuple[int, int], tuple[Connection, Connection]] = {}
+        for src in range(count):
+            for dst in range(count):
+                if src != dst:
+                    receive, send = ctx.Pipe(duplex=True)
+                    self._pipes[src, dst] = (receive, send)
+
+    def ends(self, member: int) -> tuple[dict[int, Connection], dict[int, Connection]]:
+        sends = {dst: self._pipes[member, dst][1] for dst in range(self.count) if dst != member}
+        receives = {src: self._pipes[src, member][0] for src in range(self.count)
+                    if src != member}
+        return sends, receives
+
+    def close(self) -> None:
+        for receive, send in self._pipes.values():
+            receive.close()
+            send.close()
+
+
+class SharedReads:
+    """``blocks(epoch)`` in member ``member`` of ``count``: its own parts read here (a thread
+    that sends each block to the peers), the others' taken from their pipes, in the epoch's
+    order."""
+
+    def __init__(self, blocks: Any, member: int, count: int, sends: dict[int, Connection],
+                 receives: dict[int, Connection], ahead: int = 2):
+        self.blocks, self.member, self.count = blocks, member, count
+        self.sends, self.receives = sends, receives
+        self.ahead = ahead          # this member's blocks read before it takes them
+
+    def __call__(self, epoch: int) -> Iterator[pa.Table]:
+        parts = self.blocks.parts(epoch)
+        own: queue.Queue = queue.Queue(maxsize=self.ahead)
+        threading.Thread(target=self._read_own, args=(parts, own), daemon=True,
+                         name=f"vlp-shared-reads-{self.member}").start()
+        for i in range(len(parts)):
+            owner = i % self.count
+            while True:
+                kind, payload = own.get() if owner == self.member else self._receive(owner)
+                if kind == PART_END:
+                    break
+                if kind == FAILED:
+                    name = getattr(self.blocks, "part_name", repr)(parts[i])
+                    raise RuntimeError(f"reading {name} (part {i} of epoch {epoch}) failed in "
+                                       f"builder process {owner}:\n{payload}")
+                yield payload
+
+    def _receive(self, owner: int) -> tuple[str, Any]:
+        conn = self.receives[owner]
+        try:
+            kind, payload = conn.recv()
+            if kind == TABLE:
+                return TABLE, _map_table(recv_handle(conn), payload)
+            return kind, payload
+        except (EOFError, OSError):
+            raise RuntimeError(f"builder process {owner} stopped while the others were "
+                               f"taking the blocks it reads") from None
+
+    def _read_own(self, parts: list, own: queue.Queue) -> None:
+        """Parts member, member + count, …: each block to every peer, then here. A failed
+        read goes to the peers and here as the part's end; a peer gone (the pool closing, or
+        that member failed) ends the reading here with that said."""
+        for part in parts[self.member::self.count]:
+            try:
+                for table in self.blocks.read_part(part):
+                    fd, size = _shared_table(table)
+                    try:
+                        self._to_peers((TABLE, size), fd)
+                    finally:
+                        os.close(fd)   # the peers hold it now
+                    own.put((TABLE, table))
+                end = (PART_END, None)
+            except _PeerGone as gone:
+                own.put((FAILED, str(gone)))
+                return
+            except BaseException:
+                end = (FAILED, traceback.format_exc())
+            try:
+                self._to_peers(end)
+            except _PeerGone as gone:
+                own.put((FAILED, str(gone)))
+                return
+            own.put(end)
+            if end[0] == FAILED:
+                return
+
+    def _to_peers(self, msg: tuple, fd: int | None = None) -> None:
+        for peer, conn in self.sends.items():
+            try:
+                conn.send(msg)
+                if fd is not None:
+                    send_handle(conn, fd, peer)
+            except OSError as e:
+                raise _PeerGone(f"builder process {peer} stopped while builder process "
+                                f"{self.member} was sending it blocks ({e})") from None
+
+
+class _PeerGone(Exception):
+    pass
+
+
+def _shared_table(table: pa.Table) -> tuple[int, int]:
+    """``table`` in Arrow's IPC stream format in a new anonymous shared-memory file: its
+    descriptor and size. Written with ``write`` calls (Arrow's, without the GIL): the kernel
+    fills the file's pages as it allocates them, twice as fast here as writing through a
+    mapping, where every fresh page faults and is zeroed first."""
+    fd = os.memfd_create("vlp-block", os.MFD_CLOEXEC)
+    try:
+        with pa.OSFile(f"/proc/self/fd/{fd}", "wb") as sink:
+            _write_ipc(table, sink)
+            size = sink.tell()
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, size
+
+
+def _write_ipc(table: pa.Table, sink: Any) -> None:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _map_table(fd: int, size: int) -> pa.Table:
+    """The table a peer shared (``_shared_table``), read in place: it keeps the mapping."""
+    try:
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return pa.ipc.open_stream(pa.py_buffer(mm)).read_all()
+
+
+# the pages mapped at once rather than one fault at a time when the block is first read
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+__all__ = ["PeerPipes", "SharedReads", "shares_reads"]
