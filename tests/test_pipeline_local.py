@@ -443,3 +443,27 @@ def test_mlm_obj_masks_a_class_word_of_the_synthetic_world(tiny_world):
         assert named > 5 * fallback    # coco captions nearly always name an object
     finally:
         src.close()
+
+
+def test_the_ray_data_map_runs_without_torch(world, tmp_path):
+    """Ray Data's map workers unpickle the transform (and its plan) and run it; neither may
+    import the task registry, which imports torch: ~1 CPU second in every such process."""
+    import pickle
+    import subprocess
+    import sys
+
+    from vlp.datasets.stream.image_rows import ImageRowTransform
+
+    cfg = config(world)
+    shard = sorted((world[0] / "coco").glob("*.parquet"))[0]
+    (tmp_path / "map.pkl").write_bytes(pickle.dumps((ImageRowTransform(plan_data(cfg, ["mlm"])),
+                                                     str(shard))))
+    code = ("import pickle, sys, pyarrow.parquet as pq\n"
+            f"transform, shard = pickle.loads(open({str(tmp_path / 'map.pkl')!r}, 'rb').read())\n"
+            "out = transform(pq.read_table(shard), source_index=0)\n"
+            "print(out.num_rows, 'torch' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows, torch_loaded = run.stdout.split()
+    assert int(rows) > 0 and torch_loaded == "False"

@@ -22,7 +22,10 @@ processes' start and first windows), with the loop's look-ahead (the prefetcher'
 the batches only looked at, not copied (the builders are timed, not the consumer), and the
 ratio to N × the first count's rate (1.0: linear); and input units per CPU second of the
 builders' processes (``/proc``) with its ratio to the first count's (``cpu_efficiency``: 1.0,
-nothing done twice), a figure that does not need a core per builder to be read.
+nothing done twice), a figure that does not need a core per builder to be read; and this
+process's CPU seconds per million input units (the loop's process: taking the batches, and
+with ``--stream-here`` reading the stream and sending it to the builders, as a worker does
+with its Ray Data shard).
 """
 
 from __future__ import annotations
@@ -115,14 +118,28 @@ def process_cpu_s(pids: list[int]) -> float:
     return total / tick
 
 
-def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int
-              ) -> tuple[float, float]:
-    """Input units/s a pool of ``count`` builder processes delivers, and input units per CPU
-    second of its processes (their own work, whatever the machine's cores)."""
+class StreamHere:
+    """The local reader as a stream that stays in this process, as a Ray Data shard stays in
+    its worker: read here and sent to the builders."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __call__(self, epoch: int):
+        return self.blocks(epoch)
+
+
+def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int,
+              stream_here: bool = False) -> tuple[float, float, float]:
+    """Input units/s a pool of ``count`` builder processes delivers, input units per CPU
+    second of its processes (their own work, whatever the machine's cores), and the CPU
+    seconds per million input units this process spent (serving a ``stream_here``)."""
     from vlp.platform.training.builder_pool import builder
     from vlp.platform.training.packed_batch import unpack
 
     sampler, source = build(world, tmp, tokenizer)
+    if stream_here:
+        source._blocks_fn = StreamHere(source._blocks_fn)
     pool = builder(sampler, source, count)   # one process, or a pool
     pool.start()
     warm = 4 * count
@@ -144,11 +161,12 @@ def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int
     try:
         take(warm)
         pids = [m._proc.pid for m in members]
-        cpu0 = process_cpu_s(pids)
+        cpu0, here0 = process_cpu_s(pids), time.process_time()
         t0 = time.perf_counter()
         units = take(batches)
         wall = time.perf_counter() - t0
-        return units / wall, units / (process_cpu_s(pids) - cpu0)
+        return (units / wall, units / (process_cpu_s(pids) - cpu0),
+                1e6 * (time.process_time() - here0) / units)
     finally:
         pool.close()
 
@@ -164,6 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--processes", type=int, nargs="+",
                    help="measure builder processes, at these counts")
     p.add_argument("--images", type=int, default=None, help="images of the written world")
+    p.add_argument("--stream-here", action="store_true",
+                   help="with --processes: read the stream in this process and send it to the "
+                   "builders, as a Ray Data shard is (its CPU here is printed)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="vlp-batcher-rate-"))
     world = Path(args.world) if args.world else tmp / "world"
@@ -175,12 +196,14 @@ def main(argv=None) -> int:
     if args.processes:
         first = None
         for n in args.processes:
-            rate, per_cpu = pool_rate(world, tmp, default_tokenizer(), n, args.batches)
+            rate, per_cpu, here = pool_rate(world, tmp, default_tokenizer(), n, args.batches,
+                                            args.stream_here)
             first = first or (rate, n, per_cpu)
             print(f"builders{n}_input_units_per_s {rate:.4g}")
             print(f"builders{n}_ratio_to_linear {rate / (first[0] * n / first[1]):.3f}")
             print(f"builders{n}_input_units_per_cpu_s {per_cpu:.4g}")
             print(f"builders{n}_cpu_efficiency {per_cpu / first[2]:.3f}")
+            print(f"builders{n}_loop_process_cpu_s_per_million_units {here:.3f}")
         return 0
     sampler, source = build(world, tmp, default_tokenizer())
     prof = cProfile.Profile() if args.profile else None

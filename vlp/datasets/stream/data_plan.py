@@ -5,13 +5,13 @@ the visual input, that every source folder exists and holds image shards, that t
 agree on the feature width, that soft labels exist for the tasks that need them and pixels
 for the pixel input; all from Parquet footers. Then it counts each source's examples and turns
 the sampling weights into per-source rates. The resulting :class:`DataPlan` is small and
-picklable: the driver makes it once and hands it to every worker.
+picklable: the driver makes it once and hands it to every worker (``source_plan``: the
+classes alone, without the task registry and its torch, for Ray Data's map workers).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from vlp.contract.uri_files import is_uri, open_input, parent
 from vlp.datasets.stream.data_config import DataConfig, DataConfigError
-from vlp.datasets.stream.location import LOCATION_FEATURES
+from vlp.datasets.stream.source_plan import DataPlan, SourcePlan
 from vlp.tasks import TASKS, task_names, visual_problem
 from vlp.datasets.storage.shards import list_shards, shard_info
 from vlp.datasets.storage.shard_format import ShardError
@@ -34,51 +34,6 @@ log = logging.getLogger(__name__)
 REGION_COLUMNS = ("image_id", "split", "width", "height", "num_boxes", "boxes", "confidences",
                   "features", "captions")
 PIXEL_COLUMNS = ("image_id", "split", "pixels", "captions")
-
-
-@dataclass(frozen=True)
-class SourcePlan:
-    name: str
-    files: tuple[str, ...]
-    weight: float
-    examples: int       # pairs (regions) or captioned images (pixels) in the split; counted
-                        # only to turn weights into rates (0 with a single weighted source)
-    rate: float         # expected copies of each example per epoch
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    config: DataConfig
-    tasks: tuple[str, ...]
-    sources: tuple[SourcePlan, ...]
-    feature_dim: int
-    num_classes: int | None
-    tokenizer_path: str
-    read_columns: tuple[str, ...]
-    needs_soft_labels: bool
-    object_words: tuple[str, ...] = ()   # mlm-obj's targets (empty when no task needs them)
-
-    @property
-    def loc_dim(self) -> int:
-        return LOCATION_FEATURES[self.config.location].width
-
-    @property
-    def files(self) -> list[str]:
-        """The shards to read (a source of weight 0 is checked but not read)."""
-        return [f for s in self.sources if s.rate > 0 for f in s.files]
-
-    @property
-    def rates(self) -> tuple[float, ...]:
-        return tuple(s.rate for s in self.sources)
-
-    def source_of_file(self) -> dict[str, int]:
-        return {f: i for i, s in enumerate(self.sources) for f in s.files}
-
-    def summary(self) -> str:
-        lines = [f"{s.name}: {len(s.files)} shards, "
-                 + (f"{s.examples} examples, " if s.examples else "")
-                 + f"weight {s.weight:g} → rate {s.rate:.3f}" for s in self.sources]
-        return "; ".join(lines)
 
 
 def plan_data(config: DataConfig, tasks: Mapping[str, float] | Iterable[str],

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from vlp.datasets.storage.arrow_views import (binary_array, binary_parts, flat_numpy, list_array,
                                               list_parts, ranges)
-from vlp.datasets.stream.data_plan import DataPlan
+from vlp.datasets.stream.source_plan import DataPlan   # not data_plan: no torch here
 from vlp.datasets.batching.image_block import image_keys
 from vlp.datasets.stream.location import LOCATION_FEATURES
 from vlp.datasets.stream.pixels import decode_resize

@@ -11,7 +11,7 @@ sleep in ``recv`` with the GIL released:
   each draw (exact resume);
 - **blocks**: the Arrow blocks of the run's stream. The stream stays here: a Ray Data shard
   iterator belongs to the worker that Ray Train gave it to. The builder asks for an epoch,
-  and the blocks follow in Arrow's IPC format;
+  and the blocks follow, each written once into shared memory (``ipc_tables``);
 - **epoch sync**: a source whose epoch end is agreed across ranks (``PretrainBatches``'
   ``epoch_sync``, a collective) asks here, and the collective runs in the training process,
   on the group it was built with.
@@ -41,7 +41,7 @@ import pyarrow as pa
 import torch
 import torch.multiprocessing  # noqa: F401  (tensors then pickle as shared memory, not bytes)
 
-from vlp.platform.training.ipc_tables import from_ipc, to_ipc
+from vlp.platform.training.ipc_tables import receive_table, send_table
 from vlp.platform.training.packed_batch import Packing
 from vlp.platform.training.shared_reads import SharedReads
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 ITEM, ERROR = "item", "error"
 TARGET, STOP, FREE, OWN = "target", "stop", "free", "own"
-TABLE, END = "table", "end"
+END = "end"
 
 
 class BuilderProcess:
@@ -62,7 +62,7 @@ class BuilderProcess:
         """``part`` = (k, n): build the batches k, k + n, … and pass over the others (a
         ``BuilderPool``'s member); ``pooled``: the member's source is already split, and
         whether it reads blocks and syncs epochs through the pool (which serves them: the
-        member's ends are ``blocks_conn`` and ``sync_conn``); ``peers``: the member's pipes
+        member's ends are ``blocks_conn`` and ``sync_conn``); ``peers``: the member's sockets
         to and from the others when they share out the reading of a stream that reads
         anywhere (``shared_reads``)."""
         blocks, sync = None, None
@@ -190,7 +190,7 @@ class BuilderProcess:
     # ---- the services the builder calls ----------------------------------------------------
 
     def _serve_blocks(self, conn: Connection) -> None:
-        """Each request ("epoch", e): the blocks of ``blocks(e)`` in Arrow IPC, then END."""
+        """Each request ("epoch", e): the blocks of ``blocks(e)`` (``send_table``), then END."""
         while not self._stopping.is_set():
             try:
                 _, epoch = conn.recv()
@@ -200,8 +200,7 @@ class BuilderProcess:
                 for table in self._blocks(epoch):
                     if self._stopping.is_set():
                         return
-                    conn.send((TABLE,))
-                    conn.send_bytes(to_ipc(table))
+                    send_table([conn], table)
                 conn.send((END,))
             except (BrokenPipeError, EOFError, OSError):
                 return
@@ -241,7 +240,7 @@ class RemoteBlocks:
             if msg[0] == ERROR:
                 raise RuntimeError(f"reading the data stream failed in the training "
                                    f"process:\n{msg[2]}") from msg[1]
-            yield from_ipc(self.conn.recv_bytes())
+            yield receive_table(self.conn, msg)
 
 
 class RemoteSync:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from vlp.platform.training.batch_process import (END, ERROR, OWN, TABLE, BuilderProcess,
-                                                 _daemon, _picklable)
-from vlp.platform.training.ipc_tables import to_ipc
+from vlp.platform.training.batch_process import (END, ERROR, OWN, BuilderProcess, _daemon,
+                                                 _picklable)
+from vlp.platform.training.ipc_tables import send_table
 from vlp.platform.training.shared_reads import PeerPipes, shares_reads
 
 log = logging.getLogger(__name__)
@@ -150,10 +150,7 @@ class BuilderPool:
                 for table in self._blocks(epochs.pop()):
                     if self._stopping.is_set():
                         return
-                    data = to_ipc(table)
-                    for conn in conns:
-                        conn.send((TABLE,))
-                        conn.send_bytes(data)
+                    send_table(conns, table)   # written once, mapped by every member
                 for conn in conns:
                     conn.send((END,))
             except (BrokenPipeError, EOFError, OSError):

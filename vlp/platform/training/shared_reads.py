@@ -8,12 +8,8 @@ reads parts k, k + n, …, and shares each block with the other members; it take
 parts from their readers. Every member still sees every block, in the same order, so the
 batches are the batches of one builder; each part is read once in the pool.
 
-A block travels as one copy into shared memory: the reader writes it in Arrow's IPC format
-into an anonymous shared-memory file (``memfd``) and passes the file's descriptor over a Unix
-socket of its own to each peer, which maps it and reads the table in place. Nothing is named,
-so nothing is left behind: the memory goes when the last peer drops the block. (Sending the
-bytes down pipes cost the members as much CPU as the reading it saved: four copies of every
-block and a fresh allocation for each.)
+A block travels as one copy into shared memory, over a Unix socket from each member to each
+other one (``ipc_tables``).
 
 It cannot deadlock: a member sends a part to every peer before it reads its next one, and
 every member takes the parts in order, so the earliest part any member waits for has been read
@@ -24,19 +20,20 @@ windows from the same blocks).
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing as mp
 import os
 import queue
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import send_handle
 from typing import Any, Iterator
 
 import pyarrow as pa
 
-TABLE, PART_END, FAILED = "table", "part_end", "failed"
+from vlp.platform.training.ipc_tables import TABLE, receive_table, shared_table
+
+PART_END, FAILED = "part_end", "failed"
 
 
 def shares_reads(blocks: Any) -> bool:
@@ -105,10 +102,10 @@ class SharedReads:
     def _receive(self, owner: int) -> tuple[str, Any]:
         conn = self.receives[owner]
         try:
-            kind, payload = conn.recv()
-            if kind == TABLE:
-                return TABLE, _map_table(recv_handle(conn), payload)
-            return kind, payload
+            message = conn.recv()
+            if message[0] == TABLE:
+                return TABLE, receive_table(conn, message)
+            return message
         except (EOFError, OSError):
             raise RuntimeError(f"builder process {owner} stopped while the others were "
                                f"taking the blocks it reads") from None
@@ -120,7 +117,7 @@ class SharedReads:
         for part in parts[self.member::self.count]:
             try:
                 for table in self.blocks.read_part(part):
-                    fd, size = _shared_table(table)
+                    fd, size = shared_table(table)
                     try:
                         self._to_peers((TABLE, size), fd)
                     finally:
@@ -154,40 +151,6 @@ class SharedReads:
 
 class _PeerGone(Exception):
     pass
-
-
-def _shared_table(table: pa.Table) -> tuple[int, int]:
-    """``table`` in Arrow's IPC stream format in a new anonymous shared-memory file: its
-    descriptor and size. Written with ``write`` calls (Arrow's, without the GIL): the kernel
-    fills the file's pages as it allocates them, twice as fast here as writing through a
-    mapping, where every fresh page faults and is zeroed first."""
-    fd = os.memfd_create("vlp-block", os.MFD_CLOEXEC)
-    try:
-        with pa.OSFile(f"/proc/self/fd/{fd}", "wb") as sink:
-            _write_ipc(table, sink)
-            size = sink.tell()
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, size
-
-
-def _write_ipc(table: pa.Table, sink: Any) -> None:
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
-def _map_table(fd: int, size: int) -> pa.Table:
-    """The table a peer shared (``_shared_table``), read in place: it keeps the mapping."""
-    try:
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    return pa.ipc.open_stream(pa.py_buffer(mm)).read_all()
-
-
-# the pages mapped at once rather than one fault at a time when the block is first read
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 __all__ = ["PeerPipes", "SharedReads", "shares_reads"]
