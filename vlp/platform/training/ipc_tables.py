@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import tempfile
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any, Iterable
@@ -31,9 +32,9 @@ def shared_table(table: pa.Table) -> tuple[int, int]:
     and size. Written with ``write`` calls (Arrow's, without the GIL): the kernel fills the
     file's pages as it allocates them, twice as fast here as writing through a mapping, where
     every fresh page faults and is zeroed first."""
-    fd = os.memfd_create("vlp-block", os.MFD_CLOEXEC)
+    fd = _anonymous_file()
     try:
-        with pa.OSFile(f"/proc/self/fd/{fd}", "wb") as sink:
+        with pa.OSFile(_FD_PATH.format(fd=fd), "wb") as sink:
             with pa.ipc.new_stream(sink, table.schema) as writer:
                 writer.write_table(table)
             size = sink.tell()
@@ -41,6 +42,21 @@ def shared_table(table: pa.Table) -> tuple[int, int]:
         os.close(fd)
         raise
     return fd, size
+
+
+def _anonymous_file() -> int:
+    """A shared-memory file with no name: ``memfd`` (Linux), else a file in ``/dev/shm`` (or
+    the temporary folder) unlinked as soon as it is open."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("vlp-block", os.MFD_CLOEXEC)
+    fd, path = tempfile.mkstemp(prefix="vlp-block-",
+                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.unlink(path)
+    return fd
+
+
+# a path that opens a descriptor's file (Arrow's writer takes paths, not descriptors)
+_FD_PATH = "/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else "/dev/fd/{fd}"
 
 
 def map_table(fd: int, size: int) -> pa.Table:
