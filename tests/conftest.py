@@ -53,11 +53,34 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        return
+    _comm_op_built()
     # on the xdist controller only: each scope's worker seconds, printed and cached
-    if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
+    if getattr(config.option, "dist", "no") != "no":
         from longest_first import ScopeClock
 
         config.pluginmanager.register(ScopeClock(config), "vlp-scope-clock")
+
+
+def _comm_op_built() -> None:
+    """DeepSpeed's CPU comm op, built once before any test starts when the machine's cache
+    lacks it (a fresh machine: CI). Left to the tests, the first engine builds it (~30 s on
+    two cores) wherever it starts: in the multinode file that was a sweep trial's worker, and
+    the sweep is interrupted by design, so the build died with it and the restored sweep built
+    it again (95 CPU seconds in all), while the other worker's tests waited on the lock."""
+    import subprocess
+
+    from vlp.platform.training.comm_op_build import cached_library
+    from vlp.platform.training.jit_ops_dir import extensions_dir, ninja_tag
+
+    folder, tag = extensions_dir(), ninja_tag()   # as use_extensions_dir makes it
+    if os.path.basename(folder) != tag:
+        folder = os.path.join(folder, tag)
+    if cached_library(folder, "deepspeed_shm_comm").is_file():
+        return
+    subprocess.run([sys.executable, "-c", "from vlp.platform.training.comm_op_build import "
+                    "build_comm_op_once; build_comm_op_once()"], check=False, timeout=900)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 
 from vlp.platform.training.comm_op_build import (build_comm_op_once, cached_library,
                                                  comm_op_builder)
-from vlp.platform.training.engine import use_extensions_dir
+from vlp.platform.training.jit_ops_dir import use_extensions_dir
 
 
 class RecordingBuilder:

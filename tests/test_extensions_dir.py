@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 
-from vlp.platform.training.engine import use_extensions_dir
+from vlp.platform.training.jit_ops_dir import use_extensions_dir
 
 
 def fake_ninja(folder, version: str) -> str:

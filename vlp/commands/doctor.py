@@ -72,7 +72,7 @@ def options(args: argparse.Namespace):
     """The doctor's options: storage and tracking resolved as a job resolves them."""
     from vlp.platform.cluster import run_storage
     from vlp.platform.cluster.doctor import DoctorOptions
-    from vlp.platform.training.engine import extensions_dir
+    from vlp.platform.training.jit_ops_dir import extensions_dir
 
     if args.config:
         from vlp.platform.pretrain.job import load_pretrain_config

@@ -104,7 +104,7 @@ def deepspeed_ops(extensions_dir: str = "", build: bool = False) -> dict[str, An
     is loaded; one not built yet is built only with ``build`` (a minute or more)."""
     try:
         from vlp.platform.training.comm_op_build import (cached_library, comm_op_builder)
-        from vlp.platform.training.engine import use_extensions_dir
+        from vlp.platform.training.jit_ops_dir import use_extensions_dir
 
         builder = comm_op_builder()
     except Exception as e:  # noqa: BLE001 - DeepSpeed itself failing to import is the finding

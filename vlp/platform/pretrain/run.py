@@ -28,7 +28,7 @@ from vlp.platform.tracking.mlflow_run import check_reachable
 from vlp.platform.training import launch
 from vlp.platform.training.loop_config import (LoopConfig, LoopOptimizer, LoopScaling, LoopStage,
                                                LoopTrain, project)
-from vlp.platform.training.engine import extensions_dir
+from vlp.platform.training.jit_ops_dir import extensions_dir
 from vlp.platform.training.launch import LoopResult
 from vlp.platform.training.protocols import Components
 

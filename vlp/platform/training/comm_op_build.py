@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vlp.platform.training.deepspeed_import import load_deepspeed
-from vlp.platform.training.engine import use_extensions_dir
+from vlp.platform.training.jit_ops_dir import use_extensions_dir
 
 OP_BUILDER = "ShareMemCommBuilder"
 

@@ -1,0 +1,51 @@
+"""Where DeepSpeed's JIT-built ops are cached (``TORCH_EXTENSIONS_DIR``), one folder per ninja.
+
+Without torch or DeepSpeed: the test session's controller checks the cache before any worker
+starts (tests/conftest.py), and a check that imported them would cost seconds every run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+DEFAULT_EXTENSIONS_DIR = "~/.cache/torch_extensions/vlp"
+
+
+def extensions_dir(configured: str = "") -> str:
+    """Where DeepSpeed's JIT ops are built and cached (the shared-memory comm op takes ~28 s
+    to build cold on a 2-core CPU, ~0.2 s cached)."""
+    path = configured or os.environ.get("TORCH_EXTENSIONS_DIR") or DEFAULT_EXTENSIONS_DIR
+    return str(Path(path).expanduser().resolve())
+
+
+def ninja_tag() -> str:
+    """``ninja-<version>`` of the ``ninja`` on this process's PATH, the one torch builds with.
+    Two ninja versions read each other's build log as changed and rebuild everything, so a
+    driver and workers with different PATHs (a venv's ninja against the system's) would
+    rebuild DeepSpeed's ops from scratch at every switch: each version gets its own folder."""
+    exe = shutil.which("ninja")
+    if exe is None:
+        return "ninja-none"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "ninja-unknown"
+    version = out.stdout.strip().split("\n")[0] if out.returncode == 0 else ""
+    return "ninja-" + ("".join(c for c in version if c.isalnum() or c in ".-_") or "unknown")
+
+
+def use_extensions_dir(configured: str = "") -> str:
+    """Sets ``TORCH_EXTENSIONS_DIR`` to the configured folder's subfolder for this process's
+    ninja (kept when it is set already)."""
+    path, tag = Path(extensions_dir(configured)), ninja_tag()
+    if path.name != tag:
+        path = path / tag
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
+    return str(path)
+
+
+__all__ = ["DEFAULT_EXTENSIONS_DIR", "extensions_dir", "ninja_tag", "use_extensions_dir"]
