@@ -65,7 +65,7 @@ def pytest_configure(config):
 
 def _comm_op_built() -> None:
     """DeepSpeed's CPU comm op, built once before any test starts when the machine's cache
-    lacks it (a fresh machine: CI). Left to the tests, the first engine builds it (~30 s on
+    lacks it (a fresh machine: CI) or holds another venv's build. Left to the tests, the first engine builds it (~30 s on
     two cores) wherever it starts: in the multinode file that was a sweep trial's worker, and
     the sweep is interrupted by design, so the build died with it and the restored sweep built
     it again (95 CPU seconds in all), while the other worker's tests waited on the lock."""
@@ -74,10 +74,20 @@ def _comm_op_built() -> None:
     from vlp.platform.training.comm_op_build import cached_library
     from vlp.platform.training.jit_ops_dir import extensions_dir, ninja_tag
 
+    import importlib.util
+
     folder, tag = extensions_dir(), ninja_tag()   # as use_extensions_dir makes it
     if os.path.basename(folder) != tag:
         folder = os.path.join(folder, tag)
-    if cached_library(folder, "deepspeed_shm_comm").is_file():
+    # built for this venv's DeepSpeed: another venv's build (a clone beside it) is rebuilt too
+    spec = importlib.util.find_spec("deepspeed")
+    here = os.path.dirname(spec.origin) if spec and spec.origin else None
+    try:
+        with open(os.path.join(folder, "deepspeed_shm_comm", "build.ninja")) as f:
+            current = here is not None and here in f.read()
+    except OSError:
+        current = False
+    if current and cached_library(folder, "deepspeed_shm_comm").is_file():
         return
     subprocess.run([sys.executable, "-c", "from vlp.platform.training.comm_op_build import "
                     "build_comm_op_once; build_comm_op_once()"], check=False, timeout=900)
