@@ -89,8 +89,12 @@ def _comm_op_built() -> None:
         current = False
     if current and cached_library(folder, "deepspeed_shm_comm").is_file():
         return
-    subprocess.run([sys.executable, "-c", "from vlp.platform.training.comm_op_build import "
-                    "build_comm_op_once; build_comm_op_once()"], check=False, timeout=900)
+    try:   # a failed build is left to the tests, which build on their own as before
+        subprocess.run([sys.executable, "-c", "from vlp.platform.training.comm_op_build import "
+                        "build_comm_op_once; build_comm_op_once()"], check=False, timeout=300)
+    except subprocess.TimeoutExpired:
+        print(f"DeepSpeed's comm op did not build within 300 s (a stale 'lock' file in "
+              f"{folder}/deepspeed_shm_comm?): left to the tests")
 
 
 @pytest.fixture(scope="session")
