@@ -89,9 +89,13 @@ def _comm_op_built() -> None:
         current = False
     if current and cached_library(folder, "deepspeed_shm_comm").is_file():
         return
+    print(f"building DeepSpeed's CPU comm op for this venv before the tests (cached in "
+          f"{folder}) …", flush=True)
     try:   # a failed build is left to the tests, which build on their own as before
-        subprocess.run([sys.executable, "-c", "from vlp.platform.training.comm_op_build import "
-                        "build_comm_op_once; build_comm_op_once()"], check=False, timeout=300)
+        # the builder's load, not build_comm_op_once (which trusts any cached library): ninja
+        # rebuilds another venv's build and leaves this venv's as it is
+        subprocess.run([sys.executable, "-c", "from vlp.platform.training.engine import "
+                        "prebuild_comm_op; prebuild_comm_op()"], check=False, timeout=300)
     except subprocess.TimeoutExpired:
         print(f"DeepSpeed's comm op did not build within 300 s (a stale 'lock' file in "
               f"{folder}/deepspeed_shm_comm?): left to the tests")
