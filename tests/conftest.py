@@ -65,10 +65,11 @@ def pytest_configure(config):
 
 def _comm_op_built() -> None:
     """DeepSpeed's CPU comm op, built once before any test starts when the machine's cache
-    lacks it (a fresh machine: CI) or holds another venv's build. Left to the tests, the first engine builds it (~30 s on
-    two cores) wherever it starts: in the multinode file that was a sweep trial's worker, and
-    the sweep is interrupted by design, so the build died with it and the restored sweep built
-    it again (95 CPU seconds in all), while the other worker's tests waited on the lock."""
+    lacks it (a fresh machine: CI) or holds another venv's build. Left to the tests, the first
+    engine builds it (~30 s on two cores) wherever it starts: in the multinode file that was a
+    sweep trial's worker, and the sweep is interrupted by design, so the build died with it and
+    the restored sweep built it again (95 CPU seconds in all), while the other worker's tests
+    waited on the lock."""
     import subprocess
 
     from vlp.platform.training.comm_op_build import cached_library

@@ -17,7 +17,7 @@ import torch
 from vlp.platform.training.batch_process import (END, ERROR, OWN, BuilderProcess, _daemon,
                                                  _picklable)
 from vlp.platform.training.ipc_tables import send_table
-from vlp.platform.training.shared_reads import PeerPipes, shares_reads
+from vlp.platform.training.shared_reads import PeerSockets, shares_reads
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class BuilderPool:
             source, blocks, sync = split()
         self.count = count
         self._blocks, self._sync = blocks, sync
-        self._peers = (PeerPipes(count) if blocks is None
+        self._peers = (PeerSockets(count) if blocks is None
                        and shares_reads(getattr(source, "block_source", None)) else None)
         self.members = [BuilderProcess(sampler, source, part=(k, count),
                                        pooled=(blocks is not None, sync is not None),

@@ -3,9 +3,9 @@
 Every member of a ``BuilderPool`` needs every block of the stream (a batch's examples depend on
 all the windows before it), and a stream that reads anywhere (the local reader) was read by
 each member whole: Parquet decoding and the row transform are 60–70% of one builder's CPU,
-done n times over. Here the epoch's reads (``parts(epoch)``: one file each) are dealt out: member k
-reads parts k, k + n, …, and shares each block with the other members; it takes the other
-parts from their readers. Every member still sees every block, in the same order, so the
+done n times over. Here the epoch's reads (``parts(epoch)``: one file each) are dealt out:
+member k reads parts k, k + n, …, and shares each block with the other members; it takes the
+other parts from their readers. Every member still sees every block, in the same order, so the
 batches are the batches of one builder; each part is read once in the pool.
 
 A block travels as one copy into shared memory, over a Unix socket from each member to each
@@ -43,7 +43,7 @@ def shares_reads(blocks: Any) -> bool:
             and callable(getattr(blocks, "read_part", None)))
 
 
-class PeerPipes:
+class PeerSockets:
     """One Unix socket pair for each ordered pair of a pool's ``count`` members, made before
     they start (file descriptors travel over sockets, not pipes); ``ends(k)`` are member k's
     (sends to each peer, receives from each), ``close`` drops the pool's copies once the
@@ -153,4 +153,4 @@ class _PeerGone(Exception):
     pass
 
 
-__all__ = ["PeerPipes", "SharedReads", "shares_reads"]
+__all__ = ["PeerSockets", "SharedReads", "shares_reads"]
