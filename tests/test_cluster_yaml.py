@@ -249,6 +249,11 @@ def test_mlflow_runs_on_postgres_with_s3_artifacts_and_restarts(cfg):
     assert "--artifacts-destination s3://my-bucket/mlflow" in exec_start
     assert "--host 10.0.1.23 " in exec_start and "0.0.0.0" not in unit
     assert "sqlite" not in unit and "password" not in unit.lower()
+    # no MLflow job runner beside the server (vlp submits no MLflow job): server_env.py
+    from vlp.platform.tracking.server_env import SERVER_ENV
+
+    for key, value in SERVER_ENV.items():
+        assert f"Environment={key}={value}" in lines, key
     assert "systemctl enable --now vlp-mlflow" in head
     start = " ".join(cfg["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in start and "mlflow server" not in start

@@ -49,6 +49,7 @@ from cluster_helpers import (BIN, Cluster, bashrc_env, shipped_gpu_configs, stop
                              wait_http)
 
 from vlp.platform.cluster.ray_session import free_local_port
+from vlp.platform.tracking.server_env import server_env
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +106,8 @@ def mlflow_process(s3, node_env, tmp_path_factory):
                              f"sqlite:///{d / 'mlflow.db'}", "--artifacts-destination",
                              f"s3://{BUCKET}/mlartifacts", "--host", "127.0.0.1", "--port",
                              str(port), "--workers", "1"],
-                            env={**node_env, "MLFLOW_S3_ENDPOINT_URL": s3.endpoint}, cwd=d,
+                            env=server_env({**node_env, "MLFLOW_S3_ENDPOINT_URL": s3.endpoint}),
+                            cwd=d,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc, port

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cluster_helpers import BIN, stop_tree, wait_http
 from vlp.platform.cluster.ray_session import free_local_port
+from vlp.platform.tracking.server_env import server_env
 
 PG_USER = "vlp-postgres"
 
@@ -127,7 +128,8 @@ class MlflowServer:
     def start(self, timeout_s: float = 300) -> None:
         self.starts += 1
         log = open(self.folder / f"mlflow-server-{self.starts}.log", "w")
-        env = {**os.environ, **self.s3.env, "MLFLOW_S3_ENDPOINT_URL": self.s3.endpoint}
+        env = server_env({**os.environ, **self.s3.env,
+                          "MLFLOW_S3_ENDPOINT_URL": self.s3.endpoint})
         self.proc = subprocess.Popen(
             [str(BIN / "mlflow"), "server", "--backend-store-uri", self.backend,
              "--artifacts-destination", self.artifacts, "--host", "127.0.0.1",

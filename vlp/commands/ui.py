@@ -75,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
     def stop(signum, frame):        # SIGTERM stops it like Ctrl-C: the server goes too
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
-    proc = subprocess.Popen(server_command(uri, args.host, args.port), start_new_session=True)
+    from vlp.platform.tracking.server_env import server_env
+
+    proc = subprocess.Popen(server_command(uri, args.host, args.port),
+                            env=server_env(dict(os.environ)), start_new_session=True)
     url = f"http://{args.host}:{args.port}"
     try:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
