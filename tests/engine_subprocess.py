@@ -12,11 +12,10 @@ process as under Ray Train on one worker."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import textwrap
+
+from preloaded_python import run_python
 
 ONE_RANK = textwrap.dedent("""
     import json, os, sys, tempfile
@@ -64,8 +63,6 @@ def run_one_rank(body: str, *args: str, cwd, ray_train: bool = False,
                  timeout: float = 300) -> dict:
     """Run ``body`` in a one-rank process (see the module docstring); return its RESULT."""
     script = ONE_RANK + (RAY_TRAIN if ray_train else "") + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", script, str(free_port()), *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ), cwd=cwd)
+    (proc,) = run_python(script, [[free_port(), *args]], cwd=cwd, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("RESULT", 1)[1])

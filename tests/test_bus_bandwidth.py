@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from engine_subprocess import free_port
+from preloaded_python import run_python
 from vlp.platform.cluster import instance_type as itype
 from vlp.platform.cluster import link_speeds
 from vlp.platform.cluster.bus_bandwidth import (CPU_BYTES, GPU_BYTES, Measurement,
@@ -104,12 +103,10 @@ def test_start_of_run_on_two_gloo_ranks_says_one_line_on_rank_0():
     line and the warning; rank 1 says nothing; a CPU run under auto does not run it."""
     port = str(free_port())
     env = {**os.environ, "LOCAL_WORLD_SIZE": "1", itype.ENV: "p5.48xlarge"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), port], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in (0, 1)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    procs = run_python(RANK, [[r, port] for r in (0, 1)], env=env, timeout=300)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    outs = [(p.stdout, p.stderr) for p in procs]
     said = [line[4:] for line in outs[0][0].splitlines() if line.startswith("SAY ")]
     assert not [line for line in outs[1][0].splitlines() if line.startswith("SAY ")]
     assert len(said) == 2, outs[0][0]

@@ -6,14 +6,12 @@ micro-batch), and under bf16 they are accumulated and reduced in fp32."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from engine_subprocess import free_port
+from preloaded_python import run_python
 
 RANK_BODY = textwrap.dedent("""
     import json, os, sys
@@ -85,13 +83,11 @@ RANK_BODY = textwrap.dedent("""
 
 def run_two_ranks(combo, cwd, timeout: float = 300) -> dict:
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_BODY, str(r), port, json.dumps(combo)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ), cwd=cwd) for r in (0, 1)]
-    outs = [p.communicate(timeout=timeout) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return json.loads(outs[0][0].split("RESULT", 1)[1])
+    procs = run_python(RANK_BODY, [[r, port, json.dumps(combo)] for r in (0, 1)], cwd=cwd,
+                       timeout=timeout)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(procs[0].stdout.split("RESULT", 1)[1])
 
 
 def gradient_calls(calls, parameters):

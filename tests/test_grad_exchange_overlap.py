@@ -8,14 +8,12 @@ before the backward's last gradient is taken; bf16 on the wire stays close."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from engine_subprocess import free_port
+from preloaded_python import run_python
 
 RANK_BODY = textwrap.dedent("""
     import json, os, sys
@@ -79,13 +77,10 @@ RANK_BODY = textwrap.dedent("""
 def ranks(tmp_path_factory):
     port = str(free_port())
     cwd = tmp_path_factory.mktemp("overlap")
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_BODY, str(r), port],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ), cwd=cwd) for r in (0, 1)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return [json.loads(out.split("RESULT", 1)[1]) for out, _ in outs]
+    procs = run_python(RANK_BODY, [[r, port] for r in (0, 1)], cwd=cwd, timeout=600)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return [json.loads(p.stdout.split("RESULT", 1)[1]) for p in procs]
 
 
 def _close(a, b, rtol, atol):

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from engine_subprocess import free_port
+from preloaded_python import run_python
 from vlp.platform.training import checkpointing
 
 STEPS, CKPT = 4, 2
@@ -95,15 +94,11 @@ RANK = textwrap.dedent("""
 
 def run_ranks(world: int, cwd, world_dir, store: str, resume: str = "") -> list[dict]:
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(world), port,
-                               str(world_dir), store, resume],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ), cwd=cwd)
-             for r in range(world)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return [json.loads(out.split("RESULT", 1)[1]) for out, _ in outs]
+    procs = run_python(RANK, [[r, world, port, world_dir, store, resume] for r in range(world)],
+                       cwd=cwd, timeout=600)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return [json.loads(p.stdout.split("RESULT", 1)[1]) for p in procs]
 
 
 def steps_of(ranks: list[dict], gas: int, first: int) -> dict[int, list]:

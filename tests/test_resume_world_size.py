@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from engine_subprocess import free_port
+from preloaded_python import run_python
 from vlp.platform.training import checkpointing
 from vlp.platform.training.failures import SetupError
 from vlp.platform.training.worker_setup import WorkerSetup
@@ -104,15 +103,12 @@ def run_ranks(world: int, cwd, *runs: tuple[str, str, int], timeout: float = 600
     """``world`` gloo ranks, each running ``runs`` (store, checkpoint to resume or "", stop
     step) in turn; every rank's results."""
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(world), port, "", "",
-                               "0", *("|".join(map(str, run)) for run in runs)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ), cwd=cwd)
-             for r in range(world)]
-    outs = [p.communicate(timeout=timeout) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    return [json.loads(out.split("RESULT", 1)[1]) for out, _ in outs]
+    procs = run_python(RANK, [[r, world, port, "", "", "0",
+                               *("|".join(map(str, run)) for run in runs)] for r in range(world)],
+                       cwd=cwd, timeout=timeout)
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return [json.loads(p.stdout.split("RESULT", 1)[1]) for p in procs]
 
 
 def steps_of(ranks: list[dict], gas: int, first: int) -> dict[int, list[int]]:
