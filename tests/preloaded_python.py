@@ -1,4 +1,4 @@
-"""``python -c SCRIPT ARGS...`` for the tests' engine ranks, without paying the imports each
+"""``python -c SCRIPT ARGS...`` for the tests' engine ranks and tracking writers, without paying the imports each
 time: the ranks are forked from a server process that imported torch, transformers' BERT,
 DeepSpeed and vlp's engine once (multiprocessing's forkserver with those modules preloaded).
 
@@ -27,9 +27,12 @@ import traceback
 import types
 from dataclasses import dataclass
 
+# what the tests' scripts import: an engine rank (torch, BERT, DeepSpeed, the engine and the
+# loop) and a tracking writer (MLflow's client, rank zero's tracker)
 PRELOAD = ["torch", "torch.distributed", "transformers.models.bert.modeling_bert",
            "vlp.platform.training.deepspeed_import", "vlp.platform.training.engine",
-           "vlp.platform.training.loop"]
+           "vlp.platform.training.loop", "mlflow", "vlp.platform.tracking.rank_zero",
+           "vlp.platform.training.checkpointing"]
 
 _context = None
 
