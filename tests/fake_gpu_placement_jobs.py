@@ -1,8 +1,11 @@
-"""Run by tests/test_fake_gpu_placement.py in a process of its own: a Ray with 2 fake GPUs and
-an A10G accelerator_type resource on a CPU machine; a 2-worker Ray Train job (use_gpu, gloo)
-whose workers take their device the way vlp's loop does, and a Ray Data actor pool of vlp's
-extraction actors with one GPU each. Each process writes what it saw to a JSON file in
-argv[1]. No allocator variable is set here: what the processes see comes from vlp."""
+"""Run by tests/test_gpu_placement.py in a process of its own: a Ray with 2 fake GPUs and an
+A10G accelerator_type resource on a CPU machine (the way a GPU node with a CPU-only torch looks
+to Ray); a 2-worker Ray Train job (use_gpu, gloo) whose workers take their device the way
+vlp's loop does, and a Ray Data actor pool of vlp's extraction actors with one GPU each. Each
+process writes what it saw to a JSON file in argv[1]. No allocator variable is set here: what
+the processes see comes from vlp. Then, on the same Ray, ``vlp data extract`` on the images in
+argv[2] with ``--gpus 3`` (more than the cluster has) and ``--gpus 1`` (an actor given a GPU
+torch cannot see); each prints ``EXIT <status>``."""
 
 from __future__ import annotations
 
@@ -89,8 +92,20 @@ def main() -> None:
         torch_config=ray.train.torch.TorchConfig(backend="gloo"),
         run_config=ray.train.RunConfig(name="placement", storage_path=os.path.join(OUT, "st")),
     ).fit()
-    ray.shutdown()
     print("placement: ok")
+    refusals(sys.argv[2], os.path.join(OUT, "extract-out"))
+    ray.shutdown()
+
+
+def refusals(images: str, out: str) -> None:
+    """No silent fallback: ``--gpus 3`` refused before any actor starts, naming both numbers;
+    ``--gpus 1`` gets its actor, which sees no CUDA and ends the job in one line."""
+    from vlp.cli import main as vlp
+
+    args = ["data", "extract", "--images", images, "--out", out, "--source", "x",
+            "--model", "grid-tiny", "--grid", "4", "--short-side", "64", "--long-side", "96"]
+    for gpus in ("3", "1"):
+        print("EXIT", vlp(args + ["--gpus", gpus]), flush=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ SECONDS = {
     "tests/test_platform_train.py": 36,
     "tests/test_batch_process.py": 30,
     "tests/test_extract_given_boxes.py": 30,
-    "tests/test_extract_gpu_refusals.py": 30,
     "tests/test_pipeline_ray.py": 30,
     "tests/test_pretrain_fail_once.py": 26,
     "tests/test_resume_world_size.py": 26,

@@ -2,7 +2,10 @@
 the allocator setting; then on a Ray with fake GPUs (num_gpus and an accelerator_type resource
 on this CPU machine, gloo): Ray Train workers' LOCAL_RANK, device index and
 CUDA_VISIBLE_DEVICES entry agree, DeepSpeed is handed that device, extraction actors hold
-distinct GPUs, and every one of those processes got the allocator setting from vlp."""
+distinct GPUs, and every one of those processes got the allocator setting from vlp; on the same
+Ray, `vlp data extract` refuses `--gpus 3` before any actor starts, naming both numbers, and
+with `--gpus 1` its actor, which sees no CUDA, ends the job with one line instead of
+extracting on the CPU while holding the GPU."""
 
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from vlp.platform.training.gpu_placement import (ALLOC_SETTING, ALLOC_VAR, Placement,
                                                  allocator_env, deepspeed_args, set_allocator)
@@ -76,10 +81,15 @@ def test_on_fake_gpus_train_workers_and_extraction_actors_are_placed_and_set(tmp
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for i in range(2):
+        Image.fromarray(np.full((40, 60, 3), 60 * i, np.uint8)).save(imgs / f"{i}.jpg")
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fake_gpu_placement_jobs.py"),
-                           str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=400)
+                           str(tmp_path), str(imgs)], env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _the_extract_refusals(proc, tmp_path / "extract-out")
     alloc = {ALLOC_VAR: ALLOC_SETTING}
     train = [json.loads((tmp_path / f"train-{r}.json").read_text()) for r in (0, 1)]
     for seen in train:
@@ -98,3 +108,15 @@ def test_on_fake_gpus_train_workers_and_extraction_actors_are_placed_and_set(tmp
         # torch here is a CPU build: the actor refuses its fake GPU (no silent CPU fallback)
         assert f"Ray GPU ids ['{seen['gpu_ids'][0]}']" in seen["refused"], seen["refused"]
     assert {s["gpu_ids"][0] for s in actors} == {"0", "1"}
+
+
+def _the_extract_refusals(proc, out):
+    codes = [ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("EXIT ")]
+    assert codes == ["2", "1"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("vlp data extract: error")]
+    assert len(errors) == 2, proc.stderr[-3000:]
+    assert "--gpus 3: the Ray cluster has 2 GPU(s)" in errors[0]
+    assert "a model actor was given a GPU but torch sees no CUDA device" in errors[1]
+    assert "CUDA_VISIBLE_DEVICES=" in errors[1]
+    shards = out / "images" / "x"
+    assert not (shards.exists() and list(shards.glob("*.parquet"))), "extracted on the CPU"
