@@ -3,9 +3,12 @@ MLflow import, in a fresh interpreter (this one has imported both long ago)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from engine_subprocess import free_port
 
 REPO = Path(__file__).parents[1]
 
@@ -40,3 +43,33 @@ def test_mlflow_imported_first_is_the_one_deepspeed_uses():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+MUON = """
+import sys
+import torch
+from vlp.platform.training.deepspeed_import import load_deepspeed, zero_check_without_muon
+from vlp.platform.training.jit_ops_dir import use_extensions_dir
+use_extensions_dir()
+deepspeed = load_deepspeed()
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS, is_zero_supported_optimizer
+MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+adamw = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), fused=True)
+with zero_check_without_muon():
+    assert is_zero_supported_optimizer(adamw)           # vlp's optimizer: still supported
+assert MUON not in sys.modules, "the ZeRO check imported Muon"
+assert not any(type(f).__name__ == "_NoMuonForTheZeroCheck" for f in sys.meta_path)
+assert is_zero_supported_optimizer(adamw)               # outside: DeepSpeed's own check
+assert MUON in sys.modules and len(ZERO_SUPPORTED_OPTIMIZERS) > 9
+print("ok")
+"""
+
+
+def test_the_zero_check_skips_muon_only_inside_the_engine_build():
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    done = subprocess.run([sys.executable, "-c", MUON], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "\nok" in "\n" + done.stdout, done.stdout
