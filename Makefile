@@ -18,7 +18,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vlp's own modules compiled to bytecode before the many Python processes a run starts (Ray
+# workers, engine ranks, batch builders) import them: where PYTHONDONTWRITEBYTECODE is set
+# (as on this project's CI machines) none of them writes a .pyc, so each compiled the vlp
+# modules it imports from source (~0.3 CPU-s a Ray Train worker). compileall rewrites only
+# what changed (1.4 s for the whole tree, ~0.2 s when nothing did).
+BYTECODE := $(PY) -m compileall -q -j 0 vlp jobs tests
+
 demo: $(STAMP)
+	$(BYTECODE)
 	$(VENV)/bin/vlp demo
 
 # two pytest-xdist workers on two cores (much of a test file's time is waiting on cluster
@@ -29,6 +37,7 @@ demo: $(STAMP)
 # fixed 30 s raylet start wait ran out in 6 tests); TEST_WORKERS=4 still runs four.
 TEST_WORKERS ?= 2
 test: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 clean:
