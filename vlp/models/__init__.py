@@ -8,17 +8,44 @@ heads of the tasks it is given (``TASKS`` and ``get_task`` are re-exported from 
     enc = model.encode(batch)               # sequence / pooled / text & region positions
 
 Never imports Ray, MLflow, ``vlp.datasets`` or ``vlp.platform``.
+
+The names below are loaded on first use (PEP 562), not when the package is: importing a light
+submodule such as the extractor registry (``vlp data extract --help``, the CLI's parser) then
+does not import the backbone and transformers' BERT with it (~3 CPU s a process).
 """
 
-from vlp.models.backbone import EncoderOutput, VLBackbone
-from vlp.models.checkpoints import (CheckpointError, LoadReport, export_uniter, load_uniter,
-                                    save_uniter)
-from vlp.models.family_config import FamilyConfig, TransformerConfig
-from vlp.models.factory import ModelBundle, PreprocessSpec, create_model, list_families
-from vlp.models.families import FAMILIES, get_family
-from vlp.models.model import VLPModel
-from vlp.models.predict import predict
-from vlp.tasks import TASKS, get_task
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM = {
+    "EncoderOutput": "vlp.models.backbone", "VLBackbone": "vlp.models.backbone",
+    "CheckpointError": "vlp.models.checkpoints", "LoadReport": "vlp.models.checkpoints",
+    "export_uniter": "vlp.models.checkpoints", "load_uniter": "vlp.models.checkpoints",
+    "save_uniter": "vlp.models.checkpoints",
+    "FamilyConfig": "vlp.models.family_config", "TransformerConfig": "vlp.models.family_config",
+    "ModelBundle": "vlp.models.factory", "PreprocessSpec": "vlp.models.factory",
+    "create_model": "vlp.models.factory", "list_families": "vlp.models.factory",
+    "FAMILIES": "vlp.models.families", "get_family": "vlp.models.families",
+    "VLPModel": "vlp.models.model",
+    "predict": "vlp.models.predict",
+    "TASKS": "vlp.tasks", "get_task": "vlp.tasks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vlp.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FROM))
+
 
 __all__ = ["create_model", "list_families", "ModelBundle", "PreprocessSpec", "VLPModel",
            "EncoderOutput", "VLBackbone", "FamilyConfig", "TransformerConfig", "FAMILIES",
