@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 from transformers import BertConfig
 
+from vlp.models.vision.resnet_config import (  # noqa: F401 (re-exported)
+    RESNET18, RESNET101, RESNET_TINY, ResNetConfig)
 from vlp.tasks.mrfr import REDUCTIONS as MRFR_REDUCTIONS
 from vlp.tasks.registry import family_tasks
 
@@ -118,28 +120,6 @@ class VLBertVisualConfig:
     def __post_init__(self) -> None:
         if self.geometry_dim % 8:
             raise ValueError(f"visual.geometry_dim={self.geometry_dim} is not a multiple of 8")
-
-
-@dataclass(frozen=True)
-class ResNetConfig:
-    """A torchvision-layout ResNet (so ImageNet weights in that layout load by name)."""
-
-    block: str  # "basic" (ResNet-18/34) or "bottleneck" (ResNet-50/101/152)
-    layers: tuple[int, int, int, int]
-    base_width: int = 64
-
-    def __post_init__(self) -> None:
-        if self.block not in ("basic", "bottleneck"):
-            raise ValueError(f"visual.resnet.block={self.block!r}: expected basic or bottleneck")
-
-    @property
-    def out_channels(self) -> int:
-        return self.base_width * 8 * (4 if self.block == "bottleneck" else 1)
-
-
-RESNET18 = ResNetConfig("basic", (2, 2, 2, 2))
-RESNET101 = ResNetConfig("bottleneck", (3, 4, 23, 3))
-RESNET_TINY = ResNetConfig("basic", (1, 1, 1, 1), base_width=8)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlp.models.family_config import ResNetConfig
+from vlp.models.vision.resnet_config import ResNetConfig
 from vlp.models.vision.batch_norm import Fp32StatsBatchNorm2d
 
 # fp32 statistics beside bf16/fp16 weights (DeepSpeed casts parameters, not buffers)

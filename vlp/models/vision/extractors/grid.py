@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vlp.models.family_config import RESNET101, RESNET_TINY, ResNetConfig
+from vlp.models.vision.resnet_config import RESNET101, RESNET_TINY, ResNetConfig
 from vlp.models.vision.cnn_weights import cnn_weights_problem, load_cnn_weights
 from vlp.models.vision.extractors.base import Extractor, ExtractSettings, file_sha256
 from vlp.models.vision.extractors.image_prep import normalised_chw, resize_rgb
