@@ -70,16 +70,13 @@ def _comm_op_built() -> None:
     sweep trial's worker, and the sweep is interrupted by design, so the build died with it and
     the restored sweep built it again (95 CPU seconds in all), while the other worker's tests
     waited on the lock."""
+    import importlib.util
     import subprocess
 
     from vlp.platform.training.comm_op_build import cached_library
-    from vlp.platform.training.jit_ops_dir import extensions_dir, ninja_tag
+    from vlp.platform.training.jit_ops_dir import ninja_extensions_dir
 
-    import importlib.util
-
-    folder, tag = extensions_dir(), ninja_tag()   # as use_extensions_dir makes it
-    if os.path.basename(folder) != tag:
-        folder = os.path.join(folder, tag)
+    folder = ninja_extensions_dir()     # where the engines will load it from
     # built for this venv's DeepSpeed: another venv's build (a clone beside it) is rebuilt too
     spec = importlib.util.find_spec("deepspeed")
     here = os.path.dirname(spec.origin) if spec and spec.origin else None

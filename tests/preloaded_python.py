@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -123,3 +124,10 @@ def _read(path: str) -> str:
             return f.read()
     except FileNotFoundError:
         return "(no output: the process died before it ran the script; see the test's log)"
+
+
+def fresh_python(code: str, *, cwd=None, env: dict[str, str] | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -c code`` in a new interpreter, its output captured as text."""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -4,11 +4,10 @@ MLflow import, in a fresh interpreter (this one has imported both long ago)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from engine_subprocess import free_port
+from preloaded_python import fresh_python
 
 REPO = Path(__file__).parents[1]
 
@@ -28,8 +27,7 @@ print("ok", mlflow.__version__)
 
 
 def test_deepspeed_loads_without_mlflow_and_mlflow_still_imports():
-    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    done = fresh_python(CHECK, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "\nok " in "\n" + done.stdout, done.stdout
 
@@ -40,8 +38,7 @@ def test_mlflow_imported_first_is_the_one_deepspeed_uses():
             "load_deepspeed()\n"
             "from deepspeed.autotuning import autotuner\n"
             "assert autotuner.has_mlflow is True and autotuner.mlflow is mlflow\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    done = fresh_python(code, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -69,7 +66,6 @@ print("ok")
 def test_the_zero_check_skips_muon_only_inside_the_engine_build():
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    done = subprocess.run([sys.executable, "-c", MUON], capture_output=True, text=True,
-                          cwd=REPO, timeout=300, env=env)
+    done = fresh_python(MUON, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "\nok" in "\n" + done.stdout, done.stdout

@@ -8,11 +8,10 @@ import is still a dependency), so the test needs nothing installed beyond the pa
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from preloaded_python import fresh_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vlp"
@@ -142,8 +141,7 @@ def test_pure_layers_load_no_ray_train_tune_or_mlflow():
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             f"print(sorted(n for n in sys.modules if n.startswith({HEAVY!r})))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = fresh_python(code, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -174,7 +172,6 @@ def test_the_cli_parser_loads_no_model_code():
             "print(sorted(n for n in ('transformers', 'vlp.models.backbone') if n in sys.modules))\n"
             "from vlp.models import create_model, TASKS\n"
             "print(create_model.__module__, 'transformers' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = fresh_python(code, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-2:] == ["[]", "vlp.models.factory True"]

@@ -37,15 +37,20 @@ def ninja_tag() -> str:
     return "ninja-" + ("".join(c for c in version if c.isalnum() or c in ".-_") or "unknown")
 
 
-def use_extensions_dir(configured: str = "") -> str:
-    """Sets ``TORCH_EXTENSIONS_DIR`` to the configured folder's subfolder for this process's
-    ninja (kept when it is set already)."""
+def ninja_extensions_dir(configured: str = "") -> str:
+    """The configured folder's subfolder for this process's ninja (the folder itself when it
+    is that subfolder already): where this process's ops are built and loaded."""
     path, tag = Path(extensions_dir(configured)), ninja_tag()
-    if path.name != tag:
-        path = path / tag
+    return str(path if path.name == tag else path / tag)
+
+
+def use_extensions_dir(configured: str = "") -> str:
+    """Sets ``TORCH_EXTENSIONS_DIR`` to ``ninja_extensions_dir(configured)``, made."""
+    path = Path(ninja_extensions_dir(configured))
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
     return str(path)
 
 
-__all__ = ["DEFAULT_EXTENSIONS_DIR", "extensions_dir", "ninja_tag", "use_extensions_dir"]
+__all__ = ["DEFAULT_EXTENSIONS_DIR", "extensions_dir", "ninja_extensions_dir", "ninja_tag",
+           "use_extensions_dir"]
