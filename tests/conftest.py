@@ -55,12 +55,26 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return
+    _venv_bin_first()
     _comm_op_built()
     # on the xdist controller only: each scope's worker seconds, printed and cached
     if getattr(config.option, "dist", "no") != "no":
         from longest_first import ScopeClock
 
         config.pluginmanager.register(ScopeClock(config), "vlp-scope-clock")
+
+
+def _venv_bin_first() -> None:
+    """The venv's bin first on PATH, for this process and all it starts (the xdist workers
+    start after this), as in an activated venv. DeepSpeed's ops build with the `ninja` on
+    PATH and are cached per ninja version (jit_ops_dir.py); the multinode file's nodes run
+    with the venv's bin first, as a cluster node does, so without this the session built the
+    comm op with the system's ninja and the cluster's first engine built it again with the
+    venv's (~30 s of two cores on that worker's chain, and ~25 CPU seconds)."""
+    bin_dir = os.path.dirname(sys.executable)     # not resolved: a venv's python is a link
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
 
 
 def _comm_op_built() -> None:
