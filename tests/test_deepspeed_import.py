@@ -1,5 +1,6 @@
 """``load_deepspeed`` (deepspeed_import.py): DeepSpeed imported without its autotuner's
-MLflow import, in a fresh interpreter (this one has imported both long ago)."""
+MLflow import and with its Muon kernels compiled on first call, in a fresh interpreter (this
+one has imported all of them long ago)."""
 
 from __future__ import annotations
 
@@ -45,25 +46,36 @@ def test_mlflow_imported_first_is_the_one_deepspeed_uses():
 MUON = """
 import sys
 import torch
-from vlp.platform.training.deepspeed_import import load_deepspeed, zero_check_without_muon
+from vlp.platform.training.deepspeed_import import load_deepspeed
 from vlp.platform.training.jit_ops_dir import use_extensions_dir
 use_extensions_dir()
 deepspeed = load_deepspeed()
+from deepspeed.runtime import compiler
+assert compiler.compile() is torch.compile          # DeepSpeed's decorator as it was
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS, is_zero_supported_optimizer
-MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+from deepspeed.runtime.zero.muon import original_muon
+from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+assert "torch._inductor" not in sys.modules, "importing Muon compiled its kernels"
 adamw = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), fused=True)
-with zero_check_without_muon():
-    assert is_zero_supported_optimizer(adamw)           # vlp's optimizer: still supported
-assert MUON not in sys.modules, "the ZeRO check imported Muon"
-assert not any(type(f).__name__ == "_NoMuonForTheZeroCheck" for f in sys.meta_path)
-assert is_zero_supported_optimizer(adamw)               # outside: DeepSpeed's own check
-assert MUON in sys.modules and len(ZERO_SUPPORTED_OPTIMIZERS) > 9
+assert is_zero_supported_optimizer(adamw)               # DeepSpeed's own check, Muon listed
+assert MuonWithAuxAdam in ZERO_SUPPORTED_OPTIMIZERS
+# a kernel compiles on its first call, once, with torch.compile, and computes what it did
+compiled = []
+def counting_compile(fn, *args, **kwargs):
+    compiled.append(fn.__name__)
+    return fn
+torch.compile = counting_compile
+g = torch.randn(6, 4)
+want = original_muon.zeropower_via_newtonschulz5.__wrapped__(g, 5)
+assert torch.equal(original_muon.zeropower_via_newtonschulz5(g, 5), want)
+original_muon.zeropower_via_newtonschulz5(g, 5)
+assert compiled == ["zeropower_via_newtonschulz5"], compiled
 print("ok")
 """
 
 
-def test_the_zero_check_skips_muon_only_inside_the_engine_build():
+def test_muon_imports_without_compiling_and_compiles_on_first_call():
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     done = fresh_python(MUON, cwd=REPO, env=env)

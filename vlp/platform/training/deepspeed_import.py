@@ -1,5 +1,5 @@
-"""``import deepspeed`` without the MLflow import its autotuner makes on the side, and its engine
-without the Muon optimizer its ZeRO check imports.
+"""``import deepspeed`` without the MLflow import its autotuner makes on the side, and with its
+Muon kernels compiled on their first call instead of as they are imported.
 
 Importing DeepSpeed runs ``deepspeed.autotuning.autotuner``, which imports MLflow when it is
 installed, to log the autotuner's own experiments (vlp never runs DeepSpeed's autotuner). On
@@ -15,28 +15,29 @@ thread importing MLflow at the same moment gets it as usual; and where MLflow is
 imported, DeepSpeed finds it in ``sys.modules`` as before. Every vlp module that imports from
 ``deepspeed`` calls this first.
 
-``zero_check_without_muon()`` is the same for DeepSpeed 0.19's ZeRO check: on every
-``deepspeed.initialize`` under ZeRO, ``is_zero_supported_optimizer`` imports its Muon optimizer
-to add it to the supported list, and that module compiles a function with ``torch.compile`` as
-it is imported, which imports dynamo and inductor: ~1.9 s of CPU in every process that builds
-a ZeRO engine (each Ray Train worker of every run and stage, each rank of a local run). vlp's
-optimizer is AdamW (``engine.deepspeed_config``) or SOHO's SGD + AdamW, never Muon; while
-``build_engine`` initializes, that import from the ZeRO check alone fails (the check's own
-``except ImportError`` then leaves Muon off the list, as on a DeepSpeed without it). Imported
-anywhere else, or already imported, Muon is there as usual.
+Its Muon optimizer's kernels are imported with their ``torch.compile`` put off to their first
+call. DeepSpeed 0.19 imports ``deepspeed.runtime.zero.muon.muon_optimizer`` wherever it asks
+whether the optimizer is Muon: in the ZeRO check of every ``deepspeed.initialize``, in the
+bf16 optimizer's set-up and in ZeRO-1/2's ``average_tensor`` on the first gradient reduction.
+That module's kernels (``original_muon``) are decorated with ``torch.compile`` as they are
+imported, which imports dynamo and inductor: ~1.8 s of CPU in every process that builds an
+engine (each Ray Train worker of every run and stage, each rank of a local run, each sweep
+trial's worker), for an optimizer vlp never uses (AdamW, or SOHO's SGD + AdamW:
+``engine.deepspeed_config``). ``load_deepspeed()`` imports those kernels with DeepSpeed's
+compile decorator swapped for one that compiles each kernel on its first call, with the same
+``torch.compile``; Muon stays whole and its kernels compile when a Muon run first calls them.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.abc
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import ModuleType
 
 _AUTOTUNER = "deepspeed.autotuning.autotuner"
-_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
-_ZERO_UTILS = "deepspeed.runtime.zero.utils"
+_MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
 
 class _NoMlflowForTheAutotuner(importlib.abc.MetaPathFinder):
@@ -63,29 +64,38 @@ def load_deepspeed() -> ModuleType:
         import deepspeed
     finally:
         sys.meta_path.remove(finder)
+    _muon_kernels_compiled_on_first_call()
     return deepspeed
 
 
-class _NoMuonForTheZeroCheck(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != _MUON:
-            return None
-        frame = sys._getframe(1)
-        while frame is not None:
-            if (frame.f_globals.get("__name__") == _ZERO_UTILS
-                    and frame.f_code.co_name == "is_zero_supported_optimizer"):
-                raise ImportError("DeepSpeed's Muon optimizer is not imported for the ZeRO "
-                                  "check of vlp's AdamW (vlp.platform.training.deepspeed_import)")
-            frame = frame.f_back
-        return None
+def _muon_kernels_compiled_on_first_call() -> None:
+    """``original_muon`` imported with ``deepspeed.runtime.compiler.compile`` lazy (the
+    docstring); the decorator is DeepSpeed's own again afterwards."""
+    if _MUON_KERNELS in sys.modules:
+        return
+    from deepspeed.runtime import compiler
 
+    deepspeed_compile = compiler.compile
 
-@contextmanager
-def zero_check_without_muon() -> Iterator[None]:
-    """Around ``deepspeed.initialize``: see the module docstring."""
-    finder = _NoMuonForTheZeroCheck()
-    sys.meta_path.insert(0, finder)
+    def compile_on_first_call():
+        def decorate(fn):
+            compiled = None
+
+            @functools.wraps(fn)
+            def run(*args, **kwargs):
+                nonlocal compiled
+                if compiled is None:
+                    compiled = deepspeed_compile()(fn)
+                return compiled(*args, **kwargs)
+
+            return run
+
+        return decorate
+
+    compiler.compile = compile_on_first_call
     try:
-        yield
+        importlib.import_module(_MUON_KERNELS)
+    except ImportError:      # a DeepSpeed without Muon: nothing to put off
+        pass
     finally:
-        sys.meta_path.remove(finder)
+        compiler.compile = deepspeed_compile
