@@ -1,5 +1,5 @@
 """``model.init_path`` by URI (s3://, moto's server here): the driver's preflight reads and
-checks the weights through the shared reader (pretrained_weights.fetch, the one curation's
+checks the weights through the shared reader (weights_location.fetch, the one curation's
 and finetune's --checkpoint use), refuses a misfit in one line naming the URI, and each
 worker loads the same weights from its node's cache. Endpoint and keys come only from the
 standard AWS environment. No Ray started."""

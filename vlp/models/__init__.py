@@ -16,14 +16,15 @@ does not import the backbone and transformers' BERT with it (~3 CPU s a process)
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vlp.models.lazy_names import lazy_names
 
 _FROM = {
     "EncoderOutput": "vlp.models.backbone", "VLBackbone": "vlp.models.backbone",
-    "CheckpointError": "vlp.models.checkpoints", "LoadReport": "vlp.models.checkpoints",
-    "export_uniter": "vlp.models.checkpoints", "load_uniter": "vlp.models.checkpoints",
-    "save_uniter": "vlp.models.checkpoints",
+    "CheckpointError": "vlp.models.checkpoints.state_dict_io",
+    "LoadReport": "vlp.models.checkpoints.state_dict_io",
+    "export_uniter": "vlp.models.checkpoints.uniter_release",
+    "load_uniter": "vlp.models.checkpoints.uniter_release",
+    "save_uniter": "vlp.models.checkpoints.uniter_release",
     "FamilyConfig": "vlp.models.family_config", "TransformerConfig": "vlp.models.family_config",
     "ModelBundle": "vlp.models.factory", "PreprocessSpec": "vlp.models.factory",
     "create_model": "vlp.models.factory", "list_families": "vlp.models.factory",
@@ -34,18 +35,7 @@ _FROM = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _FROM.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vlp.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_FROM))
-
+__getattr__, __dir__ = lazy_names(__name__, _FROM, globals())
 
 __all__ = ["create_model", "list_families", "ModelBundle", "PreprocessSpec", "VLPModel",
            "EncoderOutput", "VLBackbone", "FamilyConfig", "TransformerConfig", "FAMILIES",

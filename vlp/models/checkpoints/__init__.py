@@ -1,14 +1,35 @@
 """Weights apart from architecture: random init, text-only BERT/MiniLM init, the UNITER
-release layout (import and export), all through one strict key/shape check."""
+release layout (import and export), all through one strict key/shape check.
 
-from vlp.models.checkpoints.initializers import INITIALIZERS, initialize
-from vlp.models.checkpoints.random_init import init_bert_weights
-from vlp.models.checkpoints.state_dict_io import CheckpointError, LoadReport, read_state_dict
-from vlp.models.checkpoints.text_bert import load_bert_path, load_minilm, load_text_bert, minilm_dir
-from vlp.models.checkpoints.uniter_release import (UNITER_VOCAB_SIZE, export_uniter, load_uniter,
-                                                   load_uniter_path, save_uniter)
+The names below are loaded on first use (PEP 562): ``state_dict_io`` (``CheckpointError``,
+reading a state dict) then imports without the initializers, which build models and import
+transformers' BERT (~1.8 CPU s), so what only reads or locates weights (the extraction
+actors, ``training/weights_location.py``) stays light.
+"""
 
-__all__ = ["INITIALIZERS", "initialize", "init_bert_weights", "CheckpointError", "LoadReport",
-           "read_state_dict", "load_bert_path", "load_minilm", "load_text_bert", "minilm_dir",
-           "UNITER_VOCAB_SIZE", "export_uniter", "load_uniter", "load_uniter_path",
-           "save_uniter"]
+from __future__ import annotations
+
+from vlp.models.lazy_names import lazy_names
+
+_FROM = {
+    "INITIALIZERS": "vlp.models.checkpoints.initializers",
+    "initialize": "vlp.models.checkpoints.initializers",
+    "init_bert_weights": "vlp.models.checkpoints.random_init",
+    "CheckpointError": "vlp.models.checkpoints.state_dict_io",
+    "LoadReport": "vlp.models.checkpoints.state_dict_io",
+    "read_state_dict": "vlp.models.checkpoints.state_dict_io",
+    "load_bert_path": "vlp.models.checkpoints.text_bert",
+    "load_minilm": "vlp.models.checkpoints.text_bert",
+    "load_text_bert": "vlp.models.checkpoints.text_bert",
+    "minilm_dir": "vlp.models.checkpoints.text_bert",
+    "UNITER_VOCAB_SIZE": "vlp.models.checkpoints.uniter_release",
+    "export_uniter": "vlp.models.checkpoints.uniter_release",
+    "load_uniter": "vlp.models.checkpoints.uniter_release",
+    "load_uniter_path": "vlp.models.checkpoints.uniter_release",
+    "save_uniter": "vlp.models.checkpoints.uniter_release",
+}
+
+
+__getattr__, __dir__ = lazy_names(__name__, _FROM, globals())
+
+__all__ = list(_FROM)

@@ -111,7 +111,7 @@ def _probe(o: ExtractOptions) -> tuple[dict[str, str], int, int]:
     import numpy as np
     import torch
 
-    from vlp.platform.training.pretrained_weights import local_weights
+    from vlp.platform.training.weights_location import local_weights
 
     local = local_weights(o.weights_file) if o.weights_file else None
     extractor = build_extractor(o.model, local, o.settings).eval()

@@ -61,7 +61,7 @@ class RunExtractor:
                  use_gpu: bool):
         from vlp.models.vision.extractors.registry import build_extractor
         from vlp.platform.training.gpu_placement import set_allocator
-        from vlp.platform.training.pretrained_weights import local_weights
+        from vlp.platform.training.weights_location import local_weights
 
         set_allocator()         # before this actor's first CUDA allocation
         if use_gpu and not torch.cuda.is_available():

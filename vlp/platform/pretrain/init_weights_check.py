@@ -16,7 +16,7 @@ from typing import Any
 from vlp.contract.config_loader import ConfigError
 from vlp.platform.cluster.run_storage import is_uri
 from vlp.platform.pretrain.experiment_config import ExperimentConfig, ModelSection
-from vlp.platform.training.pretrained_weights import local_weights
+from vlp.platform.training.weights_location import local_weights
 
 NEEDS_A_FILE = ("minilm", "bert", "uniter")     # inits that read weights
 
@@ -46,7 +46,7 @@ def model_kwargs(model: ModelSection, setup: Any) -> dict[str, Any]:
 
 def cnn_init_file(model: ModelSection) -> str:
     """``model.cnn_init`` (SOHO's torchvision ResNet) as a local file: a URI is read into this
-    node's cache by the reader of ``model.init_path`` (``pretrained_weights.fetch``), on the
+    node's cache by the reader of ``model.init_path`` (``weights_location.fetch``), on the
     driver for the check and on each worker's node for the load."""
     if is_uri(model.cnn_init):
         return local_weights(model.cnn_init)

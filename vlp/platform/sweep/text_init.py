@@ -110,7 +110,7 @@ def text_init_in_storage(family: str, *, world: str, storage: Any, folder: str, 
     ``folder``, where trials on any node read them: a local storage holds them in place
     (``make_text_init``); a URI gets them trained (or reused) in the local folder ``local``
     and copied in, each file atomically, unless already there. Returns the weights' path or
-    URI; readers fetch a URI into their node's cache (``pretrained_weights.fetch``)."""
+    URI; readers fetch a URI into their node's cache (``weights_location.fetch``)."""
     name = "model.safetensors"
     if storage.is_local:
         return make_text_init(family, world=world, out=storage.uri(folder), say=say, **train)

@@ -129,7 +129,7 @@ def text_init_checkpoint(cfg: SweepConfig) -> str:
 
     from vlp.datasets.storage.world import load_manifest
     from vlp.models import create_model
-    from vlp.platform.training.pretrained_weights import local_weights
+    from vlp.platform.training.weights_location import local_weights
 
     storage = cfg.sweep_storage()
     if storage.exists("text-init", "model.pt"):
