@@ -81,3 +81,32 @@ def test_muon_imports_without_compiling_and_compiles_on_first_call():
     done = fresh_python(MUON, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "\nok" in "\n" + done.stdout, done.stdout
+
+
+BF16_ENGINE = """
+import torch
+from deepspeed.runtime import bf16_optimizer, utils
+from vlp.platform.pretrain.experiment_config import load_experiment_config
+from vlp.platform.pretrain.run import loop_config
+from vlp.platform.training.engine import build_engine
+from vlp.testing.toy import ToyModel
+cfg = loop_config(load_experiment_config(data={
+    "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1},
+    "train": {"steps": 2, "precision": "bf16", "zero_stage": 1},   # ZeRO-1 bf16: a GPU run
+    "optimizer": {"warmup_steps": 1}}))
+engine = build_engine(ToyModel(["mlm"]), cfg, stage_steps=2, world_size=1)
+assert isinstance(engine.optimizer, bf16_optimizer.BF16_Optimizer), type(engine.optimizer)
+assert bf16_optimizer.see_memory_usage is utils.see_memory_usage     # DeepSpeed's own again
+print("built")
+"""
+
+
+def test_a_bf16_engine_is_built_without_forced_memory_reports():
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    done = fresh_python(BF16_ENGINE, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "\nbuilt" in "\n" + done.stdout, done.stdout
+    # DeepSpeed's forced report: "begin bf16_optimizer", "MA … GB", "CPU Virtual Memory"
+    assert "bf16_optimizer" not in done.stdout and "CPU Virtual Memory" not in done.stdout, \
+        done.stdout

@@ -1,5 +1,6 @@
 """``import deepspeed`` without the MLflow import its autotuner makes on the side, and with its
-Muon kernels compiled on their first call instead of as they are imported.
+Muon kernels compiled on their first call instead of as they are imported; its bf16
+optimizer built without the memory reports it forces.
 
 Importing DeepSpeed runs ``deepspeed.autotuning.autotuner``, which imports MLflow when it is
 installed, to log the autotuner's own experiments (vlp never runs DeepSpeed's autotuner). On
@@ -26,6 +27,16 @@ trial's worker), for an optimizer vlp never uses (AdamW, or SOHO's SGD + AdamW:
 ``engine.deepspeed_config``). ``load_deepspeed()`` imports those kernels with DeepSpeed's
 compile decorator swapped for one that compiles each kernel on its first call, with the same
 ``torch.compile``; Muon stays whole and its kernels compile when a Muon run first calls them.
+
+``bf16_optimizer_unforced_memory_reports()``, around ``deepspeed.initialize``: DeepSpeed's
+bf16 optimizer (bf16 under ZeRO-0, a GPU run's default precision) calls its memory report
+with ``force=True`` four times plus twice per parameter group as it is built; each report is
+a full ``gc.collect()`` on rank 0 and three printed lines ("MA … GB", "CPU Virtual Memory").
+In a process that has imported torch, transformers and DeepSpeed a full collection is a
+fraction of a second, so every bf16 engine build spent ~2 s collecting (11.5 of the CPU GPU
+check's 43 s sampled by py-spy) and wrote twelve lines into the job's log. Inside the context the reports are
+unforced: they run when DeepSpeed's own ``memory_breakdown`` setting asks, as its other
+reports do.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ import functools
 import importlib
 import importlib.abc
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 _AUTOTUNER = "deepspeed.autotuning.autotuner"
@@ -99,3 +112,20 @@ def _muon_kernels_compiled_on_first_call() -> None:
         pass
     finally:
         compiler.compile = deepspeed_compile
+
+
+@contextmanager
+def bf16_optimizer_unforced_memory_reports() -> Iterator[None]:
+    """Around ``deepspeed.initialize``: see the module docstring."""
+    from deepspeed.runtime import bf16_optimizer
+
+    forced = bf16_optimizer.see_memory_usage
+
+    def unforced(message, force=False):
+        return forced(message, force=False)
+
+    bf16_optimizer.see_memory_usage = unforced
+    try:
+        yield
+    finally:
+        bf16_optimizer.see_memory_usage = forced

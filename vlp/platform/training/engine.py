@@ -14,7 +14,8 @@ import torch
 
 from vlp.platform.training.bf16_bookkeeping import use_flat_bookkeeping
 from vlp.platform.training.cpu_precision import check_cpu_precision
-from vlp.platform.training.deepspeed_import import load_deepspeed
+from vlp.platform.training.deepspeed_import import (bf16_optimizer_unforced_memory_reports,
+                                                    load_deepspeed)
 from vlp.platform.training.device_step import attach_schedule, use_device_step
 from vlp.platform.training.gpu_placement import deepspeed_args
 from vlp.platform.training.grad_exchange import use_overlapped_exchange
@@ -265,15 +266,16 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
     recipe = cnn_recipe_for(model, cfg, schedule, stage_index)
     if recipe is not None:
         del ds_config["optimizer"]
-    engine, _, _, _ = deepspeed.initialize(
-        args=deepspeed_args(device),     # vlp's device, not LOCAL_RANK's (gpu_placement)
-        model=model,
-        model_parameters=None if recipe else param_groups(model, cfg.optimizer.weight_decay),
-        optimizer=recipe.optimizer if recipe else None,
-        lr_scheduler=recipe.scheduler if recipe else (
-            lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)),
-        config=ds_config,
-    )
+    with bf16_optimizer_unforced_memory_reports():     # deepspeed_import.py
+        engine, _, _, _ = deepspeed.initialize(
+            args=deepspeed_args(device),     # vlp's device, not LOCAL_RANK's (gpu_placement)
+            model=model,
+            model_parameters=None if recipe else param_groups(model, cfg.optimizer.weight_decay),
+            optimizer=recipe.optimizer if recipe else None,
+            lr_scheduler=recipe.scheduler if recipe else (
+                lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)),
+            config=ds_config,
+        )
     # bf16 under ZeRO-1: the fp32 gradient accumulation, norm and clip on whole lists, and
     # the step (norm, clip, non-finite skip, fused AdamW) without a host sync
     if use_flat_bookkeeping(engine.optimizer):
