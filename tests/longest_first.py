@@ -28,32 +28,32 @@ from xdist.scheduler.loadscope import LoadScopeScheduling
 CACHE_KEY = "vlp/scope_seconds"
 
 # Worker seconds per scope (setup + call + teardown of its tests) on a quiet 2-core machine,
-# from `make test`'s two-worker longest-first run (1,076 passed in 18:31, 2,179 worker seconds
-# in all; pytest's cache, vlp/scope_seconds). Only scopes over ~40 s matter for the order; the
-# cache replaces these after each run.
+# from `make test`'s two-worker longest-first run (1,076 passed in 17:47, 2,096 worker seconds
+# in all; pytest's cache, vlp/scope_seconds; test_ray_gpu_check since cut from 68 to ~25).
+# Only scopes over ~40 s matter for the order; the cache replaces these after each run.
 SECONDS = {
-    "tests/test_multinode_cluster.py": 445,
-    "tests/test_pretrain_train.py": 133,
-    "tests/test_compile_static.py": 124,
-    "tests/test_readme_tour.py": 114,
-    "tests/test_tracking_cluster.py": 95,
-    "tests/test_extract_cluster.py": 84,
-    "tests/test_finetune_ray.py": 78,
-    "tests/test_tracking_cluster.py@tracking-restart": 72,
-    "tests/test_extract_e2e.py": 69,
-    "tests/test_gpu_check.py": 66,
-    "tests/test_pretrain_resume_world_ray.py": 63,
-    "tests/test_gpu_placement.py": 62,
-    "tests/test_sweep_worker_group.py": 57,
-    "tests/test_ray_gpu_check.py": 55,
-    "tests/test_trimmed_ray.py": 52,
-    "tests/test_extract_job.py": 44,
+    "tests/test_multinode_cluster.py": 425,
+    "tests/test_readme_tour.py": 128,
+    "tests/test_pretrain_train.py": 126,
+    "tests/test_compile_static.py": 114,
+    "tests/test_tracking_cluster.py": 86,
+    "tests/test_finetune_ray.py": 74,
+    "tests/test_extract_e2e.py": 72,
+    "tests/test_tracking_cluster.py@tracking-restart": 66,
+    "tests/test_extract_cluster.py": 65,
+    "tests/test_trimmed_ray.py": 64,
+    "tests/test_pretrain_resume_world_ray.py": 64,
+    "tests/test_gpu_check.py": 61,
+    "tests/test_extract_job.py": 59,
+    "tests/test_gpu_placement.py": 58,
+    "tests/test_sweep_worker_group.py": 52,
+    "tests/test_sweep_asha.py": 46,
     "tests/test_pipeline_ray.py": 43,
-    "tests/test_batch_process.py": 41,
-    "tests/test_sweep_asha.py": 40,
-    "tests/test_platform_train.py": 39,
-    "tests/test_pretrain_fail_once.py": 21,
-    "tests/test_ray_session.py": 20,
+    "tests/test_batch_process.py": 42,
+    "tests/test_platform_train.py": 28,
+    "tests/test_ray_gpu_check.py": 25,
+    "tests/test_pretrain_fail_once.py": 20,
+    "tests/test_ray_session.py": 19,
 }
 
 

@@ -75,12 +75,19 @@ print("ok")
 """
 
 
-def test_muon_imports_without_compiling_and_compiles_on_first_call():
+def one_rank(code: str, last_line: str) -> str:
+    """``code`` run as rank 0 of 1 in a fresh interpreter; its stdout, which must hold
+    ``last_line``."""
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    done = fresh_python(MUON, cwd=REPO, env=env)
+    done = fresh_python(code, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "\nok" in "\n" + done.stdout, done.stdout
+    assert f"\n{last_line}" in "\n" + done.stdout, done.stdout
+    return done.stdout
+
+
+def test_muon_imports_without_compiling_and_compiles_on_first_call():
+    one_rank(MUON, "ok")
 
 
 BF16_ENGINE = """
@@ -102,11 +109,6 @@ print("built")
 
 
 def test_a_bf16_engine_is_built_without_forced_memory_reports():
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    done = fresh_python(BF16_ENGINE, cwd=REPO, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "\nbuilt" in "\n" + done.stdout, done.stdout
+    out = one_rank(BF16_ENGINE, "built")
     # DeepSpeed's forced report: "begin bf16_optimizer", "MA … GB", "CPU Virtual Memory"
-    assert "bf16_optimizer" not in done.stdout and "CPU Virtual Memory" not in done.stdout, \
-        done.stdout
+    assert "bf16_optimizer" not in out and "CPU Virtual Memory" not in out, out
