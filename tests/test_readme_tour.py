@@ -48,10 +48,11 @@ _TINY_TRIALS = ["--world", "runs/worlds/tiny", "--set", "pretrain.train.steps=4"
 # or in NOT_RUN fail the test
 SIZED = {
     "vlp data synth --scale tiny --out runs/worlds/tiny": ([], 0),
-    # 60 steps → 4 (the last --set wins); the warm-up and checkpoint sized to fit
+    # 60 steps → 4 (the last --set wins); the warm-up and checkpoint sized to fit; one Ray
+    # Train worker, not the config's two (two-worker runs: test_pretrain_train.py and others)
     "vlp pretrain --config jobs/configs/pretrain-tiny.yaml --set train.steps=60":
         (["--set", "train.steps=4", "--set", "optimizer.warmup_steps=1",
-          "--set", "checkpoint.interval=4"], 0),
+          "--set", "checkpoint.interval=4", "--set", "scaling.num_workers=1"], 0),
     # a cluster config off the cluster: the config judged valid, its inputs listed (exit 3)
     "vlp pretrain --config jobs/configs/uniter-base-indomain.yaml --check": ([], 3),
     "vlp pretrain --config jobs/configs/pretrain-tiny.yaml --local --steps 4": ([], 0),
