@@ -1,5 +1,6 @@
 """From a folder of images and a caption file to a pretrained and finetuned model: rendered
-scenes written as JPEG/PNG files → `vlp data extract` (Ray Data, 2 actors) → `vlp data import
+scenes written as JPEG/PNG files → `vlp data extract` (Ray Data, one actor: the
+2-actor pools are test_extract_job.py's and test_extract_cluster.py's) → `vlp data import
 karpathy` (+ retrieval tables) → `vlp pretrain` → `vlp finetune`, all through the CLI."""
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def test_images_to_pretrained_and_finetuned_model(ray_local, tiny_world, tmp_pat
     out = tmp_path / "world"
     assert main(["data", "extract", "--images", str(imgs), "--model", "grid-tiny",
                  "--source", "downstream", "--out", str(out), "--grid", "4",
-                 "--short-side", "64", "--long-side", "96", "--workers", "2",
+                 "--short-side", "64", "--long-side", "96", "--workers", "1",
                  "--batch-size", "4"]) == 0
     assert f"{len(SPLITS)} images written" in capsys.readouterr().out
 
