@@ -29,14 +29,14 @@ compile decorator swapped for one that compiles each kernel on its first call, w
 ``torch.compile``; Muon stays whole and its kernels compile when a Muon run first calls them.
 
 ``bf16_optimizer_unforced_memory_reports()``, around ``deepspeed.initialize``: DeepSpeed's
-bf16 optimizer (bf16 under ZeRO-0, a GPU run's default precision) calls its memory report
-with ``force=True`` four times plus twice per parameter group as it is built; each report is
-a full ``gc.collect()`` on rank 0 and three printed lines ("MA … GB", "CPU Virtual Memory").
+bf16 optimizer (vlp's bf16 under ZeRO-1, a GPU run's default) calls its memory report with
+``force=True`` four times plus twice per parameter group as it is built; each report is a
+full ``gc.collect()`` on rank 0 and three printed lines ("MA … GB", "CPU Virtual Memory").
 In a process that has imported torch, transformers and DeepSpeed a full collection is a
-fraction of a second, so every bf16 engine build spent ~2 s collecting (11.5 of the CPU GPU
-check's 43 s sampled by py-spy) and wrote twelve lines into the job's log. Inside the context the reports are
-unforced: they run when DeepSpeed's own ``memory_breakdown`` setting asks, as its other
-reports do.
+fraction of a second, so every bf16 engine build spent ~2 s collecting (11.5 s of the CPU GPU
+check's 43 s sampled by py-spy) and wrote twelve lines into the job's log. Inside the
+context the reports are unforced: they run when DeepSpeed's own ``memory_breakdown``
+setting asks, as its other reports do.
 """
 
 from __future__ import annotations
