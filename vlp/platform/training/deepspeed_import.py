@@ -115,14 +115,15 @@ def _muon_kernels_compiled_on_first_call() -> None:
 
 
 @contextmanager
-def bf16_optimizer_unforced_memory_reports() -> Iterator[None]:
-    """Around ``deepspeed.initialize``: see the module docstring."""
+def bf16_optimizer_unforced_memory_reports(memory_breakdown: bool = False) -> Iterator[None]:
+    """Around ``deepspeed.initialize``: see the module docstring. ``memory_breakdown``: the
+    engine's DeepSpeed config's (``True`` prints the reports as DeepSpeed would)."""
     from deepspeed.runtime import bf16_optimizer
 
     forced = bf16_optimizer.see_memory_usage
 
     def unforced(message, force=False):
-        return forced(message, force=False)
+        return forced(message, force=memory_breakdown)
 
     bf16_optimizer.see_memory_usage = unforced
     try:

@@ -266,7 +266,8 @@ def build_engine(model: torch.nn.Module, cfg: LoopConfig, stage_steps: int,
     recipe = cnn_recipe_for(model, cfg, schedule, stage_index)
     if recipe is not None:
         del ds_config["optimizer"]
-    with bf16_optimizer_unforced_memory_reports():     # deepspeed_import.py
+    # DeepSpeed's bf16 optimizer reports memory only where its own setting asks (deepspeed_import)
+    with bf16_optimizer_unforced_memory_reports(bool(ds_config.get("memory_breakdown"))):
         engine, _, _, _ = deepspeed.initialize(
             args=deepspeed_args(device),     # vlp's device, not LOCAL_RANK's (gpu_placement)
             model=model,
