@@ -117,6 +117,9 @@ gpu-install:
 	$(GPU_PY) -m pip install --quiet --no-index --no-deps --no-build-isolation \
 	    --target $(GPU_SITE) $(WHEELS)/*.whl $(WHEELS)/deepspeed-$(DS_VERSION).tar.gz
 	tar -xJf $(WHEELS)/ray-$(RAY_VERSION)-cp312-trimmed.tar.xz -C $(GPU_SITE)
+	# the archive has no bytecode (it is built on another Python): compiled once here, else
+	# where PYTHONDONTWRITEBYTECODE is set every Ray process compiles what it imports (~1 s)
+	$(GPU_PY) -m compileall -q -j 0 $(GPU_SITE)/ray
 	mkdir -p $(GPU_SITE)/bin && printf '#!/bin/sh\nexec %s -m ray.scripts.scripts "$$@"\n' \
 	    "$$(command -v $(GPU_PY) || echo $(GPU_PY))" > $(GPU_SITE)/bin/ray && chmod +x $(GPU_SITE)/bin/ray
 
