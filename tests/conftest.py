@@ -7,14 +7,13 @@ import sys
 
 import pytest
 
-# DeepSpeed JIT-builds a shared-memory comm op on first use; keep the build cache in one place
+# DeepSpeed's JIT-built ops in one cache (vlp's configs build none: deepspeed_import.py leaves
+# out the CPU comm op; `optimizer.impl: deepspeed-fused` builds FusedAdam)...
 os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       os.path.expanduser("~/.cache/torch_extensions/vlp"))
-# ...and build it with one ninja: the venv's (a DeepSpeed dependency), first on PATH as in an
-# activated venv. The clusters that test files start with `ray start` have it first already;
-# with another ninja on the system PATH (1.11 here vs the venv's 1.13, whose build logs record
-# command hashes the other does not match), each switch between this process (and the Ray
-# workers it starts) and those clusters rebuilt the op from scratch, ~30 s each time.
+# ...with one ninja: the venv's bin first on PATH for this process and all it starts (the
+# xdist workers import this file too), as in an activated venv and on the `ray start`
+# clusters' nodes; two ninja versions read each other's build log as changed and rebuild.
 _VENV_BIN = os.path.dirname(sys.executable)     # not resolved: a venv's python is a link
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _VENV_BIN:
     os.environ["PATH"] = f"{_VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -55,62 +54,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return
-    _venv_bin_first()
-    _comm_op_built()
     # on the xdist controller only: each scope's worker seconds, printed and cached
     if getattr(config.option, "dist", "no") != "no":
         from longest_first import ScopeClock
 
         config.pluginmanager.register(ScopeClock(config), "vlp-scope-clock")
-
-
-def _venv_bin_first() -> None:
-    """The venv's bin first on PATH, for this process and all it starts (the xdist workers
-    start after this), as in an activated venv. DeepSpeed's ops build with the `ninja` on
-    PATH and are cached per ninja version (jit_ops_dir.py); the multinode file's nodes run
-    with the venv's bin first, as a cluster node does, so without this the session built the
-    comm op with the system's ninja and the cluster's first engine built it again with the
-    venv's (~30 s of two cores on that worker's chain, and ~25 CPU seconds)."""
-    bin_dir = os.path.dirname(sys.executable)     # not resolved: a venv's python is a link
-    path = os.environ.get("PATH", "")
-    if path.split(os.pathsep)[0] != bin_dir:
-        os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
-
-
-def _comm_op_built() -> None:
-    """DeepSpeed's CPU comm op, built once before any test starts when the machine's cache
-    lacks it (a fresh machine: CI) or holds another venv's build. Left to the tests, the first
-    engine builds it (~30 s on two cores) wherever it starts: in the multinode file that was a
-    sweep trial's worker, and the sweep is interrupted by design, so the build died with it and
-    the restored sweep built it again (95 CPU seconds in all), while the other worker's tests
-    waited on the lock."""
-    import importlib.util
-    import subprocess
-
-    from vlp.platform.training.comm_op_build import cached_library
-    from vlp.platform.training.jit_ops_dir import ninja_extensions_dir
-
-    folder = ninja_extensions_dir()     # where the engines will load it from
-    # built for this venv's DeepSpeed: another venv's build (a clone beside it) is rebuilt too
-    spec = importlib.util.find_spec("deepspeed")
-    here = os.path.dirname(spec.origin) if spec and spec.origin else None
-    try:
-        with open(os.path.join(folder, "deepspeed_shm_comm", "build.ninja")) as f:
-            current = here is not None and here in f.read()
-    except OSError:
-        current = False
-    if current and cached_library(folder, "deepspeed_shm_comm").is_file():
-        return
-    print(f"building DeepSpeed's CPU comm op for this venv before the tests (cached in "
-          f"{folder}) …", flush=True)
-    try:   # a failed build is left to the tests, which build on their own as before
-        # the builder's load, not build_comm_op_once (which trusts any cached library): ninja
-        # rebuilds another venv's build and leaves this venv's as it is
-        subprocess.run([sys.executable, "-c", "from vlp.platform.training.engine import "
-                        "prebuild_comm_op; prebuild_comm_op()"], check=False, timeout=300)
-    except subprocess.TimeoutExpired:
-        print(f"DeepSpeed's comm op did not build within 300 s (a stale 'lock' file in "
-              f"{folder}/deepspeed_shm_comm?): left to the tests")
 
 
 @pytest.fixture(scope="session")

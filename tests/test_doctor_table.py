@@ -44,7 +44,7 @@ def _good(label, **kw):
                       storage={"ok": True, "write_mb_s": 120.4, "read_mb_s": 310.0},
                       readback={"ok": True}, readback_from="other",
                       tracking={"ok": True, "ms": 3.2},
-                      ops={"ok": True, "ops": "deepspeed_shm_comm: loads (0.1 s)"}, **kw)
+                      ops={"ok": True, "ops": "none to build (cpu)"}, **kw)
 
 
 def test_the_table_has_a_row_per_node_and_one_between_them():
@@ -61,7 +61,7 @@ def test_the_table_has_a_row_per_node_and_one_between_them():
     head = rows[2].split(" | ")
     assert head[1] == "CPU" and head[2] == "0.84 GB/s (2 gloo ranks, 16 MiB); expected unknown"
     assert head[3] == "120 / 310 MB/s" and head[4] == "ok (other's file)"
-    assert head[5] == "ok (3 ms)" and head[6] == "deepspeed_shm_comm: loads (0.1 s)"
+    assert head[5] == "ok (3 ms)" and head[6] == "none to build (cpu)"
     assert head[7] == ("uniter-tiny, 208 units, fp32: 45 ms, 0.0029 TFLOP/s, MFU n/a (CPU: "
                        "no peak) |")
     assert "as 10.0.0.2 aaaaaa (head) (same type)" in rows[3]

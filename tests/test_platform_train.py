@@ -44,9 +44,6 @@ def toy_config(root: Path, name: str, *overrides: str):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    from vlp.platform.training.engine import prebuild_comm_op
-
-    prebuild_comm_op()      # DeepSpeed's shm comm op: ~28 s cold, cached afterwards
     return tmp_path_factory.mktemp("platform-runs")
 
 

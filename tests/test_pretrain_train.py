@@ -123,9 +123,6 @@ class RecordingComponents(PretrainComponents):
 def root(tmp_path_factory):
     import ray.cloudpickle
 
-    from vlp.platform.training.engine import prebuild_comm_op
-
-    prebuild_comm_op()      # DeepSpeed's shm comm op: ~28 s cold, cached afterwards
     # workers cannot import this test module: ship FailingComponents by value
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     return tmp_path_factory.mktemp("pretrain-runs")

@@ -12,7 +12,7 @@ accelerator type (CPU nodes say so); the all-reduce bus bandwidth within the nod
 last row, between nodes (NCCL on GPUs, gloo on CPUs; NCCL's busbw = bytes/s x 2(n-1)/n, beside
 what the GPU's link or the instance's network should give); the run storage's write and read
 rates and a read-back of another node's file (the storage is shared); the MLflow tracking
-server reached from the node; the DeepSpeed ops the node will JIT-load and whether they load;
+server reached from the node; DeepSpeed as the node's engines load it (its accelerator);
 one short training step per node type (forward, backward, AdamW on a random MLM batch) with
 its MFU (CPU: the step time, MFU n/a). Storage and tracking are the config's, resolved as a
 job resolves them (run.storage, else $VLP_STORAGE, else run.output_dir; mlflow.tracking_uri,
@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="the Ray cluster (GCS host:port, or RAY_ADDRESS's forms); "
                                      "default: RAY_ADDRESS (set by `ray job submit`), else the "
                                      "cluster `ray start` runs on this node")
-    p.add_argument("--config", help="an experiment config: its run storage, tracking URI and "
-                                    "DeepSpeed extensions folder are the ones checked")
+    p.add_argument("--config", help="an experiment config: its run storage and tracking URI "
+                                    "are the ones checked")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of --config (repeatable)")
     p.add_argument("--storage", help="the run storage to check (path or URI); wins over the "
@@ -52,16 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the training step's model (default: uniter-base on GPUs, uniter-tiny "
                         "on CPUs)")
     p.add_argument("--no-step", action="store_true", help="skip the training step")
-    p.add_argument("--build-ops", action="store_true",
-                   help="build DeepSpeed ops a node lacks (a minute or more each), instead "
-                        "of saying that the first run will")
     p.add_argument("--timeout", type=float, default=180.0,
                    help="seconds to wait for the ranks to be placed (default 180)")
 
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check a Ray cluster before a run: GPUs, interconnect, "
-                                      "storage, tracking, DeepSpeed ops, a training step",
+                                      "storage, tracking, DeepSpeed, a training step",
                        description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
@@ -72,7 +69,6 @@ def options(args: argparse.Namespace):
     """The doctor's options: storage and tracking resolved as a job resolves them."""
     from vlp.platform.cluster import run_storage
     from vlp.platform.cluster.doctor import DoctorOptions
-    from vlp.platform.training.jit_ops_dir import extensions_dir
 
     if args.config:
         from vlp.platform.pretrain.job import load_pretrain_config
@@ -81,20 +77,18 @@ def options(args: argparse.Namespace):
         cfg = resolve(load_pretrain_config(args.config, args.set))
         storage, tracking = cfg.run.storage, (cfg.mlflow.tracking_uri
                                               if cfg.mlflow.enabled else "")
-        ext = cfg.train.extensions_dir
     else:
         from pathlib import Path
 
         from vlp.platform.tracking.choice import choose_tracking_uri
 
         storage = run_storage.resolve("", "runs").root
-        tracking, ext = choose_tracking_uri("", Path("runs").resolve()), extensions_dir()
+        tracking = choose_tracking_uri("", Path("runs").resolve())
     if args.storage:
         storage = run_storage.open_location(args.storage).root
     return DoctorOptions(storage=storage, tracking_uri=args.tracking_uri or tracking,
                          storage_mb=args.storage_mb, allreduce_mb=args.allreduce_mb,
-                         family=args.family, step=not args.no_step, extensions_dir=ext,
-                         build_ops=args.build_ops, timeout_s=args.timeout)
+                         family=args.family, step=not args.no_step, timeout_s=args.timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,8 +39,6 @@ class DoctorOptions:
     allreduce_mb: int = 0         # 0: bus_bandwidth.default_bytes (256 GPU, 16 CPU)
     family: str = ""              # the step's model; "" = doctor_step's default per device
     step: bool = True
-    extensions_dir: str = ""
-    build_ops: bool = False
     tracking_timeout_s: float = 5.0
     timeout_s: float = 180.0      # placement of the ranks, and the process group's timeout
 
@@ -194,7 +192,7 @@ def _node_checks(nodes: list[_Node], report: DoctorReport, opts: DoctorOptions,
               for a, n in zip(first, nodes)]
     tracks = [a.tracking.remote(opts.tracking_uri, opts.tracking_timeout_s)
               if opts.tracking_uri else None for a in first]     # "": tracking off
-    ops = [a.deepspeed_ops.remote(opts.extensions_dir, opts.build_ops) for a in first]
+    ops = [a.deepspeed_ops.remote() for a in first]
     tracks = [ray.get(t) if t is not None else None for t in tracks]
     for n, w, t, o in zip(nodes, ray.get(writes), tracks, ray.get(ops)):
         n.result.storage, n.result.tracking, n.result.ops = w, t, o

@@ -98,40 +98,20 @@ def tracking(uri: str, timeout_s: float) -> dict[str, Any]:
     return {"ok": True, "ms": (time.perf_counter() - t0) * 1e3}
 
 
-def deepspeed_ops(extensions_dir: str = "", build: bool = False) -> dict[str, Any]:
-    """The ops DeepSpeed will JIT-load here (what ``comm_op_build`` knows: the CPU
-    accelerator's shared-memory comm op; CUDA needs none) and whether they load: a cached op
-    is loaded; one not built yet is built only with ``build`` (a minute or more)."""
+def deepspeed_ops() -> dict[str, Any]:
+    """DeepSpeed imported here as a job's engines import it, and the accelerator it picks. No
+    op is left to build: vlp's training JIT-builds none (DeepSpeed's CPU comm op serves only
+    its inference and is not built, ``deepspeed_import.py``; CUDA has none)."""
     try:
-        from vlp.platform.training.comm_op_build import (cached_library, comm_op_builder)
-        from vlp.platform.training.jit_ops_dir import use_extensions_dir
+        deepspeed = load_deepspeed()
+        from deepspeed.accelerator import get_accelerator
 
-        builder = comm_op_builder()
+        accel = get_accelerator()._name
     except Exception as e:  # noqa: BLE001 - DeepSpeed itself failing to import is the finding
         return _fail(f"DeepSpeed does not load: {type(e).__name__}: {e}",
                      "install the DeepSpeed of pyproject.toml into this node's environment")
-    deepspeed = load_deepspeed()   # loaded by comm_op_builder already
-    from deepspeed.accelerator import get_accelerator
-
-    accel = get_accelerator()._name
-    if builder is None:
-        return {"ok": True, "accelerator": accel, "ops": f"none to build ({accel})",
-                "deepspeed": deepspeed.__version__}
-    ext = use_extensions_dir(extensions_dir)
-    name = builder.NAME
-    if not cached_library(ext, name).is_file() and not build:
-        return {"ok": True, "accelerator": accel, "deepspeed": deepspeed.__version__,
-                "ops": f"{name}: not built yet (the first run builds it, ~1 min; "
-                       f"--build-ops builds it now)"}
-    t0 = time.perf_counter()
-    try:
-        builder.load(verbose=False)
-    except Exception as e:  # noqa: BLE001 - a compiler or header missing: the finding
-        return _fail(f"DeepSpeed's {name} does not build/load: {type(e).__name__}: "
-                     f"{str(e)[:300]}", "install a C++ compiler and ninja on this node, or "
-                                        f"clear {ext}/{name}")
     return {"ok": True, "accelerator": accel, "deepspeed": deepspeed.__version__,
-            "ops": f"{name}: loads ({time.perf_counter() - t0:.1f} s)"}
+            "ops": f"none to build ({accel})"}
 
 
 __all__ = ["deepspeed_ops", "devices", "storage_read", "storage_write", "tracking"]

@@ -100,8 +100,8 @@ class DoctorRank:
     def tracking(self, uri: str, timeout_s: float) -> dict[str, Any]:
         return doctor_node.tracking(uri, timeout_s)
 
-    def deepspeed_ops(self, extensions_dir: str, build: bool) -> dict[str, Any]:
-        return doctor_node.deepspeed_ops(extensions_dir, build)
+    def deepspeed_ops(self) -> dict[str, Any]:
+        return doctor_node.deepspeed_ops()
 
     def training_step(self, family: str) -> dict[str, Any]:
         try:

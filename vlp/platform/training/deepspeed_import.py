@@ -1,6 +1,7 @@
-"""``import deepspeed`` without the MLflow import its autotuner makes on the side, and with its
-Muon kernels compiled on their first call instead of as they are imported; its bf16
-optimizer built without the memory reports it forces.
+"""``import deepspeed`` without the MLflow import its autotuner makes on the side, with its
+Muon kernels compiled on their first call instead of as they are imported, and without the
+CPU comm op that only its inference uses; its bf16 optimizer built without the memory reports
+it forces.
 
 Importing DeepSpeed runs ``deepspeed.autotuning.autotuner``, which imports MLflow when it is
 installed, to log the autotuner's own experiments (vlp never runs DeepSpeed's autotuner). On
@@ -27,6 +28,18 @@ trial's worker), for an optimizer vlp never uses (AdamW, or SOHO's SGD + AdamW:
 ``engine.deepspeed_config``). ``load_deepspeed()`` imports those kernels with DeepSpeed's
 compile decorator swapped for one that compiles each kernel on its first call, with the same
 ``torch.compile``; Muon stays whole and its kernels compile when a Muon run first calls them.
+
+DeepSpeed's communication backend (``deepspeed.comm.torch.TorchBackend``) JIT-compiles its
+shared-memory comm op (``deepspeed_shm_comm``, C++ against torch's headers) as it starts on
+the CPU accelerator: ~50 CPU s (25-30 s on two cores) the first time a machine runs a job,
+inside the first engine's ``deepspeed.initialize``, and a C++ compiler and ninja needed on
+every CPU node. The op serves one call, ``inference_all_reduce`` (the tensor-parallel layers
+of DeepSpeed-Inference and AutoTP, which vlp does not use); every reduction of training
+(ZeRO's gradient reductions, ``all_reduce``, ``all_gather``, ``broadcast``) goes through
+``torch.distributed``'s gloo on a CPU. ``load_deepspeed()`` replaces the backend's
+``build_shm_op`` with one that builds nothing (as on a CPU where the op cannot build, which
+DeepSpeed handles the same way): ``inference_all_reduce``, if anything called it, would
+reduce through ``torch.distributed`` too. CUDA has no such op; nothing changes there.
 
 ``bf16_optimizer_unforced_memory_reports()``, around ``deepspeed.initialize``: DeepSpeed's
 bf16 optimizer (vlp's bf16 under ZeRO-1, a GPU run's default) calls its memory report with
@@ -70,6 +83,7 @@ def load_deepspeed() -> ModuleType:
     """The ``deepspeed`` module, imported (once per process) as the docstring says."""
     found = sys.modules.get("deepspeed")
     if found is not None:
+        _no_shm_comm_op()    # imported before vlp asked (a user's script): still no op built
         return found
     finder = _NoMlflowForTheAutotuner()
     sys.meta_path.insert(0, finder)
@@ -78,7 +92,21 @@ def load_deepspeed() -> ModuleType:
     finally:
         sys.meta_path.remove(finder)
     _muon_kernels_compiled_on_first_call()
+    _no_shm_comm_op()
     return deepspeed
+
+
+def _no_shm_comm_op() -> None:
+    """``deepspeed.comm.torch.build_shm_op`` builds nothing (the docstring)."""
+    # by its full name: ``deepspeed.comm``'s namespace holds torch itself under ``torch``
+    comm_backend = importlib.import_module("deepspeed.comm.torch")
+    comm_backend.build_shm_op = _shm_comm_op_not_built
+
+
+def _shm_comm_op_not_built() -> None:
+    """DeepSpeed's ``build_shm_op`` in vlp's processes: no op (``None``, as where the op
+    cannot build); see the module docstring."""
+    return None
 
 
 def _muon_kernels_compiled_on_first_call() -> None:

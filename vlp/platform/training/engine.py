@@ -24,18 +24,6 @@ from vlp.platform.training.loop_config import LoopConfig
 # callers import WarmupLinearDecay from here
 from vlp.platform.training.lr_schedule import WarmupLinearDecay, schedule_for  # noqa: F401
 
-def prebuild_comm_op(configured: str = "") -> None:
-    """Build (or load from cache) DeepSpeed's CPU shared-memory comm op once, in this
-    process, so that workers starting together find it cached."""
-    use_extensions_dir(configured)
-    load_deepspeed()   # before any deepspeed import: deepspeed_import.py
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is not None:
-        builder.load(verbose=False)
-
-
 def optimizer_params(cfg: LoopConfig) -> dict[str, Any]:
     """The ``optimizer.params`` of the DeepSpeed config: the one place that chooses the
     optimizer implementation (parameter groups come from ``param_groups``)."""

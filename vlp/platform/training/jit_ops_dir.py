@@ -1,7 +1,8 @@
 """Where DeepSpeed's JIT-built ops are cached (``TORCH_EXTENSIONS_DIR``), one folder per ninja.
 
-Without torch or DeepSpeed: the test session's controller checks the cache before any worker
-starts (tests/conftest.py), and a check that imported them would cost seconds every run.
+vlp's default configs build none (DeepSpeed's CPU comm op is left out: ``deepspeed_import.py``);
+``optimizer.impl: deepspeed-fused`` JIT-builds DeepSpeed's FusedAdam on each new node. Without
+torch or DeepSpeed imports, so that asking costs nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ DEFAULT_EXTENSIONS_DIR = "~/.cache/torch_extensions/vlp"
 
 
 def extensions_dir(configured: str = "") -> str:
-    """Where DeepSpeed's JIT ops are built and cached (the shared-memory comm op takes ~28 s
-    to build cold on a 2-core CPU, ~0.2 s cached)."""
+    """Where DeepSpeed's JIT ops are built and cached (a C++ op: tens of seconds to build cold
+    on a 2-core CPU, a fraction of a second cached)."""
     path = configured or os.environ.get("TORCH_EXTENSIONS_DIR") or DEFAULT_EXTENSIONS_DIR
     return str(Path(path).expanduser().resolve())
 

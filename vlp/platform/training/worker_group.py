@@ -1,14 +1,14 @@
 """A kept worker group: one Ray actor per rank and their torch.distributed process group,
 started once and running one training loop after another (each loop builds its own model
-and DeepSpeed engine and destroys it after; the processes, their imports, the process group
-and DeepSpeed's CPU comm op stay).
+and DeepSpeed engine and destroys it after; the processes, their imports and the process
+group stay).
 
     with WorkerGroup(loop.scaling) as group:
         for loop, components, tracking in runs:
             result = launch.run_loop(loop, components, tracking, group=group)
 
 A Ray Train run starts a controller and its workers (fresh processes importing torch,
-DeepSpeed and vlp), a process group and the comm op each time; a sweep trial runs 4-9 short
+DeepSpeed and vlp) and a process group each time; a sweep trial runs 4-9 short
 finetunes, so it keeps one group for all of them (``sweep/trial.py``). Each run is still its
 own run: its folder and checkpoints in its storage (``group_context``), its MLflow run, its
 resume. Faults as under Ray Train's ``FailureConfig``: a set-up error (``failures``) is

@@ -13,7 +13,6 @@ import torch
 from vlp.models.flops import EncoderShape, encoder_shape
 from vlp.platform.training import checkpointing, objective
 from vlp.platform.training.checkpointing import TrainerState
-from vlp.platform.training.comm_op_build import build_comm_op_once
 from vlp.platform.training.compile_static import compile_static
 from vlp.platform.training.cuda_graph_step import GraphedSteps, engine_steps
 from vlp.platform.training.cuda_graph_step import check as graphs_problem
@@ -134,8 +133,6 @@ class WorkerSetup:
             close()
 
     def _setup(self) -> TrainerState:
-        # a cold cache builds DeepSpeed's comm op here, announced and timed (once per node)
-        build_comm_op_once(self.cfg.train.extensions_dir, say=self._say_once_per_node)
         checkpointing.seed_everything(self.cfg.seed)   # identical model init on every rank
         model = self.components.build_model(self.cfg, list(self.task_ids))
         if self.cfg.train.activation_checkpointing:
@@ -189,6 +186,3 @@ class WorkerSetup:
         if self.rank == 0:
             print(f"[vlp {self.cfg.job}] {text}", flush=True)
 
-    def _say_once_per_node(self, text: str) -> None:
-        if self.info.local_rank == 0:
-            print(f"[vlp {self.cfg.job}] {text}", flush=True)
