@@ -82,8 +82,12 @@ def node_env(s3, tmp_path_factory):
     bashrc = bashrc_env(cfg["setup_commands"], tmp_path_factory.mktemp("home"), BUCKET)
     tracking = re.sub(r"//[^/]+$", f"//127.0.0.1:{free_local_port()}",
                       bashrc["MLFLOW_TRACKING_URI"])
+    # PYTHONDONTWRITEBYTECODE (set on CI machines, not by cluster.yaml) left out as on a
+    # node: the first process to import the job package's vlp writes its bytecode for the
+    # rest, where each compiled it from source (~0.3 CPU s a process)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RAY_ADDRESS", "VLP_STORAGE", "MLFLOW_TRACKING_URI"))}
+           if not k.startswith(("RAY_ADDRESS", "VLP_STORAGE", "MLFLOW_TRACKING_URI",
+                                "PYTHONDONTWRITEBYTECODE"))}
     env.update(VLP_STORAGE=bashrc["VLP_STORAGE"], MLFLOW_TRACKING_URI=tracking,
                NCCL_SOCKET_IFNAME=bashrc["NCCL_SOCKET_IFNAME"])
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(BIN.parent),
