@@ -28,32 +28,33 @@ from xdist.scheduler.loadscope import LoadScopeScheduling
 CACHE_KEY = "vlp/scope_seconds"
 
 # Worker seconds per scope (setup + call + teardown of its tests) on a quiet 2-core machine,
-# from `make test`'s two-worker longest-first run (1,076 passed in 17:47, 2,096 worker seconds
-# in all; pytest's cache, vlp/scope_seconds; test_ray_gpu_check since cut from 68 to ~25).
-# Only scopes over ~40 s matter for the order; the cache replaces these after each run.
+# from `make test`'s two-worker longest-first run (1,075 passed in 16:15, 1,906 worker seconds
+# in all; pytest's cache, vlp/scope_seconds), the tracking file's two parts since merged and
+# compile_static since cut (one-layer models). Only scopes over ~40 s matter for the order;
+# the cache replaces these after each run.
 SECONDS = {
-    "tests/test_multinode_cluster.py": 425,
-    "tests/test_readme_tour.py": 128,
-    "tests/test_pretrain_train.py": 126,
-    "tests/test_compile_static.py": 114,
-    "tests/test_tracking_cluster.py": 86,
-    "tests/test_finetune_ray.py": 74,
-    "tests/test_extract_e2e.py": 72,
-    "tests/test_tracking_cluster.py@tracking-restart": 66,
-    "tests/test_extract_cluster.py": 65,
-    "tests/test_trimmed_ray.py": 64,
-    "tests/test_pretrain_resume_world_ray.py": 64,
-    "tests/test_gpu_check.py": 61,
-    "tests/test_extract_job.py": 59,
-    "tests/test_gpu_placement.py": 58,
-    "tests/test_sweep_worker_group.py": 52,
+    "tests/test_multinode_cluster.py": 457,
+    "tests/test_tracking_cluster.py": 147,
+    "tests/test_pretrain_train.py": 137,
+    "tests/test_readme_tour.py": 109,
+    "tests/test_compile_static.py": 100,
+    "tests/test_extract_cluster.py": 87,
+    "tests/test_gpu_placement.py": 68,
+    "tests/test_gpu_check.py": 56,
     "tests/test_sweep_asha.py": 46,
-    "tests/test_pipeline_ray.py": 43,
     "tests/test_batch_process.py": 42,
-    "tests/test_platform_train.py": 28,
-    "tests/test_ray_gpu_check.py": 25,
-    "tests/test_pretrain_fail_once.py": 20,
-    "tests/test_ray_session.py": 19,
+    "tests/test_finetune_ray.py": 41,
+    "tests/test_pipeline_ray.py": 40,
+    "tests/test_trimmed_ray.py": 39,
+    "tests/test_sweep_worker_group.py": 38,
+    "tests/test_pretrain_resume_world_ray.py": 37,
+    "tests/test_extract_e2e.py": 37,
+    "tests/test_platform_train.py": 34,
+    "tests/test_pretrain_fail_once.py": 21,
+    "tests/test_ray_session.py": 20,
+    "tests/test_deepspeed_import.py": 19,
+    "tests/test_extract_job.py": 18,
+    "tests/test_models_reference_curves.py": 18,
 }
 
 

@@ -105,7 +105,6 @@ def trained_step(log: Path) -> int:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.xdist_group("tracking-restart")
 def test_a_tracking_server_restart_mid_run_loses_no_window(tracking_stack, tiny_world,
                                                            tmp_path):
     """The server killed once the run has logged, up again RESTART_GAP_S later while the
