@@ -95,18 +95,6 @@ def s3_server(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def tracking_stack(s3_server, tmp_path_factory):
-    """The cluster's MLflow as cluster.yaml runs it on the head (``tracking_servers``):
-    PostgreSQL, ``mlflow server`` over it with artifacts in ``s3://vlp-tracking/mlflow`` on
-    the session's moto server. Started once, on first use, for the tests of tracking."""
-    from tracking_servers import TrackingStack
-
-    stack = TrackingStack(s3_server, tmp_path_factory.mktemp("tracking"))
-    yield stack
-    stack.stop()
-
-
 @pytest.fixture
 def s3_env(s3_server, monkeypatch, tmp_path):
     """This process's environment as a cluster node's: ``s3_server``'s endpoint and keys in

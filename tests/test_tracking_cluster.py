@@ -26,6 +26,19 @@ SWEEP = REPO / "jobs" / "configs" / "sweep-demo.yaml"
 RESTART_GAP_S = 20          # the MLflow server down this long (systemd's RestartSec, a crash)
 
 
+@pytest.fixture(scope="module")
+def tracking_stack(s3_server, tmp_path_factory):
+    """The cluster's MLflow as cluster.yaml runs it on the head (``tracking_servers``):
+    PostgreSQL, ``mlflow server`` over it with artifacts in ``s3://vlp-tracking/mlflow`` on
+    the session's moto server; stopped with the module (an idle stack kept to the session's
+    end cost ~10 CPU s on a 2-core machine)."""
+    from tracking_servers import TrackingStack
+
+    stack = TrackingStack(s3_server, tmp_path_factory.mktemp("tracking"))
+    yield stack
+    stack.stop()
+
+
 def pretrain_args(world: str, name: str, uri: str, out: Path, *extra: str) -> list[str]:
     images = Path(world) / "images"
     args = ["pretrain", "--config", str(CONFIG), "--local", "--name", name,
