@@ -127,10 +127,10 @@ def test_a_tracking_server_restart_mid_run_loses_no_window(tracking_stack, tiny_
     The run trains through the outage until two more windows have been written (and failed),
     then is paused (SIGSTOP to its process group) for the rest of the gap and resumed once
     the server answers again: the outage it sees is the same, and the suite does not spend
-    the gap's CPU seconds on training steps (before: 2,400 steps to outlast the gap). 240 steps:
+    the gap's CPU seconds on training steps (before: 2,400 steps to outlast the gap). 160 steps:
     it pauses near step 60-80, and the steps after the restart only carry the queue out."""
     stack = tracking_stack
-    window, steps = 20, 240
+    window, steps = 20, 160
     out = tmp_path / "runs"
     args = pretrain_args(tiny_world, "restart", stack.uri, out, "--steps", str(steps),
                          "--set", f"mlflow.metric_window={window}",
@@ -161,6 +161,7 @@ def test_a_tracking_server_restart_mid_run_loses_no_window(tracking_stack, tiny_
         os.killpg(proc.pid, signal.SIGSTOP)
         paused = True
         paused_at = trained_step(log_path)
+        print(f"paused at step {paused_at} of {steps}")
         time.sleep(max(0.0, RESTART_GAP_S - (time.monotonic() - killed_at)))
         stack.mlflow.start()
         os.killpg(proc.pid, signal.SIGCONT)
