@@ -46,13 +46,8 @@ def _rerun(model, fn, batch, seed):
     return out
 
 
-# one encoder layer: every layer runs the same code, and dynamo traces each one anew (a
-# second layer added ~30% to each trace and found nothing the first does not)
-ONE_LAYER = {"transformer.num_layers": 1}
-
-
 def _batches(name, tiny_world, corpus, rounds):
-    family, tasks, model, plan = _family_setup(name, tiny_world, corpus, ONE_LAYER)
+    family, tasks, model, plan = _family_setup(name, tiny_world, corpus)
     model.train()
     draws = _draws(family, tasks)
     warm = [draws[0]] if hasattr(model.backbone.visual, "dictionary") else []

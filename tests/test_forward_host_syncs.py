@@ -43,12 +43,11 @@ def corpus(tmp_path_factory):
     return d
 
 
-def _family_setup(name, tiny_world, corpus, overrides=None):
+def _family_setup(name, tiny_world, corpus):
     family = FAMILIES[name]
     tasks = list(family.tasks)
     torch.manual_seed(0)
-    model, spec, _ = create_model(name, tasks, region_feat_dim=64, num_classes=17,
-                                  overrides=overrides)
+    model, spec, _ = create_model(name, tasks, region_feat_dim=64, num_classes=17)
     cfg = DataConfig.for_model(spec, (SourceConfig("coco", str(tiny_world / "images" / "coco")),),
                                batch_units=1024, bucket_window=64,
                                text_corpus=str(corpus) if "mlm-text" in tasks else None)
