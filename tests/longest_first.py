@@ -29,15 +29,14 @@ CACHE_KEY = "vlp/scope_seconds"
 
 # Worker seconds per scope (setup + call + teardown of its tests) on a quiet 2-core machine,
 # from `make test`'s two-worker longest-first run (1,075 passed in 16:15, 1,906 worker seconds
-# in all; pytest's cache, vlp/scope_seconds), the tracking file's two parts since merged and
-# compile_static since cut (one-layer models). Only scopes over ~40 s matter for the order;
-# the cache replaces these after each run.
+# in all; pytest's cache, vlp/scope_seconds), the tracking file's two parts since merged. Only
+# scopes over ~40 s matter for the order; the cache replaces these after each run.
 SECONDS = {
     "tests/test_multinode_cluster.py": 457,
     "tests/test_tracking_cluster.py": 147,
     "tests/test_pretrain_train.py": 137,
     "tests/test_readme_tour.py": 109,
-    "tests/test_compile_static.py": 100,
+    "tests/test_compile_static.py": 116,
     "tests/test_extract_cluster.py": 87,
     "tests/test_gpu_placement.py": 68,
     "tests/test_gpu_check.py": 56,
