@@ -81,18 +81,16 @@ class _NoMlflowForTheAutotuner(importlib.abc.MetaPathFinder):
 
 def load_deepspeed() -> ModuleType:
     """The ``deepspeed`` module, imported (once per process) as the docstring says."""
-    found = sys.modules.get("deepspeed")
-    if found is not None:
-        _no_shm_comm_op()    # imported before vlp asked (a user's script): still no op built
-        return found
-    finder = _NoMlflowForTheAutotuner()
-    sys.meta_path.insert(0, finder)
-    try:
-        import deepspeed
-    finally:
-        sys.meta_path.remove(finder)
-    _muon_kernels_compiled_on_first_call()
-    _no_shm_comm_op()
+    deepspeed = sys.modules.get("deepspeed")
+    if deepspeed is None:
+        finder = _NoMlflowForTheAutotuner()
+        sys.meta_path.insert(0, finder)
+        try:
+            import deepspeed
+        finally:
+            sys.meta_path.remove(finder)
+        _muon_kernels_compiled_on_first_call()
+    _no_shm_comm_op()    # also where DeepSpeed was imported before vlp asked (a user's script)
     return deepspeed
 
 
