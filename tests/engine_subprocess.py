@@ -1,7 +1,7 @@
-"""A real DeepSpeed engine in a fresh Python process, cheaply: one gloo rank (world size 1) on
-a free port, no Ray. A subprocess, not the test process: ``deepspeed.initialize`` and the
-process group leave global state (the accelerator, the comm backend, ZeRO's hooks) that
-must not leak into the other tests.
+"""A real DeepSpeed engine in a fresh Python process, cheaply: one gloo rank (world size 1)
+meeting at a store this process holds (``rank_group``), no Ray. A subprocess, not the test
+process: ``deepspeed.initialize`` and the process group leave global state (the accelerator,
+the comm backend, ZeRO's hooks) that must not leak into the other tests.
 
 ``run_one_rank(body, *args)`` runs ``body`` after ``ONE_RANK`` (``sys.argv[1]`` is the port,
 ``args`` follow as ``sys.argv[2:]``); the body prints ``"RESULT" + json.dumps(...)`` once,
@@ -11,11 +11,14 @@ process as under Ray Train on one worker."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
+import os
 import textwrap
+from typing import Iterator
 
 from preloaded_python import run_python
+from vlp.platform.training.rendezvous import AGENT_STORE_ENV, open_store
 
 ONE_RANK = textwrap.dedent("""
     import json, os, sys, tempfile
@@ -53,16 +56,25 @@ RAY_TRAIN = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def rank_group() -> Iterator[tuple[str, dict[str, str]]]:
+    """(port, env) for a test's ranks: the port of a rendezvous store this process opens and
+    holds for the block (``vlp.platform.training.rendezvous``: a port found free and handed
+    to rank 0 can be taken before rank 0 binds it, and the other ranks then wait out the
+    group's timeout), and this process's environment with the ranks told to join that store
+    as clients (what their ``init_process_group``'s ``env://`` rendezvous then does)."""
+    store = open_store()
+    try:
+        yield str(store.port), {**os.environ, **AGENT_STORE_ENV}
+    finally:
+        del store
 
 
 def run_one_rank(body: str, *args: str, cwd, ray_train: bool = False,
                  timeout: float = 300) -> dict:
     """Run ``body`` in a one-rank process (see the module docstring); return its RESULT."""
     script = ONE_RANK + (RAY_TRAIN if ray_train else "") + textwrap.dedent(body)
-    (proc,) = run_python(script, [[free_port(), *args]], cwd=cwd, timeout=timeout)
+    with rank_group() as (port, env):
+        (proc,) = run_python(script, [[port, *args]], env=env, cwd=cwd, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("RESULT", 1)[1])

@@ -17,9 +17,11 @@ set (``ATEN_CPU_CAPABILITY``). A test that changes those runs its script with
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ PRELOAD = ["torch", "torch.distributed", "transformers.models.bert.modeling_bert
            "vlp.platform.training.checkpointing"]
 
 _context = None
+STACKS_SIGNAL = signal.SIGUSR1       # a rank writes its Python stacks to its stderr on it
 
 
 @dataclass
@@ -66,6 +69,7 @@ def _main(script: str, argv: list[str], env: dict[str, str], cwd: str | None,
         os.close(f)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=False)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)   # see run_python
     os.environ.clear()
     os.environ.update(env)
     if cwd is not None:
@@ -93,7 +97,9 @@ def run_python(script: str, argvs: list[list[str]], *, env: dict[str, str] | Non
                cwd=None, timeout: float = 300) -> list[Finished]:
     """Run ``script`` once per entry of ``argvs`` (``sys.argv[1:]``), all at once (the
     ranks of one group meet each other), and wait for every one; past ``timeout`` seconds
-    all are killed and ``TimeoutError`` names the ones still running."""
+    all are killed and ``TimeoutError`` names the ones still running and holds every rank's
+    exit code and the end of its stderr (a rank still running first writes its threads'
+    Python stacks there: where it waits)."""
     ctx = _forkserver()
     env = dict(os.environ if env is None else env)
     with tempfile.TemporaryDirectory(prefix="vlp-rank-") as tmp:
@@ -109,12 +115,22 @@ def run_python(script: str, argvs: list[list[str]], *, env: dict[str, str] | Non
             p.join(max(0.0, deadline - time.monotonic()))
         alive = [i for i, (p, _, _) in enumerate(procs) if p.is_alive()]
         if alive:
+            for i in alive:
+                os.kill(procs[i][0].pid, STACKS_SIGNAL)
+            time.sleep(2)
             for p, _, _ in procs:
                 if p.is_alive():
                     p.kill()
                 p.join(10)
-            raise TimeoutError(f"ranks {alive} of {len(procs)} still running after {timeout} s")
+            raise TimeoutError(f"ranks {alive} of {len(procs)} still running after {timeout} s"
+                               + "".join(_stderr_end(i, p.exitcode, i in alive, err)
+                                         for i, (p, _, err) in enumerate(procs)))
         return [Finished(p.exitcode, _read(out), _read(err)) for p, out, err in procs]
+
+
+def _stderr_end(rank: int, exitcode: int | None, was_alive: bool, path: str) -> str:
+    state = "was still running" if was_alive else f"exit code {exitcode}"
+    return f"\n--- rank {rank} ({state}), the end of its stderr:\n{_read(path)[-2500:]}"
 
 
 def _read(path: str) -> str:

@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import textwrap
 
 import pytest
 
-from engine_subprocess import free_port
+from engine_subprocess import rank_group
 from preloaded_python import run_python
 from vlp.platform.cluster import instance_type as itype
 from vlp.platform.cluster import link_speeds
@@ -101,9 +100,9 @@ def test_start_of_run_on_two_gloo_ranks_says_one_line_on_rank_0():
     """Two ranks on one machine, told they sit on two p5.48xlarge nodes (LOCAL_WORLD_SIZE 1,
     VLP_INSTANCE_TYPE): gloo over loopback is far below EFA's 400 GB/s, so rank 0 says the
     line and the warning; rank 1 says nothing; a CPU run under auto does not run it."""
-    port = str(free_port())
-    env = {**os.environ, "LOCAL_WORLD_SIZE": "1", itype.ENV: "p5.48xlarge"}
-    procs = run_python(RANK, [[r, port] for r in (0, 1)], env=env, timeout=300)
+    with rank_group() as (port, env):
+        env = {**env, "LOCAL_WORLD_SIZE": "1", itype.ENV: "p5.48xlarge"}
+        procs = run_python(RANK, [[r, port] for r in (0, 1)], env=env, timeout=300)
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     outs = [(p.stdout, p.stderr) for p in procs]

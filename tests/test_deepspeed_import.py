@@ -4,10 +4,9 @@ op, in a fresh interpreter (this one has imported all of them long ago)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from engine_subprocess import free_port
+from engine_subprocess import rank_group
 from preloaded_python import fresh_python
 
 REPO = Path(__file__).parents[1]
@@ -78,9 +77,10 @@ print("ok")
 def one_rank(code: str, last_line: str, **env_vars: str) -> str:
     """``code`` run as rank 0 of 1 in a fresh interpreter (``env_vars`` added to its
     environment); its stdout, which must hold ``last_line``."""
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), **env_vars)
-    done = fresh_python(code, cwd=REPO, env=env)
+    with rank_group() as (port, env):
+        env = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env_vars)
+        done = fresh_python(code, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"\n{last_line}" in "\n" + done.stdout, done.stdout
     return done.stdout

@@ -6,8 +6,8 @@ and the command's resolution of storage and tracking."""
 from __future__ import annotations
 
 import argparse
+import socket
 
-from engine_subprocess import free_port
 from vlp.platform.cluster import doctor_node, link_speeds
 from vlp.platform.cluster.bus_bandwidth import Measurement
 from vlp.platform.cluster.doctor import CPU_RANKS, _groups, _Node, plan_nodes
@@ -105,7 +105,7 @@ def test_a_storage_that_cannot_be_written_and_a_tracking_uri_that_does_not_answe
         w = doctor_node.storage_write("/proc/vlp-doctor/runs", ".vlp-doctor/x/n", 1024)
     assert not w["ok"] and w["error"].startswith("cannot write the run storage ")
     assert "\n" not in w["error"] and "VLP_STORAGE" in w["fix"]
-    port = free_port()
+    port = _closed_port()
     t = doctor_node.tracking(f"http://127.0.0.1:{port}", 2.0)
     assert not t["ok"] and "\n" not in t["error"]
     assert t["error"].startswith(f"MLflow tracking server http://127.0.0.1:{port} is "
@@ -148,3 +148,10 @@ def test_the_command_checks_the_storage_and_tracking_a_job_would_use(monkeypatch
     o = options(p.parse_args(["--tracking-uri", "http://other:5000", "--no-step"]))
     assert o.storage.endswith("/runs") and o.tracking_uri == "http://other:5000"
     assert not o.step
+
+
+def _closed_port() -> int:
+    """A local port nobody listened on a moment ago (an unreachable server's address)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

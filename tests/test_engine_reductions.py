@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from engine_subprocess import free_port
+from engine_subprocess import rank_group
 from preloaded_python import run_python
 
 RANK_BODY = textwrap.dedent("""
@@ -82,9 +82,9 @@ RANK_BODY = textwrap.dedent("""
 
 
 def run_two_ranks(combo, cwd, timeout: float = 300) -> dict:
-    port = str(free_port())
-    procs = run_python(RANK_BODY, [[r, port, json.dumps(combo)] for r in (0, 1)], cwd=cwd,
-                       timeout=timeout)
+    with rank_group() as (port, env):
+        procs = run_python(RANK_BODY, [[r, port, json.dumps(combo)] for r in (0, 1)],
+                           env=env, cwd=cwd, timeout=timeout)
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(procs[0].stdout.split("RESULT", 1)[1])

@@ -4,9 +4,6 @@ any world size; metric wiring of every benchmark's evaluate on a tiny model."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import numpy as np
 import pytest
 import torch
@@ -17,6 +14,7 @@ from vlp.models.heads import DownstreamModel, build_head
 from vlp.benchmarks import BenchmarkContext, get_benchmark
 from vlp.benchmarks.retrieval import score_matrix
 from vlp.benchmarks.eval_runner import EvalRunner
+from vlp.platform.training.rendezvous import join_group, open_store
 
 torch.set_num_threads(1)
 
@@ -53,8 +51,7 @@ def _rank_main(rank: int, world: int, port: int, world_dir: str, out: str) -> No
     from vlp.datasets.downstream.retrieval import RetrievalData
 
     _forget_inherited_group()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group("gloo", "127.0.0.1", port, rank, world)
     torch.set_num_threads(1)
     _, spec, _ = create_model("uniter-tiny", ["itm"], region_feat_dim=64)
     data = RetrievalData(data_config_for(spec, world_dir), "val")
@@ -68,18 +65,13 @@ def _rank_main(rank: int, world: int, port: int, world_dir: str, out: str) -> No
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_rank_retrieval_scores_equal_one_process(tiny_world, tmp_path):
     from vlp.datasets.downstream.retrieval import RetrievalData
 
     out = str(tmp_path / "scores.npy")
     # fork: the ranks inherit the imported modules (spawn re-imports torch: ~20 s here)
-    torch.multiprocessing.start_processes(_rank_main, args=(2, _free_port(), str(tiny_world),
+    store = open_store()     # the ranks' rendezvous, held here (rendezvous.py says why)
+    torch.multiprocessing.start_processes(_rank_main, args=(2, store.port, str(tiny_world),
                                                             out), nprocs=2, join=True,
                                           start_method="fork")
     distributed = np.load(out)

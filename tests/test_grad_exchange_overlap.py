@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from engine_subprocess import free_port
+from engine_subprocess import rank_group
 from preloaded_python import run_python
 
 RANK_BODY = textwrap.dedent("""
@@ -75,9 +75,10 @@ RANK_BODY = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    port = str(free_port())
     cwd = tmp_path_factory.mktemp("overlap")
-    procs = run_python(RANK_BODY, [[r, port] for r in (0, 1)], cwd=cwd, timeout=600)
+    with rank_group() as (port, env):
+        procs = run_python(RANK_BODY, [[r, port] for r in (0, 1)], env=env, cwd=cwd,
+                           timeout=600)
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     return [json.loads(p.stdout.split("RESULT", 1)[1]) for p in procs]

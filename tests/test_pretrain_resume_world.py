@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_subprocess import free_port
+from engine_subprocess import rank_group
 from preloaded_python import run_python
 from vlp.platform.training import checkpointing
 
@@ -93,9 +93,9 @@ RANK = textwrap.dedent("""
 
 
 def run_ranks(world: int, cwd, world_dir, store: str, resume: str = "") -> list[dict]:
-    port = str(free_port())
-    procs = run_python(RANK, [[r, world, port, world_dir, store, resume] for r in range(world)],
-                       cwd=cwd, timeout=600)
+    with rank_group() as (port, env):
+        procs = run_python(RANK, [[r, world, port, world_dir, store, resume]
+                                  for r in range(world)], env=env, cwd=cwd, timeout=600)
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     return [json.loads(p.stdout.split("RESULT", 1)[1]) for p in procs]

@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from engine_subprocess import free_port
+from engine_subprocess import rank_group
 from preloaded_python import run_python
 from vlp.platform.training import checkpointing
 from vlp.platform.training.failures import SetupError
@@ -102,10 +102,10 @@ RANK = textwrap.dedent("""
 def run_ranks(world: int, cwd, *runs: tuple[str, str, int], timeout: float = 600) -> list[dict]:
     """``world`` gloo ranks, each running ``runs`` (store, checkpoint to resume or "", stop
     step) in turn; every rank's results."""
-    port = str(free_port())
-    procs = run_python(RANK, [[r, world, port, "", "", "0",
-                               *("|".join(map(str, run)) for run in runs)] for r in range(world)],
-                       cwd=cwd, timeout=timeout)
+    with rank_group() as (port, env):
+        procs = run_python(RANK, [[r, world, port, "", "", "0",
+                                   *("|".join(map(str, run)) for run in runs)]
+                                  for r in range(world)], env=env, cwd=cwd, timeout=timeout)
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     return [json.loads(p.stdout.split("RESULT", 1)[1]) for p in procs]

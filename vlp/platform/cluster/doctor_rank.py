@@ -17,6 +17,7 @@ class DoctorRank:
         self.groups: list[Any] = []
         self.rank = -1
         self.index = 0          # this rank's CUDA device among those it sees
+        self._store: Any = None  # rank 0's: the process group's rendezvous
 
     @property
     def device(self) -> Any:
@@ -49,15 +50,15 @@ class DoctorRank:
     # ---- the process group -----------------------------------------------------------
 
     def address(self) -> tuple[str, int]:
-        """This node's address and a free port on it, for rank 0's TCP store."""
-        import socket
-
+        """This node's address and the port of the group's rendezvous store, which this
+        actor opens and holds for its life (``rendezvous``; ``join``'s groups use it)."""
         import ray
 
+        from vlp.platform.training.rendezvous import open_store
+
         ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return ip, s.getsockname()[1]
+        self._store = open_store(ip)
+        return ip, self._store.port
 
     def join(self, rank: int, world: int, master: tuple[str, int], groups: list[list[int]],
              timeout_s: float) -> str:
@@ -66,13 +67,13 @@ class DoctorRank:
         import torch
         import torch.distributed as dist
 
+        from vlp.platform.training.rendezvous import join_group
+
         gpu = torch.cuda.is_available()
         if gpu:
             torch.cuda.set_device(self.index)
         backend = "nccl" if gpu else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}",
-                                rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        join_group(backend, master[0], master[1], rank, world, timedelta(seconds=timeout_s))
         self.rank = rank
         self.groups = [dist.new_group(g) for g in groups]
         return backend

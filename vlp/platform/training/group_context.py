@@ -89,14 +89,6 @@ def _step(folder: Any, run: str, name: str) -> int:
     return int(json.loads(folder.read_text(run, name, META_FILE))["step"])
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def node_address() -> str:
     """This node's address as Ray knows it (what the other ranks connect to)."""
     import ray

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,6 +27,7 @@ from vlp.platform.training.checkpointing import META_FILE
 from vlp.platform.training.gpu_placement import set_allocator
 from vlp.platform.training.loop import _Worker
 from vlp.platform.training.loop_config import LoopConfig
+from vlp.platform.training.rendezvous import join_group, open_store
 
 METRICS_FILE = "metrics.jsonl"   # one line per report, beside the checkpoints
 
@@ -92,25 +92,25 @@ def progress_line(metrics: dict[str, Any]) -> str:
     return "[vlp local] " + ", ".join(parts)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_group_store: dict[str, Any] = {}    # one_process_group's store, held while its group lives
 
 
 @contextlib.contextmanager
 def one_process_group(use_gpu: bool) -> Iterator[None]:
     """A process group of one rank (DeepSpeed and the loop's all-reduce need one): NCCL on a
-    GPU, gloo otherwise, on a free local port. It stays up for the life of the process:
-    DeepSpeed keeps its handle of the group, and a later run in the same process (the GPU
-    check runs several; ``vlp pretrain --local`` twice in one interpreter) must find the same
-    group, not a new one."""
+    GPU, gloo otherwise, through a local store (``rendezvous``). It stays up for the life of
+    the process, and so does its store: DeepSpeed keeps its handle of the group, and a later
+    run in the same process (the GPU check runs several; ``vlp pretrain --local`` twice in
+    one interpreter) must find the same group, not a new one."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        if "store" not in _group_store:
+            _group_store["store"] = open_store()
+        store = _group_store["store"]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        dist.init_process_group("nccl" if use_gpu else "gloo", rank=0, world_size=1)
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+        join_group("nccl" if use_gpu else "gloo", "127.0.0.1", store.port, 0, 1)
     yield
 
 

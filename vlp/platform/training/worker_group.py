@@ -31,27 +31,34 @@ class GroupWorker:
 
     def __init__(self) -> None:
         self.rank = self.world = self.local_rank = 0
+        self._store: Any = None     # rank 0's: the group's rendezvous while it forms
 
-    def address(self) -> tuple[str, int, str]:
-        """(address, a free port, node id): rank 0's are the process group's rendezvous."""
+    def address(self, host_store: bool) -> tuple[str, int, str]:
+        """(address, port, node id): with ``host_store`` (rank 0), the port of the group's
+        rendezvous store, which this actor opens and holds for its life (``rendezvous``;
+        ``new_group`` uses it after the group formed); else 0."""
         import ray
 
-        from vlp.platform.training.group_context import free_port, node_address
+        from vlp.platform.training.group_context import node_address
+        from vlp.platform.training.rendezvous import open_store
 
-        return node_address(), free_port(), ray.get_runtime_context().get_node_id()
+        address = node_address()
+        if host_store:
+            self._store = open_store(address)
+        port = self._store.port if host_store else 0
+        return address, port, ray.get_runtime_context().get_node_id()
 
     def join(self, rank: int, world: int, local_rank: int, local_world: int, address: str,
              port: int, backend: str) -> int:
-        import torch.distributed as dist
-
         from vlp.platform.training.gpu_placement import set_allocator
+        from vlp.platform.training.rendezvous import join_group
 
         set_allocator()             # before this process's first CUDA allocation
         self.rank, self.world, self.local_rank = rank, world, local_rank
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR=address,
                           MASTER_PORT=str(port))
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        join_group(backend, address, port, rank, world)
         return os.getpid()
 
     def run(self, loop_config: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +125,7 @@ class WorkerGroup:
             max_concurrency=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=i)).remote()
             for i in range(s.num_workers)]
-        addresses = ray.get([a.address.remote() for a in self.actors])
+        addresses = ray.get([a.address.remote(i == 0) for i, a in enumerate(self.actors)])
         nodes = [node for _, _, node in addresses]
         local = [nodes[:i].count(n) for i, n in enumerate(nodes)]
         address, port, _ = addresses[0]
