@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 
@@ -61,11 +60,13 @@ def _config(overlap: bool, wire: str, steps: int, grad_accum: int = 1, bucket: i
 
 
 def _init(rank: int, world: int, port: int) -> None:
+    from vlp.platform.training.rendezvous import join_group
+
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group("gloo", "127.0.0.1", port, rank, world)
 
 
 def _timing_rank(rank: int, world: int, port: int, steps: int, queue) -> None:
@@ -128,16 +129,13 @@ def _wire_rank(rank: int, world: int, port: int, steps: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, world: int, steps: int):
+    from vlp.platform.training.rendezvous import open_store
+
+    store = open_store()            # the ranks' rendezvous, held until they are done
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=fn, args=(r, world, _port_of[world], steps, queue))
+    procs = [ctx.Process(target=fn, args=(r, world, store.port, steps, queue))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -145,9 +143,6 @@ def _spawn(fn, world: int, steps: int):
     for p in procs:
         p.join()
     return result
-
-
-_port_of: dict[int, int] = {}
 
 
 def main() -> None:
@@ -159,7 +154,6 @@ def main() -> None:
     args = ap.parse_args()
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for world in args.worlds:
-        _port_of[world] = _port()
         n, buckets, med = _spawn(_timing_rank, world, args.steps)
         print(f"world {world}: {n:,} parameters, {buckets} buckets, median step of "
               f"{args.steps}")
@@ -172,7 +166,6 @@ def main() -> None:
               f"{overlap / after if after > 0 else float('nan'):.2f}")
     if args.wire_steps:
         world = args.wire_world
-        _port_of[world] = _port()
         curves = _spawn(_wire_rank, world, args.wire_steps)
         ref = curves["deepspeed"]
         for name in ("fp32", "bf16"):
