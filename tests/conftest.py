@@ -121,8 +121,6 @@ def one_rank():
     """A gloo process group of one rank in this process, for the test's length. An in-process
     local run (``local_runner.one_process_group``) keeps its one-rank group for the life of
     the process by design; a test after it on the same xdist worker uses that group as is."""
-    import socket
-
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -131,10 +129,10 @@ def one_rank():
             f"up in this test process")
         yield
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
+    from vlp.platform.training.rendezvous import join_group, open_store
+
+    store = open_store()        # held for the group's life (rendezvous.py says why)
+    join_group("gloo", "127.0.0.1", store.port, 0, 1)
     yield
     dist.destroy_process_group()
+    del store

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from vlp.platform.training.rendezvous import AGENT_STORE_ENV, open_store
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -65,13 +66,12 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.integration
 def test_agreement_across_two_ranks(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     script = tmp_path / "agree.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(port)], capture_output=True,
-                          text=True, timeout=180, env=dict(os.environ), cwd=tmp_path)
+    store = open_store()        # the ranks' rendezvous, held here (rendezvous.py says why)
+    proc = subprocess.run([sys.executable, str(script), str(store.port)], capture_output=True,
+                          text=True, timeout=180, env={**os.environ, **AGENT_STORE_ENV},
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.split("RESULT", 1)[1])
     for rank in ("0", "1"):
