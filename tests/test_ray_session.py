@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from vlp.platform.cluster.ray_session import (LOCAL, choose_address, free_local_port,
-                                              node_cluster_address)
+from vlp.platform.cluster import ray_session
+from vlp.platform.cluster.ray_session import (LOCAL, SERVER_PORTS_FROM, choose_address,
+                                              free_local_port, node_cluster_address)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -42,6 +44,23 @@ def test_a_stale_record_of_a_dead_cluster_is_ignored(tmp_path, monkeypatch):
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_local_port()}")
     assert node_cluster_address() is None                       # recorded, not running
+
+
+def test_a_server_port_is_free_and_below_the_ports_outgoing_connections_take(monkeypatch):
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_local_port() for _ in range(20)}
+    assert all(SERVER_PORTS_FROM <= p < low for p in ports) and len(ports) > 1
+    held_port, other = sorted(ports)[:2]
+    draws = iter([held_port, other])
+
+    class Draws:                            # the held port comes up first
+        def randint(self, a, b):
+            return next(draws)
+
+    monkeypatch.setattr(ray_session.random, "SystemRandom", Draws)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", held_port))
+        assert free_local_port() == other
 
 
 @pytest.mark.integration

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -37,10 +38,38 @@ def worker_env() -> dict[str, str]:
     return allocator_env()
 
 
+# below the kernel's ephemeral ports, above Ray's worker ports (10002-19999 by default)
+SERVER_PORTS_FROM = 20000
+
+
 def free_local_port() -> int:
+    """A local TCP port nothing is bound to now, for a server about to bind it: drawn at
+    random below the kernel's ephemeral range (``ip_local_port_range``, 32768 up by default).
+    Every outgoing connection takes its local port from that range, so a port found free
+    there (``bind`` to port 0) can be taken before the server binds it, and on a node
+    running Ray, MLflow clients and S3 clients connections open by the hundred a minute.
+    Falls back to the kernel's pick when the range leaves no room below it."""
+    top = _ephemeral_low() - 1
+    draw = random.SystemRandom()
+    for _ in range(100 if top > SERVER_PORTS_FROM else 0):
+        port = draw.randint(SERVER_PORTS_FROM, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768                    # Linux's default; elsewhere a guess
 
 
 def _say(line: str) -> None:
