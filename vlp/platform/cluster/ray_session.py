@@ -45,10 +45,10 @@ SERVER_PORTS_FROM = 20000
 def free_local_port() -> int:
     """A local TCP port nothing is bound to now, for a server about to bind it: drawn at
     random below the kernel's ephemeral range (``ip_local_port_range``, 32768 up by default).
-    Every outgoing connection takes its local port from that range, so a port found free
-    there (``bind`` to port 0) can be taken before the server binds it, and on a node
-    running Ray, MLflow clients and S3 clients connections open by the hundred a minute.
-    Falls back to the kernel's pick when the range leaves no room below it."""
+    Every outgoing connection takes its local port from that range (``make test`` opens
+    ~400 a minute: Ray, MLflow and S3 clients), and so does every ``bind`` to port 0, so a
+    port found free there can be taken before the server binds it. Falls back to the
+    kernel's pick when the range leaves no room below it."""
     top = _ephemeral_low() - 1
     draw = random.SystemRandom()
     for _ in range(100 if top > SERVER_PORTS_FROM else 0):

@@ -31,7 +31,7 @@ class GroupWorker:
 
     def __init__(self) -> None:
         self.rank = self.world = self.local_rank = 0
-        self._store: Any = None     # rank 0's: the group's rendezvous while it forms
+        self._store: Any = None     # rank 0's: the group's rendezvous, for its life
 
     def address(self, host_store: bool) -> tuple[str, int, str]:
         """(address, port, node id): with ``host_store`` (rank 0), the port of the group's
