@@ -92,7 +92,7 @@ def progress_line(metrics: dict[str, Any]) -> str:
     return "[vlp local] " + ", ".join(parts)
 
 
-_group_store: dict[str, Any] = {}    # one_process_group's store, held while its group lives
+_group_store: Any = None    # one_process_group's store, held while its group lives
 
 
 @contextlib.contextmanager
@@ -104,13 +104,13 @@ def one_process_group(use_gpu: bool) -> Iterator[None]:
     one interpreter) must find the same group, not a new one."""
     import torch.distributed as dist
 
+    global _group_store
     if not dist.is_initialized():
-        if "store" not in _group_store:
-            _group_store["store"] = open_store()
-        store = _group_store["store"]
+        _group_store = open_store()
+        port = _group_store.port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
-        join_group("nccl" if use_gpu else "gloo", "127.0.0.1", store.port, 0, 1)
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        join_group("nccl" if use_gpu else "gloo", "127.0.0.1", port, 0, 1)
     yield
 
 
