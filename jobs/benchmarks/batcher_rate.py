@@ -25,7 +25,9 @@ builders' processes (``/proc``) with its ratio to the first count's (``cpu_effic
 nothing done twice), a figure that does not need a core per builder to be read; and this
 process's CPU seconds per million input units (the loop's process: taking the batches, and
 with ``--stream-here`` reading the stream and sending it to the builders, as a worker does
-with its Ray Data shard).
+with its Ray Data shard); and the cores the builders kept busy (``cores_busy``: their CPU
+seconds per second; below the cores they had, they waited on each other's reads or on the
+look-ahead).
 """
 
 from __future__ import annotations
@@ -130,10 +132,12 @@ class StreamHere:
 
 
 def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int,
-              stream_here: bool = False) -> tuple[float, float, float]:
+              stream_here: bool = False) -> tuple[float, float, float, float]:
     """Input units/s a pool of ``count`` builder processes delivers, input units per CPU
-    second of its processes (their own work, whatever the machine's cores), and the CPU
-    seconds per million input units this process spent (serving a ``stream_here``)."""
+    second of its processes (their own work, whatever the machine's cores), the CPU seconds
+    per million input units this process spent (serving a ``stream_here``), and the cores
+    the builders kept busy (their CPU seconds per second: below the cores they had, they
+    waited)."""
     from vlp.platform.training.builder_pool import builder
     from vlp.platform.training.packed_batch import unpack
 
@@ -165,8 +169,9 @@ def pool_rate(world: Path, tmp: Path, tokenizer, count: int, batches: int,
         t0 = time.perf_counter()
         units = take(batches)
         wall = time.perf_counter() - t0
-        return (units / wall, units / (process_cpu_s(pids) - cpu0),
-                1e6 * (time.process_time() - here0) / units)
+        cpu = process_cpu_s(pids) - cpu0
+        return (units / wall, units / cpu, 1e6 * (time.process_time() - here0) / units,
+                cpu / wall)
     finally:
         pool.close()
 
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
     if args.processes:
         first = None
         for n in args.processes:
-            rate, per_cpu, here = pool_rate(world, tmp, default_tokenizer(), n, args.batches,
+            rate, per_cpu, here, busy = pool_rate(world, tmp, default_tokenizer(), n, args.batches,
                                             args.stream_here)
             first = first or (rate, n, per_cpu)
             print(f"builders{n}_input_units_per_s {rate:.4g}")
@@ -204,6 +209,7 @@ def main(argv=None) -> int:
             print(f"builders{n}_input_units_per_cpu_s {per_cpu:.4g}")
             print(f"builders{n}_cpu_efficiency {per_cpu / first[2]:.3f}")
             print(f"builders{n}_loop_process_cpu_s_per_million_units {here:.3f}")
+            print(f"builders{n}_cores_busy {busy:.2f}")
         return 0
     sampler, source = build(world, tmp, default_tokenizer())
     prof = cProfile.Profile() if args.profile else None

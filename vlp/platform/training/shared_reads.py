@@ -11,11 +11,17 @@ batches are the batches of one builder; each part is read once in the pool.
 A block travels as one copy into shared memory, over a Unix socket from each member to each
 other one (``ipc_tables``).
 
+A member's reader runs ahead of its own consumption by bytes, not by a few blocks: the members
+take the parts in turn, so a reader held two blocks ahead read its next part only while that
+part was being taken, one reader at a time, and the pool read no faster than one builder
+(measured: two builders 0.50 of linear on 2 cores, docs/benchmarks.md). Ahead by a part or
+more, every member's reader works at once.
+
 It cannot deadlock: a member sends a part to every peer before it reads its next one, and
 every member takes the parts in order, so the earliest part any member waits for has been read
 (or is being sent) by its reader, and the peer it is being sent to first is taking it (a
-member with its queue full has taken every part the others still need: they all cut the same
-windows from the same blocks).
+member whose reader waits for room holds only parts later than the ones it is taking, and it
+takes those: they all cut the same windows from the same blocks).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import pyarrow as pa
 from vlp.platform.training.ipc_tables import TABLE, receive_table, shared_table
 
 PART_END, FAILED = "part_end", "failed"
+# A member's own blocks read and not yet taken, at most (and always one block): a part (a
+# file) or more of real shards, so that every reader works while the others' parts are taken.
+READ_AHEAD_BYTES = 256 << 20
 
 
 def shares_reads(blocks: Any) -> bool:
@@ -73,24 +82,41 @@ class PeerSockets:
 
 class SharedReads:
     """``blocks(epoch)`` in member ``member`` of ``count``: its own parts read here (a thread
-    that sends each block to the peers), the others' taken from their pipes, in the epoch's
-    order."""
+    that sends each block to the peers), the others' taken from their sockets, in the epoch's
+    order. The blocks are asked for epoch after epoch (``BlockReader``); the reading thread
+    goes on into the next epoch's parts as soon as this one's are read, so the part that opens
+    an epoch is not read only once it is needed (at most one epoch ahead of the asking)."""
 
     def __init__(self, blocks: Any, member: int, count: int, sends: dict[int, Connection],
-                 receives: dict[int, Connection], ahead: int = 2):
+                 receives: dict[int, Connection], ahead_bytes: int = READ_AHEAD_BYTES):
         self.blocks, self.member, self.count = blocks, member, count
         self.sends, self.receives = sends, receives
-        self.ahead = ahead          # this member's blocks read before it takes them
+        self._held = _HeldBytes(ahead_bytes)   # this member's blocks read, not yet taken
+        self._own: queue.Queue = queue.Queue()
+        self._asked = threading.Condition()   # guards _next_epoch
+        self._next_epoch: int | None = None   # the epoch the next call asks for
 
     def __call__(self, epoch: int) -> Iterator[pa.Table]:
+        with self._asked:
+            if self._next_epoch is None:
+                threading.Thread(target=self._read_epochs, args=(epoch,), daemon=True,
+                                 name=f"vlp-shared-reads-{self.member}").start()
+            elif epoch != self._next_epoch:
+                raise RuntimeError(f"builder process {self.member}: the blocks of epoch "
+                                   f"{epoch} were asked for after epoch {self._next_epoch - 1}; "
+                                   f"a pool's shared reads go epoch after epoch")
+            self._next_epoch = epoch + 1
+            self._asked.notify_all()
         parts = self.blocks.parts(epoch)
-        own: queue.Queue = queue.Queue(maxsize=self.ahead)
-        threading.Thread(target=self._read_own, args=(parts, own), daemon=True,
-                         name=f"vlp-shared-reads-{self.member}").start()
         for i in range(len(parts)):
             owner = i % self.count
             while True:
-                kind, payload = own.get() if owner == self.member else self._receive(owner)
+                if owner == self.member:
+                    kind, payload = self._own.get()
+                    if kind == TABLE:
+                        self._held.taken(payload.nbytes)
+                else:
+                    kind, payload = self._receive(owner)
                 if kind == PART_END:
                     break
                 if kind == FAILED:
@@ -98,6 +124,18 @@ class SharedReads:
                     raise RuntimeError(f"reading {name} (part {i} of epoch {epoch}) failed in "
                                        f"builder process {owner}:\n{payload}")
                 yield payload
+
+    def _read_epochs(self, epoch: int) -> None:
+        """This member's parts of ``epoch``, then of each next one once it is asked for
+        or the one before it is (one epoch ahead at most: an epoch with no parts here does
+        not spin)."""
+        while True:
+            if not self._read_own(self.blocks.parts(epoch)):
+                return
+            epoch += 1
+            with self._asked:
+                while self._next_epoch < epoch:
+                    self._asked.wait()
 
     def _receive(self, owner: int) -> tuple[str, Any]:
         conn = self.receives[owner]
@@ -110,10 +148,11 @@ class SharedReads:
             raise RuntimeError(f"builder process {owner} stopped while the others were "
                                f"taking the blocks it reads") from None
 
-    def _read_own(self, parts: list, own: queue.Queue) -> None:
-        """Parts member, member + count, …: each block to every peer, then here. A failed
-        read goes to the peers and here as the part's end; a peer gone (the pool closing, or
-        that member failed) ends the reading here with that said."""
+    def _read_own(self, parts: list) -> bool:
+        """Parts member, member + count, …: each block to every peer, then here; False where
+        the reading stops. A failed read goes to the peers and here as the part's end; a peer
+        gone (the pool closing, or that member failed) ends the reading here with that said."""
+        own, held = self._own, self._held
         for part in parts[self.member::self.count]:
             try:
                 for table in self.blocks.read_part(part):
@@ -122,21 +161,24 @@ class SharedReads:
                         self._to_peers((TABLE, size), fd)
                     finally:
                         os.close(fd)   # the peers hold it now
+                    held.add(table.nbytes)
                     own.put((TABLE, table))
+                    held.wait_room()   # before the next block is read
                 end = (PART_END, None)
             except _PeerGone as gone:
                 own.put((FAILED, str(gone)))
-                return
+                return False
             except BaseException:
                 end = (FAILED, traceback.format_exc())
             try:
                 self._to_peers(end)
             except _PeerGone as gone:
                 own.put((FAILED, str(gone)))
-                return
+                return False
             own.put(end)
             if end[0] == FAILED:
-                return
+                return False
+        return True
 
     def _to_peers(self, msg: tuple, fd: int | None = None) -> None:
         for peer, conn in self.sends.items():
@@ -151,6 +193,30 @@ class SharedReads:
 
 class _PeerGone(Exception):
     pass
+
+
+class _HeldBytes:
+    """The bytes of a member's own blocks read and not yet taken: its reader waits for room
+    once they reach ``limit`` (a single block over it still passes: it waits after)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._room = threading.Condition()
+
+    def add(self, nbytes: int) -> None:
+        with self._room:
+            self.held += nbytes
+
+    def taken(self, nbytes: int) -> None:
+        with self._room:
+            self.held -= nbytes
+            self._room.notify_all()
+
+    def wait_room(self) -> None:
+        with self._room:
+            while self.held >= self.limit:
+                self._room.wait()
 
 
 __all__ = ["PeerSockets", "SharedReads", "shares_reads"]
