@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from vlp.contract import batch_spec as bs
 from vlp.platform.training.cuda_graph_step import GraphedSteps, check, shape_key
 
 
@@ -80,6 +81,24 @@ def test_the_key_is_the_task_and_every_tensors_shape_and_dtype():
     assert shape_key("mlm", a) != shape_key("mlm", half)
     nested = dict(a, nested={"m": torch.zeros(5)})
     assert shape_key("mlm", a) != shape_key("mlm", nested)
+
+
+def test_the_key_holds_what_the_model_decides_from_the_host_integers():
+    """The packed row length and whether any row is padded (the model's width and its
+    padding mask, both fixed in a capture) are in the key: two batches with the same tensor
+    shapes and another row length, or padded against full, do not replay one graph. The
+    real units alone (both padded) do not part them."""
+    def packed(row: int, real: int) -> dict:
+        return {bs.INPUT_IDS: torch.zeros(4, 8, dtype=torch.long), bs.ROW_LENGTH: row,
+                bs.REAL_UNITS: real}
+
+    base = shape_key("mlm", packed(20, 70))
+    assert shape_key("mlm", packed(20, 71)) == base          # padded both: one graph
+    assert shape_key("mlm", packed(21, 70)) != base          # a longer packed row
+    assert shape_key("mlm", packed(20, 80)) != base          # 4 rows × 20: no padding
+    summed = {"task_batches": {"mlm": packed(20, 70), "itm": packed(20, 80)}}
+    other = {"task_batches": {"mlm": packed(20, 70), "itm": packed(20, 79)}}
+    assert shape_key("mlm+itm", summed) != shape_key("mlm+itm", other)
 
 
 def test_refused_off_cuda_and_where_the_capture_is_not_yet_right_in_one_line():

@@ -5,8 +5,10 @@ test_forward_host_syncs.py (``vlp.platform.training.host_syncs``) around each of
 on one GPU takes.
 
 With DeepSpeed's own ``BF16_Optimizer.step`` (the device step switched off) the same count
-is 5 a step: four reads of the gradient norm in DeepSpeed (the skip test and the clip test)
-and the statistics' ``tolist``. The device step (``device_step.py``) clips and skips on the
+is 6 a step: four reads of the gradient norm in DeepSpeed (the skip test and the clip test),
+a tensor it makes on the device from a Python value, and the statistics' ``tolist``. And
+DeepSpeed's throughput timer, on unless its config says otherwise, synchronizes the device
+at each forward and step (``engine.deepspeed_config`` turns it off). The device step (``device_step.py``) clips and skips on the
 device, and the statistics are read two steps late (``pending_stats.py``).
 
 A non-finite loss is still caught: the update of its step is skipped on the device, and the
@@ -39,8 +41,17 @@ BODY = """
 
     loop_mod._Worker._step = recorded
 
-    def run(device_step, nan_at=0):
+    ds_config = engine_mod.deepspeed_config
+
+    def run(device_step, nan_at=0, ds_timers=False):
         syncs.clear()
+        engine_mod.deepspeed_config = ds_config
+        if ds_timers:   # DeepSpeed's default: its throughput timer on, synchronized
+            def with_timers(*a, **kw):
+                out = ds_config(*a, **kw)
+                out.pop("timers")
+                return out
+            engine_mod.deepspeed_config = with_timers
         cfg = loop_config(load_experiment_config(data={
             "data": {"sources": {"a": {"path": "/x"}}}, "tasks": {"mlm": 1, "mrfr": 1},
             "train": {"steps": 8, "precision": "bf16", "zero_stage": 1, "log_every": 3,
@@ -64,26 +75,33 @@ BODY = """
 
     device = run(True)
     nan = run(True, nan_at=5)
+    timers = run(True, ds_timers=True)
     deepspeed = run(False)
-    print("RESULT" + json.dumps({"device": device, "deepspeed": deepspeed, "nan": nan}))
+    print("RESULT" + json.dumps({"device": device, "deepspeed": deepspeed, "nan": nan,
+                                 "timers": timers}))
 """
 
 
 def test_the_whole_bf16_step_reads_nothing_back_from_the_device(tmp_path):
     out = run_one_rank(BODY, cwd=tmp_path, ray_train=True)
-    device, deepspeed, nan = out["device"], out["deepspeed"], out["nan"]
+    device, deepspeed, nan, timers = out["device"], out["deepspeed"], out["nan"], out["timers"]
     assert device["optimizer"] == "DeviceStepBF16Optimizer"
     assert deepspeed["optimizer"] == "FlatBookkeepingBF16Optimizer"
     # every step's record, its statistics read late, the last ones at the end
     assert device["steps"] == deepspeed["steps"] == list(range(1, 9))
     assert device["examples"] == deepspeed["examples"] > 0
     assert all(n is not None and n > 0 for n in device["grad_norms"])
-    # the recorder sees DeepSpeed's step: 4 norm reads and the statistics' tolist a step
-    assert [len(s) for s in deepspeed["syncs"]] == [5] * 8, deepspeed["syncs"][0]
+    # the recorder sees DeepSpeed's step: 4 norm reads, a tensor made on the device from a
+    # Python value (in its norm), and the statistics' tolist, each step
+    assert [len(s) for s in deepspeed["syncs"]] == [6] * 8, "\n".join(deepspeed["syncs"][0])
     # the device step: none, in any step (the first two read nothing yet; the others read
     # the statistics of two steps before)
     bad = [(i + 1, s) for i, s in enumerate(device["syncs"]) if s]
     assert not bad, bad
+    # with DeepSpeed's throughput timer left on (its default), it synchronizes the device
+    # at the forward and at the step from its third step on (a CPU runs it as nothing)
+    waits = [sum("deepspeed accelerator synchronize" in e for e in s) for s in timers["syncs"]]
+    assert all(waits[4:]), timers["syncs"]
     # a NaN batch (the 5th micro-batch: step 3): the loop raises when it reads step 3's
     # statistics, at step 5, and says the update was skipped
     assert "non-finite loss at step 3" in nan["error"], nan

@@ -158,6 +158,10 @@ def start_cluster(work: Path) -> tuple[str, dict]:
     from vlp.platform.cluster.ray_session import free_local_port
 
     port = free_local_port()
+    # a one-node cluster on 127.0.0.1 inside one call: no token (Ray 2.60's `ray start`
+    # turns token auth on where ~/.ray/auth_token exists, and this driver's own `ray.init`
+    # with an address would then be refused)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     subprocess.run([*RAY_CLI, "start", "--head", "--node-ip-address", "127.0.0.1",
                     "--port", str(port), "--num-gpus", "1", "--disable-usage-stats",

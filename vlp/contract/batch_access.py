@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -38,3 +38,19 @@ def positive_pairs(batch: Mapping[str, torch.Tensor], batch_size: int,
     if positive is None:
         return torch.ones(batch_size, dtype=torch.bool, device=device)
     return positive.to(device=device, dtype=torch.bool)
+
+
+def host_rows(batch: Mapping[str, Any], rows: int | None = None) -> tuple[int, bool] | None:
+    """(packed row length, whether any row is padded) from the batch's host integers
+    (``ROW_LENGTH``, ``REAL_UNITS``, Python ints from the prefetcher), for a batch of
+    ``rows`` rows (default: its text's); None where it carries no row length. What the model
+    decides on the host from them (its packed width, whether to mask padding), so a captured
+    step holds only for batches that agree on it. A pixel batch counts as padded: the cells
+    of a smaller image are padding the host does not see."""
+    row = batch.get(bs.ROW_LENGTH)
+    if row is None:
+        return None
+    real = batch.get(bs.REAL_UNITS)
+    rows = batch[bs.INPUT_IDS].shape[0] if rows is None else rows
+    padded = bs.PIXELS in batch or real is None or int(real) != rows * int(row)
+    return int(row), padded

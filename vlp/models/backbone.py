@@ -22,7 +22,7 @@ from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder, BertPooler
 
-from vlp.contract import batch_spec as bs
+from vlp.contract.batch_access import host_rows
 from vlp.contract.encoder_output import EncoderOutput
 from vlp.models import attention, varlen_attention
 from vlp.models.family_config import FamilyConfig
@@ -166,15 +166,12 @@ def host_layout(batch: Mapping[str, torch.Tensor], inputs: EmbeddedInputs
     the row's text + regions plus the family's extra visual tokens, counted by their mask's
     width (VL-BERT's [END]: none in a batch without regions, whose [END] mask has zero
     width); SOHO's rows are text + every grid cell (the collate's count of the padded image)."""
-    row = batch.get(bs.ROW_LENGTH)
-    if row is None:
+    rows = host_rows(batch, inputs.text.shape[0])
+    if rows is None:
         return None
+    row, padded = rows
     extras = inputs.visual_mask.shape[1] - inputs.num_regions
-    width = min(int(row) + extras, inputs.text.shape[1] + inputs.visual.shape[1])
-    real = batch.get(bs.REAL_UNITS)
-    # a pixel batch's cells of a smaller image are padding the host does not see
-    padded = (bs.PIXELS in batch or real is None
-              or int(real) != inputs.text.shape[0] * int(row))
+    width = min(row + extras, inputs.text.shape[1] + inputs.visual.shape[1])
     return width, padded
 
 

@@ -261,7 +261,7 @@ class Check:
         # the smallest family: what is checked is the engine's and the RNG's state, not size
         kw = dict(family="uniter-tiny", steps=n, log_every=1, interval=cut)
         straight = runs.run(self.cfg("resume-straight", **kw))
-        runs.run(self.cfg("resume-cut", extra=(f"train.stop_after={cut}",), **kw))
+        runs.run(self.cfg("resume-cut", extra=(f"train.stop_after={cut}",), **kw), keep=True)
         resumed = runs.run(self.cfg("resume-cut", **kw))
         want = {r["step"]: r["loss"] for r in straight["history"]}
         got = {r["step"]: r["loss"] for r in resumed["history"]}

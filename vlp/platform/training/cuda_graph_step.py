@@ -30,6 +30,9 @@ from typing import Any, Callable
 
 import torch
 
+from vlp.contract import batch_spec as bs
+from vlp.contract.batch_access import host_rows
+
 Step = Callable[[Any, dict[str, Any]], dict[str, torch.Tensor]]
 
 
@@ -55,11 +58,15 @@ def check(device: torch.device, grad_accum: int, world_size: int, device_step: b
 
 
 def shape_key(task: Any, batch: dict[str, Any]) -> tuple:
-    """The task and every tensor's name, shape and dtype (nested dicts included)."""
-    return (str(task),) + tuple(sorted(_signature(batch)))
+    """The task, every tensor's name, shape and dtype, and what the model decides on the host
+    from the batch's host integers (the packed row length, whether rows are padded: a
+    capture keeps both), nested dicts included."""
+    return (str(task),) + tuple(sorted(_signature(batch), key=repr))
 
 
 def _signature(batch: dict[str, Any], prefix: str = ""):
+    if bs.INPUT_IDS in batch:
+        yield (prefix + "host_rows", host_rows(batch))
     for k, v in batch.items():
         if torch.is_tensor(v):
             yield (prefix + k, tuple(v.shape), str(v.dtype))
@@ -91,8 +98,10 @@ class CudaGraph:
         # capture on a side stream that waits for the work before it (torch's recipe)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(self.graph, pool=pool,
-                                                         stream=stream):
+        # thread_local: the prefetch thread goes on pinning and copying the next batches on
+        # its own stream during the capture, which the default (global) mode forbids
+        with torch.cuda.stream(stream), torch.cuda.graph(self.graph, pool=pool, stream=stream,
+                                                         capture_error_mode="thread_local"):
             self.outputs = step(static)
         torch.cuda.current_stream().wait_stream(stream)
 

@@ -184,6 +184,9 @@ def deepspeed_config(cfg: LoopConfig, world_size: int, *,
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,            # the loop reports; keep DeepSpeed quiet
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer is on by default and synchronizes the device at the
+        # forward and at the step: two host waits a step, and a CUDA graph's capture fails
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
     if cfg.optimizer.grad_clip > 0:
         ds["gradient_clipping"] = cfg.optimizer.grad_clip

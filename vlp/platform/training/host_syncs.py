@@ -6,7 +6,11 @@ catches them by what they do, not by timing: reading a tensor's value into Pytho
 (``item``, ``int()``/``float()``/``bool()`` of a tensor, ``tolist``, ``numpy``), copying to the
 host (``.cpu()``, ``.to("cpu")``), and operations whose output shape depends on the values
 (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``, ``bincount``,
-``repeat_interleave`` without an output size) — each of which waits for the device on CUDA.
+``repeat_interleave`` without an output size) — each of which waits for the device on CUDA;
+a tensor made from Python values with a device named (``torch.tensor(…, device=…)``: on
+CUDA a copy from pageable host memory, which waits for the stream); and an explicit wait
+(``torch.cuda.synchronize``, an event's or a stream's ``synchronize``, DeepSpeed's
+``get_accelerator().synchronize()``), which a CPU run executes as nothing.
 
     with HostSyncRecorder() as syncs:
         out = model(batch, task="mlm")
@@ -21,8 +25,11 @@ scalar read becomes; boolean indexing becomes ``aten.index`` with a bool index, 
 
 from __future__ import annotations
 
+import functools
+import sys
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -89,6 +96,10 @@ class _FunctionLayer(TorchFunctionMode):
             if any((torch.device(t).type == "cpu") != (args[0].device.type == "cpu")
                    for t in target):
                 what = "to(cpu)"
+        if what is None and func in (torch.tensor, torch.as_tensor) and \
+                kwargs.get("device") is not None and not torch.is_tensor(args[0] if args
+                                                                      else None):
+            what = "tensor from Python values on a device (a host-to-device copy)"
         if what is None and func is torch.Tensor.__getitem__ and len(args) > 1:
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
@@ -118,6 +129,57 @@ class _DispatchLayer(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+_INHERITED = object()
+
+
+class _ExplicitWaits:
+    """Wraps the calls that wait for the device outright while recording: torch's
+    ``cuda.synchronize`` and its events' and streams' ``synchronize``, and the class of
+    DeepSpeed's accelerator where DeepSpeed is imported (on a CPU its ``synchronize`` does
+    nothing, so only a count can see it)."""
+
+    def __init__(self, sink: list[SyncEvent]):
+        self.sink = sink
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _targets(self) -> list[tuple[Any, str, str]]:
+        found = [(torch.cuda, "synchronize", "torch.cuda.synchronize"),
+                 (torch.cuda.Event, "synchronize", "cuda.Event.synchronize"),
+                 (torch.cuda.Stream, "synchronize", "cuda.Stream.synchronize")]
+        accelerator = sys.modules.get("deepspeed.accelerator")
+        if accelerator is not None:
+            found.append((type(accelerator.get_accelerator()), "synchronize",
+                          "deepspeed accelerator synchronize"))
+        return found
+
+    def __enter__(self) -> "_ExplicitWaits":
+        for owner, name, what in self._targets():
+            current = getattr(owner, name, None)
+            if current is None:
+                continue
+            # a class's own attribute is put back; one it inherits is deleted again
+            self._saved.append((owner, name, vars(owner).get(name, _INHERITED)))
+            setattr(owner, name, self._wrap(current, what))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, own in reversed(self._saved):
+            if own is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+        self._saved.clear()
+
+    def _wrap(self, original: Any, what: str) -> Any:
+        sink = self.sink
+
+        @functools.wraps(original)
+        def waits(*args, **kwargs):
+            sink.append(SyncEvent(what, _caller()))
+            return original(*args, **kwargs)
+        return waits
+
+
 @dataclass
 class HostSyncRecorder:
     """A context manager; ``events`` lists what happened inside it, in order."""
@@ -127,11 +189,14 @@ class HostSyncRecorder:
     def __enter__(self) -> "HostSyncRecorder":
         self._function = _FunctionLayer(self.events)
         self._dispatch = _DispatchLayer(self.events)
+        self._waits = _ExplicitWaits(self.events)
         self._function.__enter__()
         self._dispatch.__enter__()
+        self._waits.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._waits.__exit__(*exc)
         self._dispatch.__exit__(*exc)
         self._function.__exit__(*exc)
 

@@ -42,8 +42,11 @@ def step_vector(micro: list[tuple], task_ids: dict[str, int]
     for out in (m[1] for m in micro):
         names = sorted(out)
         vals = torch.stack([out[k].float().reshape(()) for k in names])
-        is_loss = torch.tensor([k.endswith("loss") for k in names], device=vals.device)
-        flags.append((~torch.isfinite(vals) & is_loss).any().float())
+        # the losses stacked apart: a mask or an index made from Python values would be a
+        # host-to-device copy, which waits for the stream
+        losses = [out[k].float().reshape(()) for k in names if k.endswith("loss")]
+        flags.append((~torch.isfinite(torch.stack(losses))).any().float() if losses
+                     else vals.new_zeros(()))
         values.append(torch.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0))
         keys.append(names)
     examples = sum(m[2] for m in micro)
