@@ -59,3 +59,31 @@ def test_every_command_of_the_plan_passes_its_own_check(capsys):
     for name in ("ray_full", "ray_stopped", "ray_resumed", "local", "extract"):
         assert f"check {name}: vlp " in out and out.count(f"check {name}:") == 1
     assert out.count("--check: ok") == 5
+
+
+def test_each_part_is_reported_as_it_ends_and_a_failed_part_does_not_stop_the_next(
+        tmp_path, monkeypatch):
+    """On a GPU the parts' figures are printed and the JSON rewritten after each part (a call
+    cut off at its time limit keeps what ended); a part that raises is recorded under
+    ``errors`` and the next one still runs; the cluster is stopped either way. The parts
+    themselves stand in here (they need a GPU)."""
+    import torch
+
+    stopped = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Stand-in GPU")
+    monkeypatch.setattr(ray_gpu_check, "write_world", lambda plan: None)
+    monkeypatch.setattr(ray_gpu_check, "start_cluster", lambda work: ("127.0.0.1:1", {}))
+    monkeypatch.setattr(ray_gpu_check.subprocess, "run", lambda argv, **kw: stopped.append(argv))
+
+    def pretrain(plan, address):
+        raise RuntimeError("NCCL error: unhandled system error")
+
+    monkeypatch.setattr(ray_gpu_check, "pretrain_part", pretrain)
+    monkeypatch.setattr(ray_gpu_check, "extract_part", lambda plan, env: {"extract.job": 25.0})
+    reports = []
+    plan = ray_gpu_check.Plan(tmp_path, steps=40, images=10, extract_images=8)
+    figures = ray_gpu_check.run_on_gpu(plan, lambda all_, new: reports.append(dict(new)))
+    assert reports == [{"device": "Stand-in GPU"}, {}, {"extract.job": 25.0}]
+    assert figures["errors"] == {"pretrain": "RuntimeError: NCCL error: unhandled system error"}
+    assert figures["extract.job"] == 25.0
+    assert stopped and stopped[-1][-1] == "stop"

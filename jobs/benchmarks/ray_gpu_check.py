@@ -31,8 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "jobs" / "configs" / "uniter-base-indomain.yaml"
@@ -227,15 +229,28 @@ def extract_part(plan: Plan, env: dict) -> dict:
     return out
 
 
-def run_on_gpu(plan: Plan) -> dict:
+def run_on_gpu(plan: Plan, report: Callable[[dict, dict], None]) -> dict:
+    """The two parts in turn; each part's figures reported as soon as it ends (``report(all,
+    new)``: a call cut off at its time limit keeps them), a part that fails recorded under
+    ``errors`` with its traceback printed, and the next one run all the same."""
     import torch
 
-    figures: dict = {"device": torch.cuda.get_device_name(0)}
+    figures: dict = {"device": torch.cuda.get_device_name(0), "errors": {}}
+    report(figures, {"device": figures["device"]})
     write_world(plan)
     address, env = start_cluster(plan.work)
+    parts = (("pretrain", lambda: pretrain_part(plan, address)),
+             ("extract", lambda: extract_part(plan, env)))
     try:
-        figures.update(pretrain_part(plan, address))
-        figures.update(extract_part(plan, env))
+        for name, part in parts:
+            try:
+                new = part()
+            except Exception as e:
+                traceback.print_exc()
+                figures["errors"][name] = f"{type(e).__name__}: {e}"
+                new = {}
+            figures.update(new)
+            report(figures, new)
     finally:
         import ray
 
@@ -266,12 +281,17 @@ def main(argv: list[str] | None = None) -> int:
             print(why)
             return 0
         print(line)
-        figures = run_on_gpu(plan)
-    for key, value in figures.items():
-        print(f"{key} {value}")
-    out = Path(args.out or Path(os.environ.get("OUT", ".")) / "ray_gpu_check.json")
-    out.write_text(json.dumps(figures, indent=1))
-    return 0
+        out = Path(args.out or Path(os.environ.get("OUT", ".")) / "ray_gpu_check.json")
+
+        def report(figures: dict, new: dict) -> None:
+            for key, value in new.items():
+                print(f"{key} {value}")
+            out.write_text(json.dumps(figures, indent=1))
+
+        figures = run_on_gpu(plan, report)
+    for part, error in figures["errors"].items():
+        print(f"ray-gpu-check: the {part} part failed: {error}")
+    return 1 if figures["errors"] else 0
 
 
 if __name__ == "__main__":
