@@ -13,9 +13,9 @@ other one (``ipc_tables``).
 
 A member's reader runs ahead of its own consumption by bytes, not by a few blocks: the members
 take the parts in turn, so a reader held two blocks ahead read its next part only while that
-part was being taken, one reader at a time, and the pool read no faster than one builder
-(measured: two builders 0.50 of linear on 2 cores, docs/benchmarks.md). Ahead by a part or
-more, every member's reader works at once.
+part was being taken, one reader at a time, and the pool read at one reader's speed however
+many builders (measured on 2 cores: two builders kept 1.74 of them busy, 1.93 now;
+docs/benchmarks.md). Ahead by a part or more, every member's reader works at once.
 
 It cannot deadlock: a member sends a part to every peer before it reads its next one, and
 every member takes the parts in order, so the earliest part any member waits for has been read
