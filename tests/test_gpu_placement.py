@@ -20,8 +20,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vlp.platform.training.gpu_placement import (ALLOC_SETTING, ALLOC_VAR, Placement,
-                                                 allocator_env, deepspeed_args, set_allocator)
+from vlp.platform.training.gpu_placement import (ALLOC_SETTING, ALLOC_VAR, ALLOC_VARS,
+                                                 Placement, allocator_env, deepspeed_args,
+                                                 set_allocator)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +66,35 @@ def test_the_allocator_setting_is_ours_unless_the_user_set_one_under_either_name
         set_allocator(env)
         assert env == {name: "max_split_size_mb:64"} and allocator_env(env) == env
     assert allocator_env({}) == {ALLOC_VAR: ALLOC_SETTING}
+
+
+def test_where_cuda_has_started_the_running_allocator_is_set_too(monkeypatch):
+    """A Ray Train worker's CUDA starts before the train function (Ray sets the device),
+    when the allocator has read its variable: the setting then goes to the running allocator
+    as well; not where the user set one, nor before CUDA starts."""
+    from vlp.platform.training import gpu_placement
+
+    applied = []
+    monkeypatch.setattr(gpu_placement, "running_allocator_settings", lambda: applied.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ALLOC_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    set_allocator()
+    assert applied == []
+    monkeypatch.delenv(ALLOC_VAR)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    set_allocator()
+    assert applied == [ALLOC_SETTING]
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    set_allocator()
+    assert applied == [ALLOC_SETTING]
+
+
+def test_this_torch_has_the_call_that_sets_the_running_allocator():
+    from vlp.platform.training.gpu_placement import running_allocator_settings
+
+    assert callable(running_allocator_settings())
 
 
 def test_a_tune_trial_sets_the_allocator_before_anything_else(monkeypatch):

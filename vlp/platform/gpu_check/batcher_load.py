@@ -60,9 +60,14 @@ def beside_batcher(cfg, where: str, fn: Callable[[], Any], warm: int = 3
     worker = maker(target=build_batches_until, args=(cfg, stop, count), daemon=True)
     worker.start()
     try:
+        deadline = time.monotonic() + 300
         while count.value < warm:   # past the first window's read: building batches
-            if where == "process" and not worker.is_alive():
-                raise RuntimeError(f"the batcher process exited ({worker.exitcode})")
+            if not worker.is_alive():
+                raise RuntimeError(f"the batcher {where} exited"
+                                   + (f" ({worker.exitcode})" if where == "process" else ""))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the batcher {where} built {count.value} of {warm} "
+                                   f"batches in 300 s")
             time.sleep(0.05)
         n0, t0 = count.value, time.perf_counter()
         result = fn()

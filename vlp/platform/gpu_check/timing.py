@@ -145,16 +145,29 @@ def steady_bare(engine, items: list, device: torch.device, batcher_cfg=None,
             return seconds
         variants[f"beside_batcher_{where}"] = beside
     times: dict[str, list[float]] = {label: [] for label in variants}
+    failed: dict[str, str] = {}
     for _ in range(rounds):
         for label, fn in variants.items():
-            times[label].append(fn() / units)
+            if label in failed:
+                continue
+            try:
+                times[label].append(fn() / units)
+            except Exception as e:   # noqa: BLE001 - one variant's failure loses only it
+                if label == configured:   # the baseline: nothing to compare without it
+                    raise
+                failed[label] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+                del times[label]
     out: dict[str, Any] = {"steps": len(items), "rounds": rounds, "configured": configured}
+    if failed:
+        out["variants_failed"] = failed
     for label, ts in times.items():
         out[f"{label}_s_per_input_unit"] = statistics.fmean(ts)
         out[f"{label}_rounds"] = ts
     out["order_drift"] = statistics.fmean(ts[-1] / ts[0] for ts in times.values())
     alone = out[f"{configured}_s_per_input_unit"]
     for where, r in rates.items():
+        if f"beside_batcher_{where}" not in times:
+            continue
         out[f"beside_batcher_{where}_over_alone"] = \
             out[f"beside_batcher_{where}_s_per_input_unit"] / alone
         out[f"beside_batcher_{where}_batches_per_s"] = statistics.fmean(r)

@@ -11,10 +11,11 @@ it agree (``Placement.problem``): a worker that would compute on another worker'
 with one line saying which.
 
 The allocator: expandable segments, so that the varying batch shapes of budget batching (and
-the varying image sizes of extraction) do not fragment CUDA's caching allocator. Set before
-the process's first CUDA allocation by each entry: training workers, the local runner,
-extraction actors, Tune trials; and in the runtime environment of a local Ray. A setting the
-user exported, under either of torch's names, wins.
+the varying image sizes of extraction) do not fragment CUDA's caching allocator. Set by each
+entry (training workers, the local runner, extraction actors, Tune trials) into its
+environment, and into the running allocator where CUDA has started before it (a Ray Train
+worker: Ray sets the device first); and in the runtime environment of a local Ray. A setting
+the user exported, under either of torch's names, wins.
 """
 
 from __future__ import annotations
@@ -43,10 +44,23 @@ def allocator_env(environ: MutableMapping[str, str] | None = None) -> dict[str, 
 
 
 def set_allocator(environ: MutableMapping[str, str] | None = None) -> None:
-    """Before this process's first CUDA allocation (CUDA reads it once)."""
+    """Into the environment, read by CUDA's allocator once, when CUDA starts; and where CUDA
+    has started already, into the running allocator too (it applies to the segments it maps
+    from then on). A Ray Train worker is such a process: Ray sets its device, which starts
+    CUDA, before the train function runs; so is a driver that asked for the device's name."""
     env = os.environ if environ is None else environ
-    if not any(env.get(name) for name in ALLOC_VARS):
-        env[ALLOC_VAR] = ALLOC_SETTING
+    if any(env.get(name) for name in ALLOC_VARS):
+        return
+    env[ALLOC_VAR] = ALLOC_SETTING
+    if environ is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        running_allocator_settings()(ALLOC_SETTING)
+
+
+def running_allocator_settings():
+    """torch's call that changes the running CUDA allocator's settings: the accelerator-wide
+    one (newer torch), else the CUDA one it replaced."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    return setter if setter is not None else torch.cuda.memory._set_allocator_settings
 
 
 @dataclass(frozen=True)
@@ -108,4 +122,5 @@ def deepspeed_args(device: torch.device | None) -> SimpleNamespace | None:
 
 
 __all__ = ["ALLOC_SETTING", "ALLOC_VAR", "ALLOC_VARS", "Placement", "allocator_env",
-           "deepspeed_args", "ray_worker_placement", "set_allocator"]
+           "deepspeed_args", "ray_worker_placement", "running_allocator_settings",
+           "set_allocator"]
