@@ -1,7 +1,7 @@
 """Run by tests/test_gpu_placement.py in a process of its own: a Ray with 2 fake GPUs and an
 A10G accelerator_type resource on a CPU machine (the way a GPU node with a CPU-only torch looks
 to Ray); a 2-worker Ray Train job (use_gpu, gloo) whose workers take their device the way
-vlp's loop does, and a Ray Data actor pool of vlp's extraction actors with one GPU each. Each
+vlp's loop does, a sweep trial's kept worker group of 2, and a Ray Data actor pool of vlp's extraction actors with one GPU each. Each
 process writes what it saw to a JSON file in argv[1]. No allocator variable is set here: what
 the processes see comes from vlp. Then, on the same Ray, ``vlp data extract`` on the images in
 argv[2] with ``--gpus 3`` (more than the cluster has) and ``--gpus 1`` (an actor given a GPU
@@ -93,8 +93,23 @@ def main() -> None:
         run_config=ray.train.RunConfig(name="placement", storage_path=os.path.join(OUT, "st")),
     ).fit()
     print("placement: ok")
+    kept_group()
     refusals(sys.argv[2], os.path.join(OUT, "extract-out"))
     ray.shutdown()
+
+
+def kept_group() -> None:
+    """A sweep trial's kept worker group on the fake GPUs (gloo for NCCL, as above): each
+    rank's placement once the group has formed."""
+    from vlp.platform.training.loop_config import LoopScaling
+    from vlp.platform.training.worker_group import WorkerGroup
+
+    WorkerGroup.gpu_backend = "gloo"
+    with WorkerGroup(LoopScaling(num_workers=2, use_gpu=True, accelerator_type="A10G")) as group:
+        group.start()
+        seen = ray.get([a.placement.remote() for a in group.actors])
+    with open(os.path.join(OUT, "group.json"), "w") as f:
+        json.dump(seen, f)
 
 
 def refusals(images: str, out: str) -> None:

@@ -107,7 +107,7 @@ def test_a_tune_trial_sets_the_allocator_before_anything_else(monkeypatch):
     assert os.environ[ALLOC_VAR] == ALLOC_SETTING
 
 
-def test_on_fake_gpus_train_workers_and_extraction_actors_are_placed_and_set(tmp_path):
+def test_on_fake_gpus_train_workers_kept_groups_and_extraction_actors_are_placed(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -130,6 +130,14 @@ def test_on_fake_gpus_train_workers_and_extraction_actors_are_placed_and_set(tmp
         assert seen["deepspeed_device_rank"] == index
         assert seen["alloc"] == alloc
     assert {s["gpu_ids"][0] for s in train} == {"0", "1"}
+    # a kept worker group's ranks see both of the node's GPUs, as Ray Train's do, each
+    # computing on the one Ray gave it
+    group = json.loads((tmp_path / "group.json").read_text())
+    assert [g["visible"] for g in group] == ["0,1", "0,1"], group
+    for g in group:
+        assert len(g["gpu_ids"]) == 1 and g["visible"].split(",")[g["device_index"]] == \
+            g["gpu_ids"][0]
+    assert {g["gpu_ids"][0] for g in group} == {"0", "1"}
     actors = [json.loads(p.read_text()) for p in tmp_path.glob("extract-*.json")]
     assert len(actors) == 2, actors
     for seen in actors:

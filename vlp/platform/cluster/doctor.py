@@ -157,6 +157,8 @@ def _placed(nodes: list[_Node], report: DoctorReport, timeout_s: float) -> list[
     (``DoctorRank.devices``); the others are failures."""
     import ray
 
+    from vlp.platform.training.gpu_placement import node_visible
+
     calls = {n.result.label: [a.gpu_ids.remote() for a in n.actors] for n in nodes}
     pending = [c for cs in calls.values() for c in cs]
     ready, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
@@ -165,7 +167,7 @@ def _placed(nodes: list[_Node], report: DoctorReport, timeout_s: float) -> list[
     for n in nodes:
         if all(c in ready for c in calls[n.result.label]):
             ids = [i for c in calls[n.result.label] for i in ray.get(c)]
-            visible = sorted(set(ids), key=lambda i: (len(i), i))
+            visible = node_visible(ids)
             facts = ray.get([a.devices.remote(visible) for a in n.actors])[0]
             n.result.gpus, n.result.gpu_name = facts["gpus"], facts["gpu_name"]
             n.result.instance_type = facts["instance_type"]

@@ -39,12 +39,9 @@ class DoctorRank:
         on the node, as Ray Train sets ``CUDA_VISIBLE_DEVICES`` for a node's workers: NCCL
         then uses peer-to-peer between them) and computes on its own one among them.
         Called before CUDA starts in this process."""
-        import os
+        from vlp.platform.training.gpu_placement import share_node_gpus
 
-        mine = self.gpu_ids()
-        if visible and mine:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
-            self.index = visible.index(mine[0])
+        self.index = share_node_gpus(visible, self.gpu_ids())
         return doctor_node.devices(self.index)
 
     # ---- the process group -----------------------------------------------------------

@@ -21,7 +21,7 @@ the user exported, under either of torch's names, wins.
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -98,6 +98,23 @@ class Placement:
         return None
 
 
+def node_visible(gpu_ids: Iterable[str]) -> list[str]:
+    """The GPUs of all of a node's ranks, in Ray Train's order (by id, numerically): what
+    each of them is to see, so that NCCL can go peer to peer between them (a process that
+    sees only its own GPU cannot)."""
+    return sorted(set(gpu_ids), key=lambda i: (len(i), i))
+
+
+def share_node_gpus(visible: list[str], mine: list[str]) -> int:
+    """This process made to see its node's ``visible`` GPUs (before CUDA starts here); the
+    index of its own one (``mine``, what Ray gave it) among them: its CUDA device. 0 where
+    there is nothing to share (no GPU)."""
+    if not (visible and mine):
+        return 0
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+    return visible.index(mine[0])
+
+
 def ray_worker_placement(device: torch.device) -> Placement:
     """This Ray Train worker's placement (inside a worker only)."""
     import ray
@@ -122,5 +139,5 @@ def deepspeed_args(device: torch.device | None) -> SimpleNamespace | None:
 
 
 __all__ = ["ALLOC_SETTING", "ALLOC_VAR", "ALLOC_VARS", "Placement", "allocator_env",
-           "deepspeed_args", "ray_worker_placement", "running_allocator_settings",
-           "set_allocator"]
+           "deepspeed_args", "node_visible", "ray_worker_placement",
+           "running_allocator_settings", "set_allocator", "share_node_gpus"]

@@ -28,19 +28,20 @@ class GroupContext:
     """``worker_context.WorkerContext`` of rank ``rank`` of a kept group, for one run."""
 
     def __init__(self, rank: int, world_size: int, local_rank: int, storage: str, run: str,
-                 keep: int, progress: dict[str, Any]):
+                 keep: int, progress: dict[str, Any], device_index: int = 0):
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.device_index = device_index   # its GPU among those of its node's ranks
         self.storage, self.run, self.keep = storage, run, keep
         self.progress = progress      # progress_line's total_steps, stage_names, run, job
 
     def device(self, use_gpu: bool) -> torch.device:
         if not use_gpu:
             return torch.device("cpu")
-        # the actor was given one GPU: Ray made it the only one visible
+        # the actor's one GPU, among its node's ranks' (worker_group: share_node_gpus)
         if not torch.cuda.is_available():
             raise RuntimeError("scaling.use_gpu is set but this worker sees no CUDA device")
-        torch.cuda.set_device(0)
-        return torch.device("cuda", 0)
+        torch.cuda.set_device(self.device_index)
+        return torch.device("cuda", self.device_index)
 
     @contextlib.contextmanager
     def checkpoint_folder(self) -> Iterator[str | None]:

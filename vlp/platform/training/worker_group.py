@@ -31,12 +31,15 @@ class GroupWorker:
 
     def __init__(self) -> None:
         self.rank = self.world = self.local_rank = 0
+        self.device_index = 0       # its GPU among those its node's ranks see
+        self._gpus: list[str] = []  # the GPU Ray gave this actor
         self._store: Any = None     # rank 0's: the group's rendezvous, for its life
 
-    def address(self, host_store: bool) -> tuple[str, int, str]:
-        """(address, port, node id): with ``host_store`` (rank 0), the port of the group's
-        rendezvous store, which this actor opens and holds for its life (``rendezvous``;
-        ``new_group`` uses it after the group formed); else 0."""
+    def address(self, host_store: bool) -> tuple[str, int, str, list[str]]:
+        """(address, port, node id, the GPU Ray gave this actor): with ``host_store`` (rank
+        0), the port of the group's rendezvous store, which this actor opens and holds for
+        its life (``rendezvous``; ``new_group`` uses it after the group formed); else 0.
+        Touches no CUDA."""
         import ray
 
         from vlp.platform.training.group_context import node_address
@@ -46,20 +49,32 @@ class GroupWorker:
         if host_store:
             self._store = open_store(address)
         port = self._store.port if host_store else 0
-        return address, port, ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
+        self._gpus = [str(g) for g in context.get_accelerator_ids().get("GPU", [])]
+        return address, port, context.get_node_id(), self._gpus
 
     def join(self, rank: int, world: int, local_rank: int, local_world: int, address: str,
-             port: int, backend: str) -> int:
-        from vlp.platform.training.gpu_placement import set_allocator
+             port: int, backend: str, visible: list[str] | None = None) -> int:
+        """Into the group; ``visible``: the GPUs of this node's ranks, which this process is
+        made to see (as Ray Train shares them: NCCL then goes peer to peer between them),
+        computing on its own one among them."""
+        from vlp.platform.training.gpu_placement import set_allocator, share_node_gpus
         from vlp.platform.training.rendezvous import join_group
 
         set_allocator()             # before this process's first CUDA allocation
+        self.device_index = share_node_gpus(visible or [], self._gpus)
         self.rank, self.world, self.local_rank = rank, world, local_rank
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR=address,
                           MASTER_PORT=str(port))
         join_group(backend, address, port, rank, world)
         return os.getpid()
+
+    def placement(self) -> dict[str, Any]:
+        """What this rank computes on: its GPU, what it sees, its device index."""
+        return {"rank": self.rank, "local_rank": self.local_rank, "gpu_ids": self._gpus,
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "device_index": self.device_index}
 
     def run(self, loop_config: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
         """One loop (``loop.train_loop_per_worker``'s body, with this group's context); its
@@ -76,7 +91,7 @@ class GroupWorker:
                     raise TypeError(f"loop_config['config'] is a {type(cfg).__name__}, "
                                     f"expected a LoopConfig")
                 ctx = GroupContext(self.rank, self.world, self.local_rank, cfg.storage,
-                                   cfg.name, cfg.checkpoint_keep, progress)
+                                   cfg.name, cfg.checkpoint_keep, progress, self.device_index)
                 worker = _Worker(cfg, {**loop_config, "context": ctx})
             return worker.run()
         finally:
@@ -89,6 +104,8 @@ class GroupWorker:
 class WorkerGroup:
     """The driver's handle: ``start()`` (or the first ``run``) starts the actors in a
     placement group of the scaling's bundles and strategy; ``close()`` ends them."""
+
+    gpu_backend = "nccl"   # the process group's on GPUs (gloo: fake GPUs in the tests)
 
     def __init__(self, scaling: LoopScaling | None = None):
         self.scaling = scaling        # None: the first run's
@@ -112,6 +129,7 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from vlp.platform.cluster.job_nodes import worker_resources
+        from vlp.platform.training.gpu_placement import node_visible
 
         s = self.scaling
         need = worker_resources(s.cpus_per_worker, s.use_gpu, s.accelerator_type)
@@ -126,12 +144,14 @@ class WorkerGroup:
                 self._pg, placement_group_bundle_index=i)).remote()
             for i in range(s.num_workers)]
         addresses = ray.get([a.address.remote(i == 0) for i, a in enumerate(self.actors)])
-        nodes = [node for _, _, node in addresses]
+        nodes = [node for _, _, node, _ in addresses]
         local = [nodes[:i].count(n) for i, n in enumerate(nodes)]
-        address, port, _ = addresses[0]
-        backend = "nccl" if s.use_gpu else "gloo"
+        visible = {n: node_visible(g for _, _, node, gpus in addresses if node == n
+                                   for g in gpus) for n in set(nodes)}
+        address, port, _, _ = addresses[0]
+        backend = self.gpu_backend if s.use_gpu else "gloo"
         self.pids = ray.get([a.join.remote(i, len(self.actors), local[i], nodes.count(nodes[i]),
-                                           address, port, backend)
+                                           address, port, backend, visible[nodes[i]])
                              for i, a in enumerate(self.actors)])
         self.starts += 1
 
