@@ -39,8 +39,9 @@ class DoctorRank:
         on the node, as Ray Train sets ``CUDA_VISIBLE_DEVICES`` for a node's workers: NCCL
         then uses peer-to-peer between them) and computes on its own one among them.
         Called before CUDA starts in this process."""
-        from vlp.platform.training.gpu_placement import share_node_gpus
+        from vlp.platform.training.gpu_placement import set_allocator, share_node_gpus
 
+        set_allocator()   # a GPU process vlp starts, as the training ones
         self.index = share_node_gpus(visible, self.gpu_ids())
         return doctor_node.devices(self.index)
 
