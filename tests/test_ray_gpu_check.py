@@ -67,9 +67,12 @@ def test_each_part_is_reported_as_it_ends_and_a_failed_part_does_not_stop_the_ne
     cut off at its time limit keeps what ended); a part that raises is recorded under
     ``errors`` and the next one still runs; the cluster is stopped either way. The parts
     themselves stand in here (they need a GPU)."""
+    import ray
     import torch
 
     stopped = []
+    # not this test process's Ray (the session's, shared with the tests after this one)
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(["ray.shutdown"]))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Stand-in GPU")
     monkeypatch.setattr(ray_gpu_check, "write_world", lambda plan: None)
     monkeypatch.setattr(ray_gpu_check, "start_cluster", lambda work: ("127.0.0.1:1", {}))
@@ -86,4 +89,4 @@ def test_each_part_is_reported_as_it_ends_and_a_failed_part_does_not_stop_the_ne
     assert reports == [{"device": "Stand-in GPU"}, {}, {"extract.job": 25.0}]
     assert figures["errors"] == {"pretrain": "RuntimeError: NCCL error: unhandled system error"}
     assert figures["extract.job"] == 25.0
-    assert stopped and stopped[-1][-1] == "stop"
+    assert stopped[0] == ["ray.shutdown"] and stopped[-1][-1] == "stop"
