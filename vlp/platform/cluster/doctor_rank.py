@@ -30,9 +30,9 @@ class DoctorRank:
 
     def gpu_ids(self) -> list[str]:
         """The GPU Ray gave this actor (none on a CPU node); touches no CUDA."""
-        import ray
+        from vlp.platform.training.gpu_placement import ray_gpu_ids
 
-        return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+        return ray_gpu_ids()
 
     def devices(self, visible: list[str]) -> dict[str, Any]:
         """The node's facts, once this rank sees ``visible`` (the GPUs of every doctor rank

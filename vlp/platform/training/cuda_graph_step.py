@@ -61,7 +61,7 @@ def shape_key(task: Any, batch: dict[str, Any]) -> tuple:
     """The task, every tensor's name, shape and dtype, and what the model decides on the host
     from the batch's host integers (the packed row length, whether rows are padded: a
     capture keeps both), nested dicts included."""
-    return (str(task),) + tuple(sorted(_signature(batch), key=repr))
+    return (str(task),) + tuple(sorted(_signature(batch)))   # names unique: no value compared
 
 
 def _signature(batch: dict[str, Any], prefix: str = ""):

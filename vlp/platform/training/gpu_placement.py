@@ -98,6 +98,13 @@ class Placement:
         return None
 
 
+def ray_gpu_ids() -> list[str]:
+    """The GPUs Ray gave this actor or worker (none on a CPU node); touches no CUDA."""
+    import ray
+
+    return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+
 def node_visible(gpu_ids: Iterable[str]) -> list[str]:
     """The GPUs of all of a node's ranks, in Ray Train's order (by id, numerically): what
     each of them is to see, so that NCCL can go peer to peer between them (a process that
@@ -139,5 +146,5 @@ def deepspeed_args(device: torch.device | None) -> SimpleNamespace | None:
 
 
 __all__ = ["ALLOC_SETTING", "ALLOC_VAR", "ALLOC_VARS", "Placement", "allocator_env",
-           "deepspeed_args", "node_visible", "ray_worker_placement",
+           "deepspeed_args", "node_visible", "ray_gpu_ids", "ray_worker_placement",
            "running_allocator_settings", "set_allocator", "share_node_gpus"]

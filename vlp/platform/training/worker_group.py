@@ -42,6 +42,7 @@ class GroupWorker:
         Touches no CUDA."""
         import ray
 
+        from vlp.platform.training.gpu_placement import ray_gpu_ids
         from vlp.platform.training.group_context import node_address
         from vlp.platform.training.rendezvous import open_store
 
@@ -49,9 +50,8 @@ class GroupWorker:
         if host_store:
             self._store = open_store(address)
         port = self._store.port if host_store else 0
-        context = ray.get_runtime_context()
-        self._gpus = [str(g) for g in context.get_accelerator_ids().get("GPU", [])]
-        return address, port, context.get_node_id(), self._gpus
+        self._gpus = ray_gpu_ids()
+        return address, port, ray.get_runtime_context().get_node_id(), self._gpus
 
     def join(self, rank: int, world: int, local_rank: int, local_world: int, address: str,
              port: int, backend: str, visible: list[str] | None = None) -> int:
