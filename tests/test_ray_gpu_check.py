@@ -90,3 +90,48 @@ def test_each_part_is_reported_as_it_ends_and_a_failed_part_does_not_stop_the_ne
     assert figures["errors"] == {"pretrain": "RuntimeError: NCCL error: unhandled system error"}
     assert figures["extract.job"] == 25.0
     assert stopped[0] == ["ray.shutdown"] and stopped[-1][-1] == "stop"
+
+
+def _history(losses: dict[int, float]) -> dict[int, dict]:
+    return {s: {"step": s, "loss": v} for s, v in losses.items()}
+
+
+def test_a_resume_is_judged_against_the_drift_of_two_runs_without_one():
+    """Bit-equal losses after the stop pass; on a device whose kernels add with atomics, a
+    resumed run may differ in the last bits, and passes when it differs no more than two runs
+    with no resume do; a resume that lost state (a jump far above that drift) or steps that
+    are missing fails."""
+    full = {s: 5.0 - 0.05 * s for s in range(1, 41)}
+    same = ray_gpu_check.resume_figures(
+        {"ray_full": _history(full), "ray_resumed": _history({s: full[s] for s in range(21, 41)}),
+         "local": _history(full)}, 20)
+    assert same["resume.all_after_equal"] and same["resume.within_run_to_run_drift"]
+    assert same["resume.steps_compared"] == 20 and same["resume.max_rel_diff_after"] == 0.0
+
+    noisy = {s: v * (1 + 1e-4) if s > 1 else v for s, v in full.items()}   # same first batch
+    jitter = {s: full[s] * (1 - 5e-5) for s in range(21, 41)}
+    drifted = ray_gpu_check.resume_figures(
+        {"ray_full": _history(full), "ray_resumed": _history(jitter), "local": _history(noisy)}, 20)
+    assert not drifted["resume.all_after_equal"]
+    assert drifted["resume.within_run_to_run_drift"]
+
+    lost = {s: full[s] * 1.02 for s in range(21, 41)}          # e.g. the optimizer state lost
+    broken = ray_gpu_check.resume_figures(
+        {"ray_full": _history(full), "ray_resumed": _history(lost), "local": _history(noisy)}, 20)
+    assert not broken["resume.within_run_to_run_drift"]
+    assert abs(broken["resume.max_rel_diff_after"] - 0.02) < 1e-9
+
+    # the local run met other batches: the drift is read from the stopped run's first half
+    other = {s: v + 1.0 for s, v in full.items()}
+    stopped = {s: full[s] * (1 + 1e-5) for s in range(1, 21)}
+    control = ray_gpu_check.resume_figures(
+        {"ray_full": _history(full), "ray_resumed": _history(jitter),
+         "ray_stopped": _history(stopped), "local": _history(other)}, 20)
+    assert control["resume.drift_from"] == "ray_stopped"
+    assert abs(control["resume.run_to_run_max_rel_diff"] - 1e-5) < 1e-9
+    assert not control["resume.within_run_to_run_drift"]          # 5e-5 > 2 × 1e-5
+
+    short = ray_gpu_check.resume_figures(
+        {"ray_full": _history(full), "ray_resumed": _history({s: full[s] for s in range(21, 30)}),
+         "local": _history(full)}, 20)
+    assert not short["resume.all_after_equal"] and not short["resume.within_run_to_run_drift"]
