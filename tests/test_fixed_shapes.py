@@ -48,6 +48,13 @@ def test_fitted_widths_pad_least():
     values = np.unique(lengths)
     best = min(waste(list(c) + [values[-1]]) for c in itertools.combinations(values[:-1], 3))
     assert waste(widths) == best
+    # a widest width above every length: the others are fitted below it (widening the
+    # unconstrained fit's last width afterwards would pad its whole band to the widest)
+    widest = int(lengths.max()) + 25
+    ladder = fit_widths(lengths, 4, widest=widest)
+    assert len(ladder) == 4 and ladder[-1] == widest
+    best = min(waste(list(c) + [widest]) for c in itertools.combinations(values, 3))
+    assert waste(ladder) == best < waste(widths[:-1] + [widest])
 
 
 def padded(batch: dict, shapes: ShapeSet) -> dict:

@@ -104,11 +104,14 @@ def _target_cap(rows: int, per_row: int, p: float, bound: int) -> int:
     return max(1, min(bound, 32 * math.ceil(cap / 32)))
 
 
-def fit_widths(lengths: np.ndarray, count: int) -> list[int]:
+def fit_widths(lengths: np.ndarray, count: int, widest: int = 0) -> list[int]:
     """At most ``count`` widths that minimise Σ (width − length) over ``lengths`` when each
     length is padded to the smallest width that holds it (dynamic programming over the
-    distinct lengths; the largest length is always a width)."""
+    distinct lengths; the largest length is always a width). ``widest``, where longer than
+    every length, is the largest width, and the others are chosen knowing it."""
     vals, counts = np.unique(np.asarray(lengths, np.int64), return_counts=True)
+    if widest > vals[-1]:   # a length nothing has: it costs nothing but ends the ladder
+        vals, counts = np.append(vals, widest), np.append(counts, 0)
     m = len(vals)
     if m <= count:
         return vals.tolist()
@@ -143,12 +146,11 @@ def fit_widths(lengths: np.ndarray, count: int) -> list[int]:
 def fit_shapes(text_len: np.ndarray, regions: np.ndarray, *, budget: int, count: int,
                text_cap: int, region_cap: int, mask_prob: float) -> ShapeSet:
     """The shapes for rows like these (a window's: text with [CLS]/[SEP], regions)."""
-    widths = fit_widths(np.asarray(text_len) + np.asarray(regions), count)
     # the widest fitted: the longest text with the most regions seen (a later row may pair
-    # them), then the longest the config allows
-    widths[-1] = max(widths[-1], min(int(np.max(text_len)) + int(np.max(regions)),
-                                     text_cap + region_cap))
+    # them), the others fitted below it; then the longest the config allows
     top = text_cap + region_cap
+    widths = fit_widths(np.asarray(text_len) + np.asarray(regions), count,
+                        widest=min(int(np.max(text_len)) + int(np.max(regions)), top))
     if widths[-1] < top:
         widths.append(top)   # rows longer than any fitted: rare, one more shape
     return ShapeSet(budget, tuple(int(w) for w in widths), text_cap, region_cap,
