@@ -1,6 +1,7 @@
 """Integration: real pretraining (the shipped pretrain-tiny config, size overrides only, with
-``data.stream: global``) checkpointed on 2 workers resumes on 1 (grad_accum 1 → 2) through the
-loop on real DeepSpeed ZeRO-1 engines and gloo ranks, without Ray: each worker a process, the
+``data.stream: global``) checkpointed on 2 workers resumes on 1 (grad_accum 1 → 2), and that
+run's checkpoint on 2 again (2 → 1), through the loop on real DeepSpeed ZeRO-1 engines and
+gloo ranks, without Ray: each worker a process, the
 local reader (the same batcher as Ray Data's stream; ``LocalPretrainComponents``), every
 rank's checkpoint files merged into one folder as Ray Train merges them. Against the
 uninterrupted 2-worker run: after the resume every step trains the same examples (by image
@@ -21,14 +22,14 @@ from engine_subprocess import rank_group
 from preloaded_python import run_python
 from vlp.platform.training import checkpointing
 
-STEPS, CKPT = 4, 2
+STEPS, CKPT, BACK = 6, 2, 4     # the 1-worker run stops at BACK; 2 workers go on
 CONFIG = Path(__file__).parents[1] / "jobs" / "configs" / "pretrain-tiny.yaml"
 
 RANK = textwrap.dedent("""
     import contextlib, json, os, shutil, sys
     import torch, torch.distributed as dist
 
-    rank, world, port, world_dir, store, resume = sys.argv[1:7]
+    rank, world, port, world_dir, store, resume, stop = sys.argv[1:8]
     rank, world = int(rank), int(world)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -75,7 +76,8 @@ RANK = textwrap.dedent("""
     overrides = [f"scaling.num_workers={world}", "data.stream=global", "model.dropout=0",
                  f"train.steps=%(steps)d", "optimizer.warmup_steps=2",
                  "checkpoint.interval=%(ckpt)d", "train.log_every=1",
-                 "mlflow.enabled=false", f"run.output_dir={store}", "run.name=resume-world"]
+                 "mlflow.enabled=false", f"run.output_dir={store}", "run.name=resume-world",
+                 f"train.stop_after={stop}"]
     overrides += [f"data.sources.{s}.path={world_dir}/images/{s}"
                   for s in ("coco", "vg", "cc", "sbu")]
     cfg = resolved(load_experiment_config("%(config)s", overrides=overrides))
@@ -92,9 +94,10 @@ RANK = textwrap.dedent("""
 """) % {"steps": STEPS, "ckpt": CKPT, "config": CONFIG}
 
 
-def run_ranks(world: int, cwd, world_dir, store: str, resume: str = "") -> list[dict]:
+def run_ranks(world: int, cwd, world_dir, store: str, resume: str = "",
+              stop: int = 0) -> list[dict]:
     with rank_group() as (port, env):
-        procs = run_python(RANK, [[r, world, port, world_dir, store, resume]
+        procs = run_python(RANK, [[r, world, port, world_dir, store, resume, stop]
                                   for r in range(world)], env=env, cwd=cwd, timeout=600)
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
@@ -111,24 +114,36 @@ def steps_of(ranks: list[dict], gas: int, first: int) -> dict[int, list]:
     return {s: sorted(map(json.dumps, micros)) for s, micros in out.items()}
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(600)
-def test_real_pretraining_checkpointed_on_two_workers_resumes_on_one(tiny_world, tmp_path):
-    two, one = str(tmp_path / "two"), str(tmp_path / "one")
-    base = run_ranks(2, tmp_path, tiny_world, two)
-    ckpt = os.path.join(two, f"checkpoint_{checkpointing.step_tag(CKPT)}")
-    (mid,) = run_ranks(1, tmp_path, tiny_world, one, ckpt)
-
-    assert (mid["start"], mid["final"], mid["gas"]) == (CKPT, STEPS, 2)   # grad_accum 1 → 2
+def assert_continues(base: list[dict], resumed: list[dict], gas: int, first: int, last: int):
+    """``resumed`` (grad_accum ``gas``) trained steps first+1..last with the uninterrupted
+    2-worker run's examples, tasks and losses."""
     want = steps_of(base, 1, 0)
-    assert sorted(want) == list(range(1, STEPS + 1))
-    got = steps_of([mid], 2, CKPT)
-    assert sorted(got) == list(range(CKPT + 1, STEPS + 1))
+    got = steps_of(resumed, gas, first)
+    assert sorted(got) == list(range(first + 1, last + 1))
     for s in got:   # the same examples, by key, and the same task in each micro-batch
         assert len(got[s]) == 2 and all(json.loads(m)[1] for m in got[s]), got[s]
         assert got[s] == want[s], s
-    assert got[CKPT + 1] != got[CKPT + 2]
+    assert got[first + 1] != got[first + 2]
     losses = {int(k): v for k, v in base[0]["losses"].items()}
-    assert sorted(map(int, mid["losses"])) == list(range(CKPT + 1, STEPS + 1))
-    for s, loss in mid["losses"].items():
-        assert loss == pytest.approx(losses[int(s)], rel=1e-4), (s, loss, losses[int(s)])
+    for r in resumed:
+        assert sorted(map(int, r["losses"])) == list(range(first + 1, last + 1))
+        for s, loss in r["losses"].items():
+            assert loss == pytest.approx(losses[int(s)], rel=1e-4), (s, loss, losses[int(s)])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_real_pretraining_goes_from_two_workers_to_one_and_back(tiny_world, tmp_path):
+    two, one, again = (str(tmp_path / n) for n in ("two", "one", "again"))
+    base = run_ranks(2, tmp_path, tiny_world, two)
+    assert sorted(steps_of(base, 1, 0)) == list(range(1, STEPS + 1))
+
+    ckpt = os.path.join(two, f"checkpoint_{checkpointing.step_tag(CKPT)}")
+    (mid,) = run_ranks(1, tmp_path, tiny_world, one, ckpt, stop=BACK)
+    assert (mid["start"], mid["final"], mid["gas"]) == (CKPT, BACK, 2)   # grad_accum 1 → 2
+    assert_continues(base, [mid], 2, CKPT, BACK)
+
+    ckpt = os.path.join(one, f"checkpoint_{checkpointing.step_tag(BACK)}")
+    back = run_ranks(2, tmp_path, tiny_world, again, ckpt)
+    assert [(r["start"], r["final"], r["gas"]) for r in back] == [(BACK, STEPS, 1)] * 2
+    assert_continues(base, back, 1, BACK, STEPS)
