@@ -7,8 +7,9 @@ round by round, so that the machine's load falls on all three alike:
   none     no gradient exchange at all (the compute; a wrong step, for the baseline)
   after    DeepSpeed's reduction after the backward (train.grad_overlap: false)
   overlap  buckets all-reduced during the backward (train.grad_overlap: true)
-Exposed time = median step of the mode − median step of ``none``; the ratio overlap ÷ after
-is from the same run.
+  overlap_bf16  the same with the bf16 wire (train.grad_wire_dtype: bf16): half the bytes
+Exposed time = median step of the mode − median step of ``none``; the ratios overlap ÷ after
+and bf16 wire ÷ fp32 wire are from the same run.
 
 Part 2: a tiny model trained 200 steps on 4 ranks with the fp32 and the bf16 wire (the same
 seed and batches), and the loss difference; beside it the difference between the overlapped
@@ -80,11 +81,13 @@ def _timing_rank(rank: int, world: int, port: int, steps: int, queue) -> None:
     ex = engine.optimizer._vlp_exchange
     gen = torch.Generator().manual_seed(rank)
     batch = torch.randint(0, 1000, (4, 64), generator=gen)
-    modes = {"none": (False, False), "after": (True, False), "overlap": (False, True)}
+    fp32, bf16 = torch.float32, torch.bfloat16
+    modes = {"none": (False, False, fp32), "after": (True, False, fp32),
+             "overlap": (False, True, fp32), "overlap_bf16": (False, True, bf16)}
     times: dict[str, list[float]] = {m: [] for m in modes}
     for round_ in range(steps + 1):
-        for mode, (after, overlap) in modes.items():
-            engine.enable_backward_allreduce, ex.active = after, overlap
+        for mode, (after, overlap, wire) in modes.items():
+            engine.enable_backward_allreduce, ex.active, ex.wire = after, overlap, wire
             dist.barrier()
             t0 = time.perf_counter()
             loss = engine(batch)
@@ -164,6 +167,10 @@ def main() -> None:
         print(f"world {world}: exposed exchange overlapped: {overlap * 1e3:.1f} ms")
         print(f"world {world}: exposed ratio overlapped / after: "
               f"{overlap / after if after > 0 else float('nan'):.2f}")
+        bf16 = med["overlap_bf16"] - med["none"]
+        print(f"world {world}: exposed exchange overlapped, bf16 wire: {bf16 * 1e3:.1f} ms")
+        print(f"world {world}: exposed ratio bf16 wire / fp32 wire: "
+              f"{bf16 / overlap if overlap > 0 else float('nan'):.2f}")
     if args.wire_steps:
         world = args.wire_world
         curves = _spawn(_wire_rank, world, args.wire_steps)
