@@ -237,6 +237,8 @@ class ExperimentConfig(ConfigModel):
         if self.train.precision == "fp16" and not self.scaling.use_gpu:
             yield "train.precision", ("fp16 is not supported on CPU (DeepSpeed refuses it): "
                                       "use bf16 or fp32, or set scaling.use_gpu=true")
+        if self.train.cuda_graphs:
+            yield from self._check_cuda_graphs()
         if not self.stages and self.train.steps == 0:
             yield "train.steps", "expected an integer > 0 (or a list of stages with steps)"
         if self.stages:
@@ -280,6 +282,28 @@ class ExperimentConfig(ConfigModel):
                 yield "optimizer.warmup_steps", (
                     f"is {self.optimizer.warmup_steps} but stage {st.name!r} has only "
                     f"{st.steps} steps: the learning rate would never decay; expected fewer")
+
+    def _check_cuda_graphs(self):
+        """What ``train.cuda_graphs`` needs that the config alone shows (the worker checks the
+        rest, ``training/cuda_graph_step.check``: the device it got, the engine's step)."""
+        t, key = self.train, "train.cuda_graphs"
+        if not self.scaling.use_gpu:
+            yield key, ("captures the step as CUDA graphs, and scaling.use_gpu is false: set "
+                        "scaling.use_gpu=true, or train.cuda_graphs=false")
+        if self.scaling.num_workers != 1:
+            yield key, (f"one worker only for now (scaling.num_workers is "
+                        f"{self.scaling.num_workers}: the capture of DeepSpeed's gradient "
+                        f"all-reduce is not yet verified)")
+        if t.grad_accum != 1:
+            yield key, (f"captures steps of one micro-batch, and train.grad_accum is "
+                        f"{t.grad_accum}")
+        if t.on_nonfinite != "raise":
+            yield key, ("train.on_nonfinite skip decides on the host before each backward; "
+                        "the captured step skips a non-finite update on the device: leave it "
+                        "raise")
+        if t.precision in ("fp32", "fp16") or t.zero_stage == 2:
+            yield key, (f"needs the device step (bf16 under ZeRO-1 or none), and the config "
+                        f"sets precision {t.precision}, zero_stage {t.zero_stage}")
 
     # ---- derived ------------------------------------------------------------------------
 
