@@ -108,7 +108,8 @@ def test_workers_write_shards_to_s3_and_a_rerun_skips_them(cluster, s3, s3_env, 
     # the driver saw names and counts only: no feature column, a few hundred bytes a batch
     for batch in first["seen"] + rerun["seen"]:
         assert set(batch["columns"]) == {"shard", "rows", "feature_dim", "num_classes",
-                                         "node", "location", "error"}
+                                         "node", "location", "error", "warm_images",
+                                         "warm_start", "warm_end"}
         assert batch["nbytes"] < 4096
     writers = {n for b in first["seen"] + rerun["seen"] for n in b["nodes"]}
     assert writers and first["driver_node"] not in writers    # written on the worker nodes

@@ -52,7 +52,7 @@ def test_tracking_is_off_in_one_line_where_mlflow_is_not_installed(tmp_path, mon
     assert sets == ["mlflow.enabled=false"] and line.startswith("tracking: off")
     monkeypatch.setattr(importlib.util, "find_spec", real)
     sets, line = ray_paths.tracking(tmp_path)
-    assert sets == [f"mlflow.tracking_uri={(tmp_path / 'mlruns').as_uri()}"]
+    assert sets == [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
 
 
 def test_every_command_of_the_plan_passes_its_own_check(capsys):
@@ -77,7 +77,7 @@ def test_each_part_is_reported_as_it_ends_and_a_failed_part_does_not_stop_the_ne
     monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(["ray.shutdown"]))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Stand-in GPU")
     monkeypatch.setattr(ray_paths, "write_world", lambda plan: None)
-    monkeypatch.setattr(ray_paths, "start_cluster", lambda work: ("127.0.0.1:1", {}))
+    monkeypatch.setattr(ray_paths, "start_cluster", lambda work, gpus: ("127.0.0.1:1", {}))
     monkeypatch.setattr(ray_paths.subprocess, "run", lambda argv, **kw: stopped.append(argv))
 
     def pretrain(plan, address, start_ray):
@@ -101,40 +101,55 @@ def _history(losses: dict[int, float]) -> dict[int, dict]:
 
 def test_a_resume_is_judged_against_the_drift_of_two_runs_without_one():
     """Bit-equal losses after the stop pass; on a device whose kernels add with atomics, a
-    resumed run may differ in the last bits, and passes when it differs no more than two runs
-    with no resume do; a resume that lost state (a jump far above that drift) or steps that
+    resumed run may differ in the last bits, and passes when it differs no more than twice
+    what two runs with no resume do (the stopped run before its stop against the
+    uninterrupted one); a resume that lost state (a jump far above that drift) or steps that
     are missing fails."""
     full = {s: 5.0 - 0.05 * s for s in range(1, 41)}
+    exact = {s: full[s] for s in range(1, 21)}
     same = ray_paths.resume_figures(
-        {"ray_full": _history(full), "ray_resumed": _history({s: full[s] for s in range(21, 41)}),
-         "local": _history(full)}, 20)
+        {"ray_full": _history(full), "ray_stopped": _history(exact),
+         "ray_resumed": _history({s: full[s] for s in range(21, 41)})}, 20)
     assert same["resume.all_after_equal"] and same["resume.within_run_to_run_drift"]
     assert same["resume.steps_compared"] == 20 and same["resume.max_rel_diff_after"] == 0.0
+    assert same["resume.run_to_run_max_rel_diff"] == 0.0
 
-    noisy = {s: v * (1 + 1e-4) if s > 1 else v for s, v in full.items()}   # same first batch
+    noisy = {s: full[s] * (1 + 1e-4) if s > 1 else full[s] for s in range(1, 21)}
     jitter = {s: full[s] * (1 - 5e-5) for s in range(21, 41)}
     drifted = ray_paths.resume_figures(
-        {"ray_full": _history(full), "ray_resumed": _history(jitter), "local": _history(noisy)}, 20)
+        {"ray_full": _history(full), "ray_stopped": _history(noisy),
+         "ray_resumed": _history(jitter)}, 20)
     assert not drifted["resume.all_after_equal"]
     assert drifted["resume.within_run_to_run_drift"]
+    assert abs(drifted["resume.run_to_run_max_rel_diff"] - 1e-4) < 1e-9
 
     lost = {s: full[s] * 1.02 for s in range(21, 41)}          # e.g. the optimizer state lost
     broken = ray_paths.resume_figures(
-        {"ray_full": _history(full), "ray_resumed": _history(lost), "local": _history(noisy)}, 20)
+        {"ray_full": _history(full), "ray_stopped": _history(noisy),
+         "ray_resumed": _history(lost)}, 20)
     assert not broken["resume.within_run_to_run_drift"]
     assert abs(broken["resume.max_rel_diff_after"] - 0.02) < 1e-9
-
-    # the local run met other batches: the drift is read from the stopped run's first half
-    other = {s: v + 1.0 for s, v in full.items()}
-    stopped = {s: full[s] * (1 + 1e-5) for s in range(1, 21)}
-    control = ray_paths.resume_figures(
-        {"ray_full": _history(full), "ray_resumed": _history(jitter),
-         "ray_stopped": _history(stopped), "local": _history(other)}, 20)
-    assert control["resume.drift_from"] == "ray_stopped"
-    assert abs(control["resume.run_to_run_max_rel_diff"] - 1e-5) < 1e-9
-    assert not control["resume.within_run_to_run_drift"]          # 5e-5 > 2 × 1e-5
+    # exact where the device is exact: any difference after the stop fails
+    tiny = ray_paths.resume_figures(
+        {"ray_full": _history(full), "ray_stopped": _history(exact),
+         "ray_resumed": _history(jitter)}, 20)
+    assert not tiny["resume.within_run_to_run_drift"]
 
     short = ray_paths.resume_figures(
-        {"ray_full": _history(full), "ray_resumed": _history({s: full[s] for s in range(21, 30)}),
-         "local": _history(full)}, 20)
+        {"ray_full": _history(full), "ray_stopped": _history(exact),
+         "ray_resumed": _history({s: full[s] for s in range(21, 30)})}, 20)
     assert not short["resume.all_after_equal"] and not short["resume.within_run_to_run_drift"]
+
+
+def test_ray_and_the_local_runner_are_compared_per_input_unit():
+    """The two runs train the same data in other orders: their batches differ in input
+    units, so the median step's seconds per input unit is what is compared (after the
+    warm-up steps)."""
+    def history(times_units):
+        return {step: {"step": step, "step_time_s": t, "global_batch_input_units": units}
+                for step, (t, units) in enumerate(times_units, 1)}
+
+    slow_start = [(9.0, 100)] * 5
+    ray = history(slow_start + [(1.0, 100), (2.0, 200), (1.5, 100)])
+    assert ray_paths.seconds_per_unit(ray, 5) == 0.01
+    assert ray_paths.seconds_per_unit(history(slow_start + [(3.0, 100)] * 3), 5) == 0.03

@@ -11,7 +11,7 @@ the same decoded images, in one run.
 - ``job``: the whole job (`plan` done before timing, Ray started before timing): read the
   files, decode + prepare, the model in the actor pool, shards written and the manifest
   updated; from the first dataset block to the last shard, so actor start-up counts.
-- ``job_steady``: the same job from its first result to its last (actors up): the rate a
+- ``job_steady``: the same job from its first result (a written shard, ``--images-per-shard``) to its last (actors up): the rate a
   long extraction runs at, where start-up is amortised.
 
 ``--mixed-sizes`` times the model alone (the bare loop) on a folder of photos of mixed sizes
@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--gpus", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--images-per-shard", type=int, default=0,
+                   help="the job's shard size (0: an eighth of --images, at least a batch): "
+                        "a result reaches the driver per shard, and job_steady needs several")
     p.add_argument("--bare-only", action="store_true",
                    help="time the bare loop alone (no Ray imported)")
     p.add_argument("--rounds", type=int, default=2,
@@ -86,11 +89,14 @@ def main(argv=None) -> int:
         from vlp.platform.cluster.ray_session import ensure_ray
         from vlp.platform.extract.extract_job import ExtractOptions, plan, run
 
+        # the driver sees a result per shard: one shard (the default 1,000 images, above a
+        # benchmark's count) would leave no steady window at all (job_steady 0)
+        per_shard = args.images_per_shard or max(args.batch_size, args.images // 8)
         opts = ExtractOptions(images=str(folder), image_list=None, model=args.model,
                               weights="random", source="bench", split="train",
                               out=str(Path(tmp) / "world"), settings=settings,
                               batch_size=args.batch_size, gpus=args.gpus,
-                              workers=args.workers)
+                              workers=args.workers, images_per_shard=per_shard)
         job_plan = plan(opts)
         ensure_ray(cpus_wanted=(0 if args.gpus else args.workers) + 1)
         report = run(job_plan, progress_every_s=1e9)

@@ -7,6 +7,11 @@ anywhere: prints the plan and passes every command it would run through that com
 `--check` (config, data and settings validated; nothing trained, no Ray started).
 
     python jobs/benchmarks/ray_gpu_check.py [--out ray_gpu_check.json] [--steps 40] [--check]
+    python jobs/benchmarks/ray_gpu_check.py --device cpu --quick   # the same paths, tiny, on CPU
+
+`--device cpu --quick` is a rehearsal: a one-node cluster without GPUs, uniter-tiny, the
+grid-r50 extractor at 224/320; its figures say only that every part runs. It ends with
+`ray stop`, which stops every Ray on the machine: not beside another Ray.
 """
 
 from __future__ import annotations
@@ -46,16 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="JSON of the figures (default $OUT/ray_gpu_check.json)")
     p.add_argument("--check", action="store_true",
                    help="print the plan and pass each command through its --check; no GPU")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: run the parts on this CPU (with --quick: a rehearsal)")
+    p.add_argument("--quick", action="store_true",
+                   help="uniter-tiny and a small extractor instead of uniter-base and BUTD's")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ray-gpu-check-") as tmp:
         work = Path(tmp)
         sets, line = tracking(work)
         plan = Plan(work, args.steps, args.images if not args.check else 40,
-                    args.extract_images, sets)
+                    args.extract_images, sets, gpu=args.device == "cuda", quick=args.quick)
         if args.check:
             print(line)
             return check(plan)
-        why = refusal()
+        why = refusal(plan.gpu)
         if why:
             print(why)
             return 0

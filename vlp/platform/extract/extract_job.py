@@ -234,8 +234,12 @@ class ExtractReport:
     failed: list[str] = field(default_factory=list)
     shards: int = 0
     seconds: float = 0.0
-    steady_images: int = 0        # images after the first result (actors up and warm)
-    steady_seconds: float = 0.0   # first result → last result
+    # the steady rate: the model stage's images after each actor's first batch, and the
+    # seconds from the first such batch's start to the last one's end (the decode stage's
+    # and the writes' start and drain left out: results reach this process in bursts, and
+    # a window over their arrivals read 3-7x the model's own rate on a CPU)
+    steady_images: int = 0
+    steady_seconds: float = 0.0
     nodes: set[str] = field(default_factory=set)   # Ray nodes whose workers wrote shards
 
     @property
@@ -272,7 +276,7 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
     commit = ManifestCommit(o.out, o.source, o.model, p.existing)
     progress = _Progress(len(p.todo), progress_every_s)
     if p.todo:
-        done, first_at, first_done = 0, None, 0
+        done, warm = 0, []
         for batch in _batches(build_dataset(p, commit.writer_meta(p.metadata))):
             for row in batch.to_pylist():
                 if row["shard"]:
@@ -281,14 +285,15 @@ def run(p: ExtractPlan, progress_every_s: float = 10.0) -> ExtractReport:
                     report.written += row["rows"]
                     done += row["rows"]
                     report.nodes.add(row["node"])
+                    if row["warm_images"]:
+                        warm.append((row["warm_images"], row["warm_start"], row["warm_end"]))
                 else:
                     report.failed.append(f"{row['location']}: {row['error']}")
                     done += 1
-            if first_at is None:
-                first_at, first_done = time.perf_counter(), done
             progress.update(done)
-        report.steady_images = done - first_done
-        report.steady_seconds = time.perf_counter() - first_at
+        if warm:
+            report.steady_images = sum(n for n, _, _ in warm)
+            report.steady_seconds = max(e for _, _, e in warm) - min(s for _, s, _ in warm)
     report.seconds = time.perf_counter() - start
     commit.finish(extract_record([o.images or o.image_list], {
         "images": report.written, "skipped": report.skipped, "failed": len(report.failed)},

@@ -3,10 +3,14 @@ extractor per actor (loaded once), one GPU per actor on GPU nodes.
 
 Each output row is built from the same input row it came from (image id, size and the
 extractor's dict for that image travel together), so regions and features of one image can
-never end up on another. Rows carry the encoded arrays the shard writer stores.
+never end up on another. Rows carry the encoded arrays the shard writer stores, and when the model ran on their batch
+(wall clock, this node's), so that the job's steady rate is the model stage's and not when
+results happen to reach the driver.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +29,9 @@ RESULT_SCHEMA = pa.schema([
     ("soft_labels", pa.binary()),    # N·C float32, or null
     ("image_feature", pa.binary()),  # D float16, or null
     ("pixels", pa.binary()),         # encoded image, or null
+    ("model_start", pa.float64()),   # time.time() when the model took the row's batch
+    ("model_end", pa.float64()),     # ... and when its outputs were on the host
+    ("model_warm", pa.bool_()),      # not this actor's first batch (its warm-up)
 ])
 
 
@@ -71,6 +78,7 @@ class RunExtractor:
         self.device = torch.device("cuda" if use_gpu else "cpu")
         local = local_weights(weights) if weights else None   # a URI: this node's copy
         self.extractor = build_extractor(model, local, settings).to(self.device).eval()
+        self.batches = 0
 
     def _to_device(self, x: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))
@@ -100,7 +108,10 @@ class RunExtractor:
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         errors = [str(e) for e in batch["error"]]
         ok = [i for i, e in enumerate(errors) if not e]
-        results = self._run(ok, batch) if ok else {}
+        start = time.time()
+        results = self._run(ok, batch) if ok else {}    # outputs on the host: the work done
+        end, warm = time.time(), self.batches > 0
+        self.batches += 1
         cols: dict[str, list] = {f.name: [] for f in RESULT_SCHEMA}
         for i, image_id in enumerate(batch["image_id"]):
             r = results.get(i)
@@ -125,6 +136,9 @@ class RunExtractor:
                                          else _bytes(r.get("image_feature"), "<f2"))
             pixels = None if r is None else r.get("pixels")
             cols["pixels"].append(None if pixels is None else pixels.tobytes())
+            cols["model_start"].append(start)
+            cols["model_end"].append(end)
+            cols["model_warm"].append(warm)
         return pa.Table.from_pydict(cols, schema=RESULT_SCHEMA)
 
 

@@ -31,6 +31,11 @@ COMMIT_SCHEMA = pa.schema([
     ("node", pa.string()),         # the Ray node that wrote it
     ("location", pa.string()),     # an image that failed, or null
     ("error", pa.string()),
+    # the model stage's work in this batch after each actor's first batch (its warm-up):
+    # images, the first start and the last end (wall clock), on the batch's first shard row
+    ("warm_images", pa.int32()),
+    ("warm_start", pa.float64()),
+    ("warm_end", pa.float64()),
 ])
 
 
@@ -80,7 +85,12 @@ class WriteShards:
             folder.mkdir(parents=True, exist_ok=True)
             writer = ImageShardWriter(folder, self.extractor, token, self.meta,
                                       target_bytes=1 << 62)
-            for row in batch.to_pylist():
+            rows = batch.to_pylist()
+            warm = [r for r in rows if r["model_warm"] and not r["error"]]
+            timing = dict(warm_images=len(warm),
+                          warm_start=min((r["model_start"] for r in warm), default=None),
+                          warm_end=max((r["model_end"] for r in warm), default=None))
+            for row in rows:
                 if row["error"]:
                     emit(location=row["location"], error=row["error"])
                     continue
@@ -95,5 +105,6 @@ class WriteShards:
                     _upload(Path(info.path), str(join(target, name)))
                 emit(shard=f"images/{self.source}/{name}", rows=info.num_rows,
                      feature_dim=info.feature_dim, num_classes=info.num_classes or 0,
-                     node=_node_id())
+                     node=_node_id(), **timing)
+                timing = {}                 # counted once, on the first shard
         return pa.Table.from_pydict(cols, schema=COMMIT_SCHEMA)
