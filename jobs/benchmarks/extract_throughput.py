@@ -11,8 +11,10 @@ the same decoded images, in one run.
 - ``job``: the whole job (`plan` done before timing, Ray started before timing): read the
   files, decode + prepare, the model in the actor pool, shards written and the manifest
   updated; from the first dataset block to the last shard, so actor start-up counts.
-- ``job_steady``: the same job from its first result (a written shard, ``--images-per-shard``) to its last (actors up): the rate a
-  long extraction runs at, where start-up is amortised.
+- ``job_steady``: the model stage's rate inside the job, as its actors timed it: the images
+  after each actor's first batch over their first start to their last end (actors up and
+  warm; not the driver's result arrivals, which come a shard at a time and in bursts): the
+  rate a long extraction runs at, where start-up is amortised.
 
 ``--mixed-sizes`` times the model alone (the bare loop) on a folder of photos of mixed sizes
 (each a different size between 360 and 800 px a side, a third of them portrait) against the

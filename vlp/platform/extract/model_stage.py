@@ -3,9 +3,9 @@ extractor per actor (loaded once), one GPU per actor on GPU nodes.
 
 Each output row is built from the same input row it came from (image id, size and the
 extractor's dict for that image travel together), so regions and features of one image can
-never end up on another. Rows carry the encoded arrays the shard writer stores, and when the model ran on their batch
-(wall clock, this node's), so that the job's steady rate is the model stage's and not when
-results happen to reach the driver.
+never end up on another. Rows carry the encoded arrays the shard writer stores, and when the
+model ran on their batch (wall clock, this node's), so that the job's steady rate is the model
+stage's and not when results happen to reach the driver.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ submit` runs on a GPU, on a one-node cluster that `ray start` starts on this mac
    (`precision: auto`). Three runs: one uninterrupted; one stopped at half way with a
    checkpoint (`train.stop_after`), then resumed — its losses after the stop against the
    uninterrupted run's, beside the drift between two runs with no resume; the local runner
-   (`vlp pretrain --local`) on the same config: Ray's median step time over the local
-   runner's (goal ≤ 1.03);
+   (`vlp pretrain --local`) on the same config: Ray's median step's seconds per input unit
+   over the local runner's (goal ≤ 1.03);
 2. extraction: `vlp data extract --gpus 1 --model butd-r101-c4` at BUTD's settings (600/1000)
    through the Ray Data job, against the model alone on the same images, in one run
    (jobs/benchmarks/extract_throughput.py; goal ≥ 0.9);
@@ -60,12 +60,11 @@ class Plan:
 
     def overrides(self, name: str, *, stop_after: int = 0) -> list[str]:
         """Size overrides of the shipped config: nothing else of it changes."""
-        gpu = self.gpu
         sources = {s: {"path": str(self.world / "images" / s), "weight": 1} for s in ("coco", "vg")}
         sets = [f"data.sources={json.dumps(sources)}",
                 f"data.tokenizer_path={vocab_file()}",
                 "model.init=random", "model.init_path=''",
-                "scaling.num_workers=1", f"scaling.use_gpu={str(gpu).lower()}",
+                "scaling.num_workers=1", f"scaling.use_gpu={str(self.gpu).lower()}",
                 "scaling.accelerator_type=''", "scaling.cpus_per_worker=2",
                 f"train.steps={self.steps}", f"optimizer.warmup_steps={self.steps // 10}",
                 "train.log_every=5",
