@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test install clean gpu-check gpu-check-step gpu-check-ray gpu-check-host \
+        gpu-rehearsal \
         gpu-wheels gpu-install gpu-reference
 
 # torch==2.13.0 goes in first so that pip takes the local CPU wheel on CPU-only machines
@@ -80,6 +81,15 @@ gpu-check-step:
 gpu-check-ray:
 	$(GPU_RUN) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PY) jobs/benchmarks/ray_gpu_check.py \
 	    $(RAY_CHECK_ARGS)
+
+# here, before a GPU is spent: every part of gpu-check-step and gpu-check-ray on this CPU,
+# tiny (about 4 minutes on 2 cores; the Ray part ends with `ray stop`: not beside another
+# Ray). Their figures mean nothing; that each part runs to its end does.
+gpu-rehearsal:
+	$(GPU_RUN) $(GPU_PY) jobs/benchmarks/gpu_check.py --device cpu --quick \
+	    --out /tmp/vlp-gpu-rehearsal.json
+	$(GPU_RUN) $(GPU_PY) jobs/benchmarks/ray_gpu_check.py --device cpu --quick --steps 16 \
+	    --images 300 --extract-images 48 --out /tmp/vlp-ray-gpu-rehearsal.json
 
 gpu-check-host:
 	@# the overlapped gradient exchange on gloo ranks with cores to spare (the GPU host's

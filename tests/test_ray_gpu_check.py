@@ -153,3 +153,12 @@ def test_ray_and_the_local_runner_are_compared_per_input_unit():
     ray = history(slow_start + [(1.0, 100), (2.0, 200), (1.5, 100)])
     assert ray_paths.seconds_per_unit(ray, 5) == 0.01
     assert ray_paths.seconds_per_unit(history(slow_start + [(3.0, 100)] * 3), 5) == 0.03
+
+
+def test_the_data_wait_share_is_over_the_steps_after_the_warm_up():
+    history = {1: {"step_time_s": 10.0, "data_wait_s": 9.0},
+               2: {"step_time_s": 1.0, "data_wait_s": 0.5},
+               3: {"step_time_s": 3.0, "data_wait_s": 0.0}}
+    assert ray_paths.data_wait_share(history, 1) == 0.5 / 4.0
+    assert ray_paths.data_wait_share(history, 3) == 0.0
+

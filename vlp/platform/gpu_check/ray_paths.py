@@ -173,6 +173,13 @@ def seconds_per_unit(history: dict[int, dict], after: int) -> float:
                              if s > after and r.get("global_batch_input_units"))
 
 
+def data_wait_share(history: dict[int, dict], after: int) -> float:
+    """The share of the steps after ``after`` that the loop waited for its next batch."""
+    steps = [r for s, r in history.items() if s > after]
+    total = sum(r["step_time_s"] for r in steps)
+    return sum(r.get("data_wait_s", 0.0) for r in steps) / total if total > 0 else 0.0
+
+
 def pretrain_part(plan: Plan, address: str, start_ray: Callable) -> dict:
     """The four runs; ``start_ray(cfg)`` attaches the driver as `vlp pretrain` does (handed
     in by the entry script: the command's layer is above this one)."""
@@ -198,7 +205,10 @@ def pretrain_part(plan: Plan, address: str, start_ray: Callable) -> dict:
     local_s = seconds_per_unit(histories["local"], warm)
     out.update({"pretrain.ray_s_per_input_unit": ray_s,
                 "pretrain.local_s_per_input_unit": local_s,
-                "pretrain.ray_over_local": ray_s / local_s})
+                "pretrain.ray_over_local": ray_s / local_s,
+                # where Ray's stream (Ray Data's shard) is what a slower Ray run waits for
+                "pretrain.ray_data_wait_share": data_wait_share(histories["ray_full"], warm),
+                "pretrain.local_data_wait_share": data_wait_share(histories["local"], warm)})
     out.update(resume_figures(histories, plan.steps // 2))
     return out
 
