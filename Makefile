@@ -83,7 +83,7 @@ gpu-check-ray:
 	    $(RAY_CHECK_ARGS)
 
 # here, before a GPU is spent: every part of gpu-check-step and gpu-check-ray on this CPU,
-# tiny (about 4 minutes on 2 cores; the Ray part ends with `ray stop`: not beside another
+# tiny (about 2.5 minutes on 2 cores; the Ray part ends with `ray stop`: not beside another
 # Ray). Their figures mean nothing; that each part runs to its end does.
 gpu-rehearsal:
 	$(GPU_RUN) $(GPU_PY) jobs/benchmarks/gpu_check.py --device cpu --quick \
