@@ -44,6 +44,19 @@ def test_the_plan_stops_and_resumes_one_run_and_times_the_local_runner_on_the_sa
         assert extract[extract.index(flag) + 1] == value
 
 
+def test_the_extraction_runs_where_the_plan_runs(tmp_path):
+    """BUTD's settings on the GPU, the small extractor for a rehearsal, and CPU actors
+    whenever the plan runs on a CPU, quick or not."""
+    def gpus(**kw):
+        argv = ray_paths.Plan(tmp_path, steps=8, images=10, extract_images=8, **kw).extract
+        return argv[argv.index("--model") + 1], argv[argv.index("--gpus") + 1]
+
+    assert gpus() == ("butd-r101-c4", "1")
+    assert gpus(gpu=False) == ("butd-r101-c4", "0")
+    assert gpus(gpu=False, quick=True) == ("grid-r50", "0")
+    assert gpus(quick=True) == ("grid-r50", "1")
+
+
 def test_tracking_is_off_in_one_line_where_mlflow_is_not_installed(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -134,6 +147,20 @@ def test_a_resume_is_judged_against_the_drift_of_two_runs_without_one():
         {"ray_full": _history(full), "ray_stopped": _history(exact),
          "ray_resumed": _history(jitter)}, 20)
     assert not tiny["resume.within_run_to_run_drift"]
+
+    # drift that grows with the steps: judged on the first two steps after the stop (as far
+    # from the start as the drift's last steps), the later ones reported only
+    growing = {s: full[s] * (1 + 5e-5 * (s - 20)) for s in range(21, 41)}
+    grown = ray_paths.resume_figures(
+        {"ray_full": _history(full), "ray_stopped": _history(noisy),
+         "ray_resumed": _history(growing)}, 20)
+    assert grown["resume.within_run_to_run_drift"]
+    assert grown["resume.max_rel_diff_after"] > 2 * grown["resume.run_to_run_max_rel_diff"]
+    # the moments lost: the step after the stop is right, the one after it is not
+    moments = {s: full[s] * (1.0 if s == 21 else 1.01) for s in range(21, 41)}
+    assert not ray_paths.resume_figures(
+        {"ray_full": _history(full), "ray_stopped": _history(noisy),
+         "ray_resumed": _history(moments)}, 20)["resume.within_run_to_run_drift"]
 
     short = ray_paths.resume_figures(
         {"ray_full": _history(full), "ray_stopped": _history(exact),

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--images-per-shard", type=int, default=0,
                    help="the job's shard size (0: an eighth of --images, at least a batch): "
-                        "a result reaches the driver per shard, and job_steady needs several")
+                        "shards written while the model works, as in a long job")
     p.add_argument("--bare-only", action="store_true",
                    help="time the bare loop alone (no Ray imported)")
     p.add_argument("--rounds", type=int, default=2,
@@ -91,8 +91,8 @@ def main(argv=None) -> int:
         from vlp.platform.cluster.ray_session import ensure_ray
         from vlp.platform.extract.extract_job import ExtractOptions, plan, run
 
-        # the driver sees a result per shard: one shard (the default 1,000 images, above a
-        # benchmark's count) would leave no steady window at all (job_steady 0)
+        # shards written while the model works, as in a long job (one shard of the default
+        # 1,000 images, above a benchmark's count, would be written after the last image)
         per_shard = args.images_per_shard or max(args.batch_size, args.images // 8)
         opts = ExtractOptions(images=str(folder), image_list=None, model=args.model,
                               weights="random", source="bench", split="train",

@@ -110,7 +110,7 @@ def fit_widths(lengths: np.ndarray, count: int, widest: int = 0) -> list[int]:
     distinct lengths; the largest length is always a width). ``widest``, where longer than
     every length, is the largest width, and the others are chosen knowing it."""
     vals, counts = np.unique(np.asarray(lengths, np.int64), return_counts=True)
-    if widest > vals[-1]:   # a length nothing has: it costs nothing but ends the ladder
+    if len(vals) and widest > vals[-1]:   # a length nothing has: free, it ends the ladder
         vals, counts = np.append(vals, widest), np.append(counts, 0)
     m = len(vals)
     if m <= count:

@@ -111,7 +111,7 @@ class RunExtractor:
         start = time.time()
         results = self._run(ok, batch) if ok else {}    # outputs on the host: the work done
         end, warm = time.time(), self.batches > 0
-        self.batches += 1
+        self.batches += bool(ok)                        # a batch the model ran on
         cols: dict[str, list] = {f.name: [] for f in RESULT_SCHEMA}
         for i, image_id in enumerate(batch["image_id"]):
             r = results.get(i)

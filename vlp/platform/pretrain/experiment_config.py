@@ -285,15 +285,12 @@ class ExperimentConfig(ConfigModel):
 
     def _check_cuda_graphs(self):
         """What ``train.cuda_graphs`` needs that the config alone shows (the worker checks the
-        rest, ``training/cuda_graph_step.check``: the device it got, the engine's step)."""
+        rest, ``training/cuda_graph_step.check``: the device it got, the engine's step, one
+        worker: `--local` runs a config of N workers on one)."""
         t, key = self.train, "train.cuda_graphs"
         if not self.scaling.use_gpu:
             yield key, ("captures the step as CUDA graphs, and scaling.use_gpu is false: set "
                         "scaling.use_gpu=true, or train.cuda_graphs=false")
-        if self.scaling.num_workers != 1:
-            yield key, (f"one worker only for now (scaling.num_workers is "
-                        f"{self.scaling.num_workers}: the capture of DeepSpeed's gradient "
-                        f"all-reduce is not yet verified)")
         if t.grad_accum != 1:
             yield key, (f"captures steps of one micro-batch, and train.grad_accum is "
                         f"{t.grad_accum}")
