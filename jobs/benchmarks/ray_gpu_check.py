@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vlp.platform.gpu_check.ray_paths import (Plan, refusal, run_on_gpu, tracking, write_images,
-                                              write_world)
+from vlp.platform.extract.model_rate import write_images
+from vlp.platform.gpu_check.ray_paths import Plan, refusal, run_on_gpu, tracking, write_world
 
 
 def check(plan: Plan) -> int:

@@ -137,11 +137,6 @@ def write_world(plan: Plan) -> None:
     write_bench_sources(plan.world, plan.images)
 
 
-def write_images(folder: Path, n: int) -> None:
-    from vlp.platform.extract.model_rate import write_images as write
-    write(folder, n)
-
-
 # ---- on a GPU -----------------------------------------------------------------------------
 
 def start_cluster(work: Path, gpus: int = 1) -> tuple[str, dict]:
@@ -215,8 +210,9 @@ def pretrain_part(plan: Plan, address: str, start_ray: Callable) -> dict:
     return out
 
 
-def _losses(history: dict[int, dict], after: int) -> dict[int, float]:
-    return {s: r["loss"] for s, r in history.items() if s > after}
+def _losses(history: dict[int, dict], after: int = 0, upto: float = float("inf")
+            ) -> dict[int, float]:
+    return {s: r["loss"] for s, r in history.items() if after < s <= upto}
 
 
 def resume_figures(histories: dict[str, dict[int, dict]], half: int) -> dict:
@@ -237,8 +233,8 @@ def resume_figures(histories: dict[str, dict[int, dict]], half: int) -> dict:
            and all(resumed[s] == full[s] for s in compared)}
     if not compared:
         return out
-    stopped = {s: r["loss"] for s, r in histories["ray_stopped"].items() if s <= half}
-    before = {s: r["loss"] for s, r in histories["ray_full"].items() if s <= half}
+    stopped = _losses(histories["ray_stopped"], upto=half)
+    before = _losses(histories["ray_full"], upto=half)
     drift = max((_rel(stopped[s], before[s]) for s in stopped.keys() & before.keys()),
                 default=0.0)
     first = [s for s in compared if s <= half + 2]
